@@ -1,0 +1,17 @@
+//! The data model of pilot-discovery: typed, validated Istio config, the service registry's
+//! `Service` and `Endpoint`, the connected `Proxy`, and `MeshConfig`. Plain data: no I/O, no tokio.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod duration;
+pub mod host;
+pub mod mesh;
+pub mod networking;
+pub mod proxy;
+pub mod service;
+pub mod validation;
+
+pub use config::{Config, ConfigKey, ConfigKind, ConfigMeta, ConfigSpec};
+pub use mesh::MeshConfig;
+pub use proxy::{NodeType, Proxy, ProxyError};
+pub use service::{Endpoint, Locality, Port, Protocol, Resolution, Service, ServiceAttributes};

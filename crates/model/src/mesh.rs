@@ -1,0 +1,227 @@
+//! `MeshConfig` (the `mesh` file given by `--meshConfig`) and its `defaultConfig` ProxyConfig, with
+//! Istio's defaults for every field that is absent. Fields pilot does not model yet are kept in
+//! `extra` so a real Istio mesh file loads as is.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct MeshConfig {
+    pub root_namespace: String,
+    pub trust_domain: String,
+    pub trust_domain_aliases: Vec<String>,
+    pub outbound_traffic_policy: OutboundTrafficPolicy,
+    pub enable_auto_mtls: bool,
+    pub default_config: ProxyConfig,
+    pub connect_timeout: String,
+    pub protocol_detection_timeout: String,
+    pub dns_refresh_rate: String,
+    pub ingress_class: String,
+    pub ingress_service: String,
+    pub ingress_controller_mode: String,
+    pub enable_tracing: bool,
+    pub access_log_file: String,
+    pub access_log_encoding: String,
+    pub default_service_export_to: Vec<String>,
+    pub default_virtual_service_export_to: Vec<String>,
+    pub default_destination_rule_export_to: Vec<String>,
+    pub locality_lb_setting: Option<crate::networking::LocalityLbSetting>,
+    /// `DO_NOT_UPGRADE` or `UPGRADE`.
+    pub h2_upgrade_policy: String,
+    pub inbound_cluster_stat_name: String,
+    pub outbound_cluster_stat_name: String,
+    pub mesh_mtls: Option<Value>,
+    pub extension_providers: Vec<Value>,
+    pub default_providers: Option<Value>,
+    pub tcp_keepalive: Option<Value>,
+    /// Everything else from the file, kept as written.
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct OutboundTrafficPolicy {
+    /// `ALLOW_ANY` (default) or `REGISTRY_ONLY`.
+    pub mode: String,
+}
+
+impl Default for OutboundTrafficPolicy {
+    fn default() -> Self {
+        OutboundTrafficPolicy { mode: "ALLOW_ANY".into() }
+    }
+}
+
+/// `ProxyConfig`, as `meshConfig.defaultConfig`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ProxyConfig {
+    pub config_path: String,
+    pub binary_path: String,
+    pub service_cluster: String,
+    pub drain_duration: String,
+    pub termination_drain_duration: String,
+    pub discovery_address: String,
+    pub proxy_admin_port: u16,
+    pub status_port: u16,
+    pub concurrency: Option<u32>,
+    pub control_plane_auth_policy: String,
+    pub custom_config_file: String,
+    pub stat_name_length: u32,
+    pub proxy_metadata: BTreeMap<String, String>,
+    pub hold_application_until_proxy_starts: Option<bool>,
+    pub tracing: Option<Value>,
+    pub proxy_stats_matcher: Option<Value>,
+    pub extra_stat_tags: Vec<String>,
+    pub gateway_topology: Option<Value>,
+    pub ca_certificates_pem: Vec<String>,
+    pub image: Option<Value>,
+    pub private_key_provider: Option<Value>,
+    pub readiness_probe: Option<Value>,
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, Value>,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            config_path: "./etc/istio/proxy".into(),
+            binary_path: "/usr/local/bin/envoy".into(),
+            service_cluster: "istio-proxy".into(),
+            drain_duration: "45s".into(),
+            termination_drain_duration: "5s".into(),
+            discovery_address: "istiod.istio-system.svc:15012".into(),
+            proxy_admin_port: 15000,
+            status_port: 15020,
+            concurrency: None,
+            control_plane_auth_policy: "MUTUAL_TLS".into(),
+            custom_config_file: String::new(),
+            stat_name_length: 189,
+            proxy_metadata: BTreeMap::new(),
+            hold_application_until_proxy_starts: None,
+            tracing: None,
+            proxy_stats_matcher: None,
+            extra_stat_tags: Vec::new(),
+            gateway_topology: None,
+            ca_certificates_pem: Vec::new(),
+            image: None,
+            private_key_provider: None,
+            readiness_probe: None,
+            extra: BTreeMap::new(),
+        }
+    }
+}
+
+impl Default for MeshConfig {
+    fn default() -> Self {
+        MeshConfig {
+            root_namespace: "istio-system".into(),
+            trust_domain: "cluster.local".into(),
+            trust_domain_aliases: Vec::new(),
+            outbound_traffic_policy: OutboundTrafficPolicy::default(),
+            enable_auto_mtls: true,
+            default_config: ProxyConfig::default(),
+            connect_timeout: "10s".into(),
+            protocol_detection_timeout: "0s".into(),
+            dns_refresh_rate: "60s".into(),
+            ingress_class: "istio".into(),
+            ingress_service: "istio-ingressgateway".into(),
+            ingress_controller_mode: "STRICT".into(),
+            enable_tracing: true,
+            access_log_file: String::new(),
+            access_log_encoding: "TEXT".into(),
+            default_service_export_to: vec!["*".into()],
+            default_virtual_service_export_to: vec!["*".into()],
+            default_destination_rule_export_to: vec!["*".into()],
+            locality_lb_setting: None,
+            h2_upgrade_policy: "DO_NOT_UPGRADE".into(),
+            inbound_cluster_stat_name: String::new(),
+            outbound_cluster_stat_name: String::new(),
+            mesh_mtls: None,
+            extension_providers: Vec::new(),
+            default_providers: None,
+            tcp_keepalive: None,
+            extra: BTreeMap::new(),
+        }
+    }
+}
+
+/// Why a mesh config could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum MeshConfigError {
+    #[error("mesh config: {0}")]
+    Decode(String),
+    #[error("mesh config: {field}: {reason}")]
+    Invalid { field: &'static str, reason: String },
+}
+
+impl MeshConfig {
+    /// Applies a decoded mesh file over Istio's defaults and validates the result.
+    pub fn from_value(v: Value) -> Result<MeshConfig, MeshConfigError> {
+        let v = if v.is_null() { Value::Object(Default::default()) } else { v };
+        let mesh: MeshConfig = serde_json::from_value(v).map_err(|e| MeshConfigError::Decode(e.to_string()))?;
+        mesh.validate()?;
+        Ok(mesh)
+    }
+
+    fn validate(&self) -> Result<(), MeshConfigError> {
+        match self.outbound_traffic_policy.mode.as_str() {
+            "ALLOW_ANY" | "REGISTRY_ONLY" => {}
+            other => {
+                return Err(MeshConfigError::Invalid {
+                    field: "outboundTrafficPolicy.mode",
+                    reason: format!("{other:?} is not ALLOW_ANY or REGISTRY_ONLY"),
+                });
+            }
+        }
+        for (field, d) in [
+            ("connectTimeout", &self.connect_timeout),
+            ("defaultConfig.drainDuration", &self.default_config.drain_duration),
+            ("defaultConfig.terminationDrainDuration", &self.default_config.termination_drain_duration),
+            ("dnsRefreshRate", &self.dns_refresh_rate),
+        ] {
+            if crate::duration::parse(d).is_none() {
+                return Err(MeshConfigError::Invalid { field, reason: format!("{d:?} is not a duration") });
+            }
+        }
+        if self.root_namespace.is_empty() {
+            return Err(MeshConfigError::Invalid { field: "rootNamespace", reason: "must not be empty".into() });
+        }
+        Ok(())
+    }
+
+    pub fn registry_only(&self) -> bool {
+        self.outbound_traffic_policy.mode == "REGISTRY_ONLY"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn defaults_fill_partial_file() {
+        let m = MeshConfig::from_value(json!({
+            "defaultConfig": {"proxyAdminPort": 15001},
+            "outboundTrafficPolicy": {"mode": "REGISTRY_ONLY"},
+            "somethingNew": {"a": 1}
+        }))
+        .unwrap();
+        assert_eq!(m.default_config.proxy_admin_port, 15001);
+        assert_eq!(m.default_config.drain_duration, "45s");
+        assert_eq!(m.root_namespace, "istio-system");
+        assert!(m.registry_only());
+        assert!(m.extra.contains_key("somethingNew"));
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        assert!(MeshConfig::from_value(json!({"outboundTrafficPolicy": {"mode": "SOMETIMES"}})).is_err());
+        assert!(MeshConfig::from_value(json!({"connectTimeout": "ten"})).is_err());
+        assert!(MeshConfig::from_value(json!({"enableAutoMtls": "maybe"})).is_err());
+    }
+}

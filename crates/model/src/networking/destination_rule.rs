@@ -1,0 +1,193 @@
+//! `DestinationRule`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{DurationString, PortSelector, WorkloadSelector};
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct DestinationRule {
+    pub host: String,
+    pub traffic_policy: Option<TrafficPolicy>,
+    pub subsets: Vec<Subset>,
+    pub export_to: Vec<String>,
+    pub workload_selector: Option<WorkloadSelector>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct TrafficPolicy {
+    pub load_balancer: Option<LoadBalancerSettings>,
+    pub connection_pool: Option<ConnectionPoolSettings>,
+    pub outlier_detection: Option<OutlierDetection>,
+    pub tls: Option<ClientTlsSettings>,
+    pub port_level_settings: Vec<PortTrafficPolicy>,
+    pub tunnel: Option<serde_json::Value>,
+    pub proxy_protocol: Option<serde_json::Value>,
+    pub retry_budget: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct PortTrafficPolicy {
+    pub port: Option<PortSelector>,
+    pub load_balancer: Option<LoadBalancerSettings>,
+    pub connection_pool: Option<ConnectionPoolSettings>,
+    pub outlier_detection: Option<OutlierDetection>,
+    pub tls: Option<ClientTlsSettings>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Subset {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub traffic_policy: Option<TrafficPolicy>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct LoadBalancerSettings {
+    /// UNSPECIFIED, RANDOM, PASSTHROUGH, ROUND_ROBIN, LEAST_REQUEST, LEAST_CONN.
+    pub simple: Option<String>,
+    pub consistent_hash: Option<ConsistentHashLb>,
+    pub locality_lb_setting: Option<LocalityLbSetting>,
+    pub warmup_duration_secs: Option<DurationString>,
+    pub warmup: Option<WarmupConfiguration>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct WarmupConfiguration {
+    pub duration: Option<DurationString>,
+    pub minimum_percent: Option<f64>,
+    pub aggression: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ConsistentHashLb {
+    pub http_header_name: Option<String>,
+    pub http_cookie: Option<HttpCookie>,
+    pub use_source_ip: Option<bool>,
+    pub http_query_parameter_name: Option<String>,
+    pub ring_hash: Option<RingHash>,
+    pub maglev: Option<MagLev>,
+    /// Deprecated: ring hash minimum ring size.
+    pub minimum_ring_size: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct HttpCookie {
+    pub name: String,
+    pub path: String,
+    pub ttl: Option<DurationString>,
+    pub attributes: Vec<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RingHash {
+    pub minimum_ring_size: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct MagLev {
+    pub table_size: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct LocalityLbSetting {
+    pub distribute: Vec<LocalityDistribute>,
+    pub failover: Vec<LocalityFailover>,
+    pub failover_priority: Vec<String>,
+    pub enabled: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct LocalityDistribute {
+    pub from: String,
+    pub to: BTreeMap<String, u32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct LocalityFailover {
+    pub from: String,
+    pub to: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ConnectionPoolSettings {
+    pub tcp: Option<TcpSettings>,
+    pub http: Option<HttpSettings>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct TcpSettings {
+    pub max_connections: Option<i32>,
+    pub connect_timeout: Option<DurationString>,
+    pub tcp_keepalive: Option<TcpKeepalive>,
+    pub max_connection_duration: Option<DurationString>,
+    pub idle_timeout: Option<DurationString>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct TcpKeepalive {
+    pub probes: Option<u32>,
+    pub time: Option<DurationString>,
+    pub interval: Option<DurationString>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct HttpSettings {
+    pub http1_max_pending_requests: Option<i32>,
+    pub http2_max_requests: Option<i32>,
+    pub max_requests_per_connection: Option<i32>,
+    pub max_retries: Option<i32>,
+    pub idle_timeout: Option<DurationString>,
+    /// DEFAULT, DO_NOT_UPGRADE, UPGRADE.
+    pub h2_upgrade_policy: Option<String>,
+    pub use_client_protocol: Option<bool>,
+    pub max_concurrent_streams: Option<i32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct OutlierDetection {
+    pub split_external_local_origin_errors: Option<bool>,
+    pub consecutive_local_origin_failures: Option<u32>,
+    pub consecutive_gateway_errors: Option<u32>,
+    pub consecutive_5xx_errors: Option<u32>,
+    /// Deprecated alias of consecutive5xxErrors.
+    pub consecutive_errors: Option<i32>,
+    pub interval: Option<DurationString>,
+    pub base_ejection_time: Option<DurationString>,
+    pub max_ejection_percent: Option<i32>,
+    pub min_health_percent: Option<i32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ClientTlsSettings {
+    /// DISABLE, SIMPLE, MUTUAL, ISTIO_MUTUAL.
+    pub mode: Option<String>,
+    pub client_certificate: Option<String>,
+    pub private_key: Option<String>,
+    pub ca_certificates: Option<String>,
+    pub credential_name: Option<String>,
+    pub subject_alt_names: Vec<String>,
+    pub sni: Option<String>,
+    pub insecure_skip_verify: Option<bool>,
+    pub ca_crl: Option<String>,
+}

@@ -1,0 +1,251 @@
+//! The proxy on the other end of an xDS stream: parsed from Envoy's node ID
+//! (`type~ip~id~domain`) and node metadata, as Istio's `model.Proxy`.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use serde_json::Value;
+
+/// Istio's proxy types (the first field of the node ID).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NodeType {
+    SidecarProxy,
+    Router,
+    Waypoint,
+    Ztunnel,
+}
+
+impl NodeType {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            NodeType::SidecarProxy => "sidecar",
+            NodeType::Router => "router",
+            NodeType::Waypoint => "waypoint",
+            NodeType::Ztunnel => "ztunnel",
+        }
+    }
+}
+
+/// Why a node could not be accepted. Shown to the proxy as a gRPC `InvalidArgument`.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ProxyError {
+    #[error("missing node ID")]
+    MissingId,
+    #[error("node ID {id:?} has {found} parts, expected 4 (type~ip~id~domain)")]
+    WrongParts { id: String, found: usize },
+    #[error("node ID {id:?}: invalid node type {node_type:?} (want sidecar, router, waypoint or ztunnel)")]
+    InvalidType { id: String, node_type: String },
+    #[error("node ID {id:?}: invalid IP address {ip:?}")]
+    InvalidIp { id: String, ip: String },
+    #[error("node ID {id:?}: empty {field}")]
+    EmptyField { id: String, field: &'static str },
+    #[error("node {id:?}: invalid metadata {key}: {reason}")]
+    InvalidMetadata { id: String, key: &'static str, reason: String },
+}
+
+/// Node metadata fields that Istio's agent sends (`ISTIO_META_*`), the ones pilot reads.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeMetadata {
+    pub namespace: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub cluster_id: Option<String>,
+    pub istio_version: Option<String>,
+    pub instance_ips: Vec<IpAddr>,
+    pub network: Option<String>,
+    pub service_account: Option<String>,
+    pub workload_name: Option<String>,
+    pub mesh_id: Option<String>,
+    pub generator: Option<String>,
+    pub dns_capture: bool,
+    pub dns_auto_allocate: bool,
+    /// Everything else, as sent.
+    pub raw: BTreeMap<String, Value>,
+}
+
+impl NodeMetadata {
+    /// Reads Istio's metadata keys from the node's `metadata` Struct (as JSON).
+    /// String-typed booleans ("true") are accepted as Istio's `StringBool`.
+    pub fn from_json(id: &str, v: &Value) -> Result<Self, ProxyError> {
+        let mut md = NodeMetadata::default();
+        let Some(obj) = v.as_object() else {
+            return Ok(md);
+        };
+        let s = |k: &str| obj.get(k).and_then(Value::as_str).map(str::to_owned).filter(|s| !s.is_empty());
+        md.namespace = s("NAMESPACE");
+        md.cluster_id = s("CLUSTER_ID");
+        md.istio_version = s("ISTIO_VERSION");
+        md.network = s("NETWORK");
+        md.service_account = s("SERVICE_ACCOUNT");
+        md.workload_name = s("WORKLOAD_NAME");
+        md.mesh_id = s("MESH_ID");
+        md.generator = s("GENERATOR");
+        let b = |k: &str| match obj.get(k) {
+            Some(Value::Bool(b)) => *b,
+            Some(Value::String(s)) => s == "true" || s == "1",
+            _ => false,
+        };
+        md.dns_capture = b("DNS_CAPTURE");
+        md.dns_auto_allocate = b("DNS_AUTO_ALLOCATE");
+        match obj.get("LABELS") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(m)) => {
+                for (k, v) in m {
+                    match v {
+                        Value::String(s) => {
+                            md.labels.insert(k.clone(), s.clone());
+                        }
+                        other => {
+                            return Err(ProxyError::InvalidMetadata {
+                                id: id.to_owned(),
+                                key: "LABELS",
+                                reason: format!("label {k:?} has non-string value {other}"),
+                            });
+                        }
+                    }
+                }
+            }
+            Some(other) => {
+                return Err(ProxyError::InvalidMetadata {
+                    id: id.to_owned(),
+                    key: "LABELS",
+                    reason: format!("expected an object, got {other}"),
+                });
+            }
+        }
+        if let Some(ips) = s("INSTANCE_IPS") {
+            for ip in ips.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                let ip = ip.parse().map_err(|_| ProxyError::InvalidMetadata {
+                    id: id.to_owned(),
+                    key: "INSTANCE_IPS",
+                    reason: format!("{ip:?} is not an IP address"),
+                })?;
+                md.instance_ips.push(ip);
+            }
+        }
+        md.raw = obj.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        Ok(md)
+    }
+}
+
+/// A connected proxy, as Istio's `model.Proxy`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Proxy {
+    /// The full node ID as sent.
+    pub node_id: String,
+    pub node_type: NodeType,
+    /// IP addresses of the workload: the node ID's IP first, then INSTANCE_IPS.
+    pub ip_addresses: Vec<IpAddr>,
+    /// The third field: `pod.namespace` for Kubernetes workloads.
+    pub id: String,
+    /// The fourth field: `namespace.svc.cluster.local`.
+    pub dns_domain: String,
+    /// The config namespace: NAMESPACE metadata, else the second label of `id`.
+    pub config_namespace: String,
+    pub labels: BTreeMap<String, String>,
+    pub metadata: NodeMetadata,
+    /// Envoy's locality from the node (`region/zone/subzone`), if any.
+    pub locality: crate::service::Locality,
+}
+
+impl Proxy {
+    /// Parses `type~ip~id~domain` plus metadata, refusing malformed input with a reason.
+    pub fn parse(node_id: &str, metadata: NodeMetadata) -> Result<Proxy, ProxyError> {
+        if node_id.is_empty() {
+            return Err(ProxyError::MissingId);
+        }
+        let parts: Vec<&str> = node_id.split('~').collect();
+        if parts.len() != 4 {
+            return Err(ProxyError::WrongParts { id: node_id.to_owned(), found: parts.len() });
+        }
+        let node_type = match parts[0] {
+            "sidecar" => NodeType::SidecarProxy,
+            "router" => NodeType::Router,
+            "waypoint" => NodeType::Waypoint,
+            "ztunnel" => NodeType::Ztunnel,
+            other => {
+                return Err(ProxyError::InvalidType { id: node_id.to_owned(), node_type: other.to_owned() });
+            }
+        };
+        let ip: IpAddr = parts[1]
+            .parse()
+            .map_err(|_| ProxyError::InvalidIp { id: node_id.to_owned(), ip: parts[1].to_owned() })?;
+        if parts[2].is_empty() {
+            return Err(ProxyError::EmptyField { id: node_id.to_owned(), field: "id" });
+        }
+        let mut ip_addresses = vec![ip];
+        for extra in &metadata.instance_ips {
+            if !ip_addresses.contains(extra) {
+                ip_addresses.push(*extra);
+            }
+        }
+        let config_namespace = metadata
+            .namespace
+            .clone()
+            .or_else(|| parts[2].split_once('.').map(|(_, ns)| ns.to_owned()))
+            .unwrap_or_else(|| "default".to_owned());
+        Ok(Proxy {
+            node_id: node_id.to_owned(),
+            node_type,
+            ip_addresses,
+            id: parts[2].to_owned(),
+            dns_domain: parts[3].to_owned(),
+            config_namespace,
+            labels: metadata.labels.clone(),
+            metadata,
+            locality: Default::default(),
+        })
+    }
+
+    pub fn is_router(&self) -> bool {
+        self.node_type == NodeType::Router
+    }
+
+    pub fn is_sidecar(&self) -> bool {
+        self.node_type == NodeType::SidecarProxy
+    }
+
+    /// The cluster this proxy runs in (CLUSTER_ID metadata), Istio's default `Kubernetes`.
+    pub fn cluster_id(&self) -> &str {
+        self.metadata.cluster_id.as_deref().unwrap_or("Kubernetes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn parses_istio_node_id() {
+        let md = NodeMetadata::from_json(
+            "x",
+            &json!({"NAMESPACE": "istio-system", "LABELS": {"istio": "ingressgateway"}, "INSTANCE_IPS": "10.0.0.1,fd00::1"}),
+        )
+        .unwrap();
+        let p = Proxy::parse("router~10.0.0.1~gw-1.istio-system~istio-system.svc.cluster.local", md).unwrap();
+        assert_eq!(p.node_type, NodeType::Router);
+        assert_eq!(p.config_namespace, "istio-system");
+        assert_eq!(p.labels.get("istio").map(String::as_str), Some("ingressgateway"));
+        assert_eq!(p.ip_addresses.len(), 2);
+        assert_eq!(p.dns_domain, "istio-system.svc.cluster.local");
+    }
+
+    #[test]
+    fn namespace_from_id_when_metadata_missing() {
+        let p = Proxy::parse("sidecar~10.0.0.2~reviews-v1.bookinfo~bookinfo.svc.cluster.local", NodeMetadata::default())
+            .unwrap();
+        assert_eq!(p.config_namespace, "bookinfo");
+    }
+
+    #[test]
+    fn refuses_malformed_ids() {
+        let md = NodeMetadata::default;
+        assert_eq!(Proxy::parse("", md()), Err(ProxyError::MissingId));
+        assert!(matches!(Proxy::parse("sidecar~1.2.3.4~x", md()), Err(ProxyError::WrongParts { found: 3, .. })));
+        assert!(matches!(Proxy::parse("gateway~1.2.3.4~x~d", md()), Err(ProxyError::InvalidType { .. })));
+        assert!(matches!(Proxy::parse("sidecar~not-ip~x~d", md()), Err(ProxyError::InvalidIp { .. })));
+        assert!(matches!(Proxy::parse("sidecar~1.2.3.4~~d", md()), Err(ProxyError::EmptyField { .. })));
+        let bad = NodeMetadata::from_json("x", &json!({"LABELS": {"a": 1}}));
+        assert!(matches!(bad, Err(ProxyError::InvalidMetadata { key: "LABELS", .. })));
+    }
+}

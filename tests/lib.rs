@@ -1,0 +1,1 @@
+//! End-to-end tests with real Envoy live in tests/*.rs
