@@ -1,1 +1,19 @@
-//! placeholder
+//! The file-directory config source of pilot-discovery (`--configDir`): reads every YAML/JSON
+//! file under a directory into typed, validated `Config`s, keeps each file's last good contents,
+//! and watches the directory, emitting `ConfigEvent`s for what changed.
+#![forbid(unsafe_code)]
+
+pub mod error;
+pub mod events;
+pub mod parse;
+mod scan;
+pub mod store;
+#[cfg(test)]
+mod testutil;
+pub mod watch;
+
+pub use error::{DocRef, Level, SourceError, SourceErrorEntry};
+pub use events::{ConfigChange, ConfigEvent, ConfigSnapshot, diff};
+pub use parse::{DEFAULT_NAMESPACE, is_config_file, parse_documents};
+pub use store::{FileConfigStore, InvalidObserver, StoreSnapshot};
+pub use watch::{ConfigDirWatch, DEFAULT_DEBOUNCE, watch, watch_store};

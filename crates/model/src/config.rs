@@ -127,7 +127,8 @@ pub struct ConfigMeta {
     pub api_version: String,
 }
 
-/// A typed spec.
+/// A typed spec. Configs live behind `Arc`, so the size difference between variants is harmless.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[serde(untagged)]
 pub enum ConfigSpec {

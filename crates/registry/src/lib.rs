@@ -1,1 +1,188 @@
-//! placeholder
+//! The ServiceEntry service registry, as Istio's `pilot/pkg/serviceregistry/serviceentry`: turns
+//! ServiceEntry and WorkloadEntry configs into `Service`s and `Endpoint`s, and says what changed
+//! between two builds (full push vs EDS-only push). Pure and synchronous.
+#![forbid(unsafe_code)]
+
+mod conversion;
+mod diff;
+mod workload_entry;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use model::service::Endpoints;
+use model::{Config, ConfigSpec, Endpoint, MeshConfig, Service};
+
+pub use conversion::{
+    LOCALITY_LABEL, SERVICE_REGISTRY_EXTERNAL, TLS_MODE_LABEL, UNIX_ADDRESS_PREFIX, tls_mode, visible_from,
+};
+pub use diff::{RegistryDiff, diff};
+
+use conversion::{Workload, convert_endpoint, convert_services, host_endpoint, is_dns, resolution, valid_ports};
+use workload_entry::WorkloadEntryIndex;
+
+/// Identifies a service of the registry: Istio keys services and their endpoints by hostname and
+/// namespace, so one hostname may exist once per namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceKey {
+    pub hostname: String,
+    pub namespace: String,
+}
+
+impl ServiceKey {
+    pub fn new(hostname: impl Into<String>, namespace: impl Into<String>) -> ServiceKey {
+        ServiceKey {
+            hostname: hostname.into(),
+            namespace: namespace.into(),
+        }
+    }
+
+    pub fn of(service: &Service) -> ServiceKey {
+        ServiceKey::new(service.hostname.clone(), service.namespace())
+    }
+}
+
+impl fmt::Display for ServiceKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.hostname)
+    }
+}
+
+/// Everything the ServiceEntry registry knows at one moment. Immutable; rebuild and swap whole.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RegistrySnapshot {
+    /// One service per (hostname, namespace), sorted by hostname then namespace.
+    pub services: Vec<Arc<Service>>,
+    /// Endpoints per service, sorted; services without endpoints have no entry.
+    pub endpoints: BTreeMap<ServiceKey, Endpoints>,
+}
+
+impl RegistrySnapshot {
+    /// The service with this hostname in this namespace.
+    pub fn service(&self, hostname: &str, namespace: &str) -> Option<&Arc<Service>> {
+        self.services
+            .binary_search_by(|s| (s.hostname.as_str(), s.namespace()).cmp(&(hostname, namespace)))
+            .ok()
+            .map(|i| &self.services[i])
+    }
+
+    /// The endpoints of a service (empty when it has none or does not exist).
+    pub fn endpoints_of(&self, key: &ServiceKey) -> &[Endpoint] {
+        self.endpoints.get(key).map(|e| e.as_slice()).unwrap_or(&[])
+    }
+}
+
+/// Builds the registry from every config (kinds other than ServiceEntry and WorkloadEntry are
+/// ignored), as Istio's ServiceEntry controller would hold it after seeing them all.
+///
+/// - One service per ServiceEntry host; when two ServiceEntries of one namespace declare the same
+///   host, the first by name keeps the service (Istio: the oldest), but the endpoints of both are
+///   merged, as Istio indexes endpoints by (hostname, namespace).
+/// - Endpoints: inline `endpoints`, WorkloadEntries selected by `workloadSelector` in the same
+///   namespace, or, for DNS resolution with neither, the host itself.
+pub fn build(configs: &[Arc<Config>], mesh: &MeshConfig) -> RegistrySnapshot {
+    let mut service_entries: Vec<&Config> = configs
+        .iter()
+        .map(Arc::as_ref)
+        .filter(|c| matches!(c.spec, ConfigSpec::ServiceEntry(_)))
+        .collect();
+    service_entries.sort_by(|a, b| (&a.meta.namespace, &a.meta.name).cmp(&(&b.meta.namespace, &b.meta.name)));
+    let workload_entries = WorkloadEntryIndex::new(configs.iter().map(Arc::as_ref));
+
+    let mut services: BTreeMap<ServiceKey, Arc<Service>> = BTreeMap::new();
+    let mut endpoints: BTreeMap<ServiceKey, Vec<Endpoint>> = BTreeMap::new();
+    for cfg in service_entries {
+        let ConfigSpec::ServiceEntry(se) = &cfg.spec else {
+            continue;
+        };
+        let origin = format!("ServiceEntry/{}/{}", cfg.meta.namespace, cfg.meta.name);
+        let ports = valid_ports(&origin, se);
+        let converted = convert_services(&cfg.meta, &origin, se, &ports, mesh);
+        let dns = is_dns(resolution(se.resolution.as_deref()));
+        let selected: Vec<&Workload<'_>> = workload_entries.selected_by(&cfg.meta.namespace, se, dns).collect();
+        let inline: Vec<Workload<'_>> = se
+            .endpoints
+            .iter()
+            .map(|entry| Workload {
+                entry,
+                labels: entry.labels.clone(),
+                origin: origin.clone(),
+            })
+            .collect();
+        let host_as_endpoint = dns && se.endpoints.is_empty() && se.workload_selector.is_none();
+
+        for service in converted {
+            let key = ServiceKey::of(&service);
+            let eps = endpoints.entry(key.clone()).or_default();
+            for &(port, number) in &ports {
+                if host_as_endpoint {
+                    eps.extend(host_endpoint(&service, port, number));
+                    continue;
+                }
+                for workload in inline.iter().chain(selected.iter().copied()) {
+                    eps.extend(convert_endpoint(&service, port, workload, mesh));
+                }
+            }
+            match services.get(&key) {
+                Some(kept) => tracing::debug!(
+                    host = key.hostname,
+                    namespace = key.namespace,
+                    kept = kept.origin,
+                    ignored = service.origin,
+                    "duplicate ServiceEntry host: the first ServiceEntry keeps the service"
+                ),
+                None => {
+                    services.insert(key, Arc::new(service));
+                }
+            }
+        }
+    }
+
+    let endpoints = endpoints
+        .into_iter()
+        .filter(|(_, eps)| !eps.is_empty())
+        .map(|(key, mut eps)| {
+            eps.sort_by(|a, b| endpoint_order(a).cmp(&endpoint_order(b)));
+            eps.dedup();
+            (key, Arc::new(eps))
+        })
+        .collect();
+    // BTreeMap order is (hostname, namespace): the services are sorted as documented.
+    RegistrySnapshot {
+        services: services.into_values().collect(),
+        endpoints,
+    }
+}
+
+type EndpointOrder<'a> = (
+    &'a str,
+    &'a str,
+    u16,
+    &'a str,
+    &'a BTreeMap<String, String>,
+    &'a model::Locality,
+    u32,
+    &'a str,
+    &'a str,
+    &'a str,
+);
+
+/// A total order over every field, so equal endpoints end up adjacent (and are deduplicated).
+fn endpoint_order(e: &Endpoint) -> EndpointOrder<'_> {
+    (
+        &e.service_port_name,
+        &e.address,
+        e.endpoint_port,
+        &e.origin,
+        &e.labels,
+        &e.locality,
+        e.weight,
+        &e.service_account,
+        &e.network,
+        &e.namespace,
+    )
+}

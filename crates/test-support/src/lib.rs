@@ -1,1 +1,10 @@
-//! placeholder
+//! Test helpers shared by the workspace's tests: an ADS client that checks the xDS protocol on
+//! every response, real Envoy processes on loopback, and loopback HTTP backends.
+#![forbid(unsafe_code)]
+pub mod ads;
+pub mod backend;
+pub mod bin;
+pub mod bootstrap;
+pub mod discovery;
+pub mod envoy;
+pub mod ports;

@@ -160,6 +160,15 @@ pub struct HttpSettings {
     pub h2_upgrade_policy: Option<String>,
     pub use_client_protocol: Option<bool>,
     pub max_concurrent_streams: Option<i32>,
+    pub http2_keep_alive: Option<Http2KeepAlive>,
+}
+
+/// HTTP/2 PING keepalive of upstream connections.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Http2KeepAlive {
+    pub interval: Option<DurationString>,
+    pub timeout: Option<DurationString>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -17,10 +17,12 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-/// `istio.type.v1beta1.WorkloadSelector`.
+/// `istio.type.v1beta1.WorkloadSelector` (`matchLabels`, DestinationRule); also accepts the
+/// `networking.v1alpha3.WorkloadSelector` form (`labels`) that ServiceEntry and Sidecar use.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct WorkloadSelector {
+    #[serde(alias = "labels")]
     pub match_labels: BTreeMap<String, String>,
 }
 

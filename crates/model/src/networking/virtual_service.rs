@@ -38,6 +38,9 @@ pub struct HttpRoute {
     pub mirror_percent: Option<u32>,
     pub cors_policy: Option<CorsPolicy>,
     pub headers: Option<Headers>,
+    /// Removed from the API (WebSocket upgrades are always allowed); accepted and ignored, as the
+    /// Kubernetes API server prunes it.
+    pub websocket_upgrade: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -1,0 +1,306 @@
+//! `FileConfigStore`: the configs of a directory, per file its last good parse. A file with a syntax
+//! error (or that cannot be read) keeps its last good contents; a file that parses drops only its
+//! invalid documents; a key defined twice goes to the first file by sorted path.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use model::{Config, ConfigKey};
+
+use crate::error::{DocRef, SourceError, SourceErrorEntry};
+use crate::events::{ConfigChange, ConfigSnapshot, diff};
+use crate::parse::{DEFAULT_NAMESPACE, parse_file};
+use crate::scan::list_config_files;
+
+/// Called with the kind (the `type` label of `pilot_config_invalid`) of every rejected resource,
+/// once per parse of a file's new contents.
+pub type InvalidObserver = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// The store at one moment, cheap to clone: what `/debug/configz` shows.
+#[derive(Debug, Clone, Default)]
+pub struct StoreSnapshot {
+    pub configs: ConfigSnapshot,
+    /// The file each config came from.
+    pub origins: Arc<BTreeMap<ConfigKey, PathBuf>>,
+    pub errors: Arc<Vec<SourceErrorEntry>>,
+    /// Rejected resources by kind since start (monotonic).
+    pub invalid_counts: Arc<BTreeMap<String, u64>>,
+    /// How many scans of the directory this reflects.
+    pub scans: u64,
+}
+
+/// What the store holds for one file.
+#[derive(Debug, Default)]
+struct FileState {
+    /// The bytes last read; `None` after a read error, so the next good read is parsed.
+    content: Option<Vec<u8>>,
+    /// The documents of the last contents that parsed.
+    good: Vec<(DocRef, Arc<Config>)>,
+    /// Problems with the last contents read (including warnings for kept configs).
+    errors: Vec<SourceError>,
+}
+
+/// The configs of one directory tree.
+pub struct FileConfigStore {
+    dir: PathBuf,
+    default_namespace: String,
+    files: BTreeMap<PathBuf, FileState>,
+    configs: ConfigSnapshot,
+    origins: Arc<BTreeMap<ConfigKey, PathBuf>>,
+    dir_error: Option<SourceError>,
+    walk_errors: Vec<SourceError>,
+    duplicates: Vec<SourceError>,
+    invalid_counts: BTreeMap<String, u64>,
+    observer: Option<InvalidObserver>,
+    scans: u64,
+}
+
+impl std::fmt::Debug for FileConfigStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileConfigStore")
+            .field("dir", &self.dir)
+            .field("files", &self.files.len())
+            .field("configs", &self.configs.len())
+            .field("scans", &self.scans)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FileConfigStore {
+    /// An empty store for `dir`; nothing is read until `rescan`.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        FileConfigStore {
+            dir: dir.into(),
+            default_namespace: DEFAULT_NAMESPACE.to_owned(),
+            files: BTreeMap::new(),
+            configs: Arc::default(),
+            origins: Arc::default(),
+            dir_error: None,
+            walk_errors: Vec::new(),
+            duplicates: Vec::new(),
+            invalid_counts: BTreeMap::new(),
+            observer: None,
+            scans: 0,
+        }
+    }
+
+    /// Reads `dir`; fails when the directory itself cannot be listed.
+    pub fn load(dir: impl Into<PathBuf>) -> Result<Self, SourceError> {
+        let mut store = Self::new(dir);
+        store.rescan();
+        match store.dir_error.take() {
+            Some(e) => Err(e),
+            None => Ok(store),
+        }
+    }
+
+    /// Namespace for documents that name none (default `default`). Applies from the next parse.
+    pub fn set_default_namespace(&mut self, namespace: impl Into<String>) {
+        self.default_namespace = namespace.into();
+    }
+
+    pub fn set_invalid_observer(&mut self, observer: InvalidObserver) {
+        self.observer = Some(observer);
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Re-reads the directory and returns what changed. Files whose bytes did not change are not
+    /// parsed again. When the directory itself cannot be listed, everything is kept and the
+    /// problem is reported in `errors()`.
+    pub fn rescan(&mut self) -> ConfigChange {
+        self.scans += 1;
+        let listing = match list_config_files(&self.dir) {
+            Ok(listing) => listing,
+            Err(e) => {
+                tracing::warn!(error = %e, "config directory unreadable: keeping the last good config");
+                self.dir_error = Some(e);
+                return ConfigChange::default();
+            }
+        };
+        self.dir_error = None;
+        let listed: BTreeSet<&PathBuf> = listing.files.iter().collect();
+        self.files
+            .retain(|path, _| listed.contains(path) || listing.under_unreadable_dir(path));
+        for path in &listing.files {
+            self.refresh_file(path);
+        }
+        self.walk_errors = listing.errors;
+        self.rebuild()
+    }
+
+    fn refresh_file(&mut self, path: &Path) {
+        let bytes = match fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                self.files.remove(path);
+                return;
+            }
+            Err(e) => {
+                let state = self.files.entry(path.to_path_buf()).or_default();
+                state.content = None;
+                state.errors = vec![SourceError::Read {
+                    file: path.to_path_buf(),
+                    reason: e.to_string(),
+                }];
+                return;
+            }
+        };
+        if self
+            .files
+            .get(path)
+            .is_some_and(|s| s.content.as_deref() == Some(&bytes[..]))
+        {
+            return;
+        }
+        let parsed = match std::str::from_utf8(&bytes) {
+            Ok(text) => parse_file(text, path, &self.default_namespace),
+            Err(e) => Err(SourceError::Syntax {
+                file: path.to_path_buf(),
+                reason: format!("not UTF-8: {e}"),
+            }),
+        };
+        let state = self.files.entry(path.to_path_buf()).or_default();
+        state.content = Some(bytes);
+        let docs = match parsed {
+            Ok(docs) => docs,
+            Err(e) => {
+                tracing::warn!(error = %e, kept = state.good.len(), "config file rejected: keeping its last good contents");
+                state.errors = vec![e];
+                return;
+            }
+        };
+        state.good.clear();
+        state.errors.clear();
+        for parsed in docs {
+            match parsed.result {
+                Ok(config) => {
+                    if !config.kind.is_supported() {
+                        let key = config.key();
+                        state.errors.push(SourceError::Unsupported {
+                            file: path.to_path_buf(),
+                            doc: parsed.doc,
+                            key,
+                        });
+                    }
+                    state.good.push((parsed.doc, Arc::new(config)));
+                }
+                Err(e) => {
+                    if e.is_invalid_resource() {
+                        let kind = e.kind().unwrap_or_else(|| "unknown".to_owned());
+                        if let Some(observer) = &self.observer {
+                            observer(&kind);
+                        }
+                        *self.invalid_counts.entry(kind).or_default() += 1;
+                    }
+                    tracing::warn!(error = %e, "config document rejected");
+                    state.errors.push(e);
+                }
+            }
+        }
+    }
+
+    /// Assembles the configs of every file, first file by sorted path winning a duplicate key.
+    fn rebuild(&mut self) -> ConfigChange {
+        let mut configs = BTreeMap::new();
+        let mut origins: BTreeMap<ConfigKey, PathBuf> = BTreeMap::new();
+        let mut duplicates = Vec::new();
+        for (path, state) in &self.files {
+            for (doc, config) in &state.good {
+                let key = config.key();
+                if let Some(first) = origins.get(&key) {
+                    duplicates.push(SourceError::Duplicate {
+                        file: path.clone(),
+                        doc: *doc,
+                        key,
+                        first: first.clone(),
+                    });
+                    continue;
+                }
+                origins.insert(key.clone(), path.clone());
+                configs.insert(key, config.clone());
+            }
+        }
+        let change = diff(&self.configs, &configs);
+        self.configs = Arc::new(configs);
+        self.origins = Arc::new(origins);
+        self.duplicates = duplicates;
+        change
+    }
+
+    /// Every config, in key order.
+    pub fn configs(&self) -> Vec<Arc<Config>> {
+        self.configs.values().cloned().collect()
+    }
+
+    /// The configs as one shared map.
+    pub fn config_snapshot(&self) -> ConfigSnapshot {
+        self.configs.clone()
+    }
+
+    pub fn get(&self, key: &ConfigKey) -> Option<Arc<Config>> {
+        self.configs.get(key).cloned()
+    }
+
+    /// The file a config came from.
+    pub fn origin(&self, key: &ConfigKey) -> Option<&Path> {
+        self.origins.get(key).map(PathBuf::as_path)
+    }
+
+    /// Every current problem, ordered by file.
+    pub fn source_errors(&self) -> Vec<SourceError> {
+        let mut errors: Vec<SourceError> = self.dir_error.iter().cloned().collect();
+        errors.extend(self.walk_errors.iter().cloned());
+        errors.extend(self.files.values().flat_map(|s| s.errors.iter().cloned()));
+        errors.extend(self.duplicates.iter().cloned());
+        errors.sort_by(|a, b| a.file().cmp(b.file()));
+        errors
+    }
+
+    /// Every current problem as `/debug/configz` shows it. A file-level error says how many
+    /// resources of the file's last good contents are still served.
+    pub fn errors(&self) -> Vec<SourceErrorEntry> {
+        self.source_errors()
+            .iter()
+            .map(|e| {
+                let mut entry = e.to_entry();
+                let kept = self.files.get(e.file()).map_or(0, |s| s.good.len());
+                let kept = if matches!(e, SourceError::Directory { .. }) {
+                    self.configs.len()
+                } else {
+                    kept
+                };
+                if e.is_file_level() && kept > 0 {
+                    entry
+                        .reason
+                        .push_str(&format!(" (keeping the {kept} resources of its last good contents)"));
+                }
+                entry
+            })
+            .collect()
+    }
+
+    /// Rejected resources by kind since start; the counts behind `pilot_config_invalid{type}`.
+    pub fn invalid_counts(&self) -> &BTreeMap<String, u64> {
+        &self.invalid_counts
+    }
+
+    pub fn snapshot(&self) -> StoreSnapshot {
+        StoreSnapshot {
+            configs: self.configs.clone(),
+            origins: self.origins.clone(),
+            errors: Arc::new(self.errors()),
+            invalid_counts: Arc::new(self.invalid_counts.clone()),
+            scans: self.scans,
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "store_tests.rs"]
+mod tests;

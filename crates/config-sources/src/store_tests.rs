@@ -1,0 +1,242 @@
+//! Tests of `FileConfigStore`: per-file last good contents, dropped documents, duplicates, errors.
+
+use std::sync::Mutex;
+
+use model::ConfigKind;
+
+use super::*;
+use crate::error::Level;
+use crate::events::ConfigEvent;
+use crate::testutil::{service_entry, service_entry_with_host, write};
+
+fn se_key(name: &str) -> ConfigKey {
+    ConfigKey {
+        kind: ConfigKind::ServiceEntry,
+        namespace: "default".into(),
+        name: name.into(),
+    }
+}
+
+fn names(store: &FileConfigStore) -> Vec<String> {
+    store.configs().iter().map(|c| c.meta.name.clone()).collect()
+}
+
+fn summary(change: &ConfigChange) -> Vec<String> {
+    change
+        .events
+        .iter()
+        .map(|e| match e {
+            ConfigEvent::Added(c) => format!("+{}", c.meta.name),
+            ConfigEvent::Updated { new, .. } => format!("~{}", new.meta.name),
+            ConfigEvent::Deleted(c) => format!("-{}", c.meta.name),
+        })
+        .collect()
+}
+
+#[test]
+fn loads_nested_files_and_answers_queries() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(
+        tmp.path(),
+        "a.yaml",
+        &format!("{}---\n{}", service_entry("a1"), service_entry("a2")),
+    );
+    write(tmp.path(), "nested/deeper/b.yml", &service_entry("b"));
+    write(tmp.path(), "notes.txt", &service_entry("ignored"));
+    let store = FileConfigStore::load(tmp.path()).unwrap();
+    assert_eq!(names(&store), ["a1", "a2", "b"]);
+    assert_eq!(store.get(&se_key("b")).unwrap().meta.name, "b");
+    assert!(store.get(&se_key("ignored")).is_none());
+    assert_eq!(
+        store.origin(&se_key("b")),
+        Some(tmp.path().join("nested/deeper/b.yml").as_path())
+    );
+    assert!(store.errors().is_empty(), "{:?}", store.errors());
+    assert_eq!(store.config_snapshot().len(), 3);
+}
+
+#[test]
+fn missing_directory_fails_load_but_a_later_loss_keeps_config() {
+    let tmp = tempfile::tempdir().unwrap();
+    assert!(matches!(
+        FileConfigStore::load(tmp.path().join("nope")),
+        Err(SourceError::Directory { .. })
+    ));
+
+    let dir = tmp.path().join("conf");
+    write(&dir, "a.yaml", &service_entry("a"));
+    let mut store = FileConfigStore::load(&dir).unwrap();
+    fs::remove_dir_all(&dir).unwrap();
+    assert!(store.rescan().is_empty());
+    assert_eq!(names(&store), ["a"]);
+    let errors = store.errors();
+    assert_eq!(errors.len(), 1);
+    assert!(errors[0].reason.contains("keeping the 1 resources"), "{errors:?}");
+
+    write(&dir, "b.yaml", &service_entry("b"));
+    assert_eq!(summary(&store.rescan()), ["+b", "-a"]);
+    assert!(store.errors().is_empty());
+}
+
+#[test]
+fn invalid_documents_are_dropped_counted_and_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = service_entry("bad").replace("resolution:", "resolutionz:");
+    write(tmp.path(), "mixed.yaml", &[service_entry("good"), bad].join("---\n"));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut store = FileConfigStore::new(tmp.path());
+    let sink = seen.clone();
+    store.set_invalid_observer(Arc::new(move |kind: &str| sink.lock().unwrap().push(kind.to_owned())));
+    let change = store.rescan();
+    assert_eq!(summary(&change), ["+good"]);
+    let errors = store.errors();
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0].file, tmp.path().join("mixed.yaml"));
+    assert_eq!(errors[0].resource.as_deref(), Some("ServiceEntry default/bad"));
+    assert_eq!(errors[0].level, Level::Error);
+    assert_eq!(store.invalid_counts().get("ServiceEntry"), Some(&1));
+    assert_eq!(*seen.lock().unwrap(), ["ServiceEntry"]);
+
+    // Same bytes: not parsed again, so not counted again.
+    assert!(store.rescan().is_empty());
+    assert_eq!(store.invalid_counts().get("ServiceEntry"), Some(&1));
+    assert_eq!(store.snapshot().scans, 2);
+}
+
+#[test]
+fn syntax_error_keeps_last_good_contents_and_other_files_move_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(
+        tmp.path(),
+        "a.yaml",
+        &format!("{}---\n{}", service_entry("a1"), service_entry("a2")),
+    );
+    write(tmp.path(), "b.yaml", &service_entry("b"));
+    let mut store = FileConfigStore::load(tmp.path()).unwrap();
+
+    write(tmp.path(), "a.yaml", "apiVersion: [unclosed\n");
+    write(tmp.path(), "b.yaml", &service_entry_with_host("b", "b2.example.com"));
+    assert_eq!(summary(&store.rescan()), ["~b"]);
+    assert_eq!(names(&store), ["a1", "a2", "b"]);
+    let errors = store.errors();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].reason.contains("syntax error"), "{errors:?}");
+    assert!(errors[0].reason.contains("keeping the 2 resources"), "{errors:?}");
+
+    write(tmp.path(), "a.yaml", &service_entry("a1"));
+    assert_eq!(summary(&store.rescan()), ["-a2"]);
+    assert!(store.errors().is_empty());
+
+    // A new file that never parsed contributes nothing.
+    write(tmp.path(), "c.json", "{\"kind\": ");
+    assert!(store.rescan().is_empty());
+    assert_eq!(store.errors().len(), 1);
+}
+
+#[test]
+fn deleted_file_deletes_its_configs() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(tmp.path(), "a.yaml", &service_entry("a"));
+    write(tmp.path(), "sub/b.yaml", &service_entry("b"));
+    let mut store = FileConfigStore::load(tmp.path()).unwrap();
+    fs::remove_dir_all(tmp.path().join("sub")).unwrap();
+    assert_eq!(summary(&store.rescan()), ["-b"]);
+    fs::remove_file(tmp.path().join("a.yaml")).unwrap();
+    assert_eq!(summary(&store.rescan()), ["-a"]);
+    assert!(store.configs().is_empty());
+}
+
+#[test]
+fn duplicate_key_first_sorted_path_wins_and_is_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(
+        tmp.path(),
+        "a.yaml",
+        &service_entry_with_host("dup", "from-a.example.com"),
+    );
+    write(
+        tmp.path(),
+        "b.yaml",
+        &service_entry_with_host("dup", "from-b.example.com"),
+    );
+    let mut store = FileConfigStore::load(tmp.path()).unwrap();
+    let host = |store: &FileConfigStore| match &store.get(&se_key("dup")).unwrap().spec {
+        model::ConfigSpec::ServiceEntry(se) => se.hosts[0].clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(host(&store), "from-a.example.com");
+    let errors = store.errors();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].file, tmp.path().join("b.yaml"));
+    assert!(
+        errors[0]
+            .reason
+            .contains(&tmp.path().join("a.yaml").display().to_string()),
+        "{errors:?}"
+    );
+    assert_eq!(errors[0].resource.as_deref(), Some("ServiceEntry default/dup"));
+
+    // The second copy takes over when the first goes away.
+    fs::remove_file(tmp.path().join("a.yaml")).unwrap();
+    assert_eq!(summary(&store.rescan()), ["~dup"]);
+    assert_eq!(host(&store), "from-b.example.com");
+    assert!(store.errors().is_empty());
+}
+
+#[test]
+fn unknown_kinds_skipped_and_unsupported_kinds_kept_with_warnings() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\n---\n\
+                apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {name: strict, namespace: istio-system}\n\
+                spec: {mtls: {mode: STRICT}}\n";
+    write(tmp.path(), "policy.yaml", text);
+    let store = FileConfigStore::load(tmp.path()).unwrap();
+    let configs = store.configs();
+    assert_eq!(configs.len(), 1);
+    assert_eq!(configs[0].kind, ConfigKind::PeerAuthentication);
+    let errors = store.errors();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(errors.iter().all(|e| e.level == Level::Warning), "{errors:?}");
+    assert!(
+        errors.iter().any(|e| e.reason.contains("unknown kind \"Secret\"")),
+        "{errors:?}"
+    );
+    assert!(
+        errors.iter().any(|e| e.reason.contains("not yet supported")),
+        "{errors:?}"
+    );
+    assert!(store.invalid_counts().is_empty());
+}
+
+#[cfg(unix)]
+#[test]
+fn unreadable_file_keeps_last_good_contents() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    write(tmp.path(), "a.yaml", &service_entry("a"));
+    let mut store = FileConfigStore::load(tmp.path()).unwrap();
+    let path = tmp.path().join("a.yaml");
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o000)).unwrap();
+    if fs::read(&path).is_ok() {
+        return; // running as root: permissions are not enforced
+    }
+    assert!(store.rescan().is_empty());
+    assert_eq!(names(&store), ["a"]);
+    assert!(store.errors()[0].reason.contains("cannot read"), "{:?}", store.errors());
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+    assert!(store.rescan().is_empty());
+    assert!(store.errors().is_empty());
+}
+
+#[test]
+fn non_utf8_contents_keep_last_good_contents() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(tmp.path(), "a.yaml", &service_entry("a"));
+    let mut store = FileConfigStore::load(tmp.path()).unwrap();
+    fs::write(tmp.path().join("a.yaml"), b"kind: \xff\xfe\n").unwrap();
+    assert!(store.rescan().is_empty());
+    assert_eq!(names(&store), ["a"]);
+    let errors = store.errors();
+    assert!(errors[0].reason.contains("not UTF-8"), "{errors:?}");
+    assert!(errors[0].reason.contains("keeping the 1 resources"), "{errors:?}");
+}

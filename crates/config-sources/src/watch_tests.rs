@@ -1,0 +1,250 @@
+//! Tests of the directory watcher with real file-system events. Timeouts are generous and only
+//! bound how long a broken test hangs; nothing asserts on speed.
+
+use std::fs;
+use std::time::Duration;
+
+use model::{ConfigKey, ConfigKind, ConfigSpec};
+use tokio::sync::mpsc::error::TryRecvError;
+use tokio::time::timeout;
+
+use super::*;
+use crate::events::ConfigEvent;
+use crate::testutil::{service_entry, service_entry_with_host, write};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn key(name: &str) -> ConfigKey {
+    ConfigKey {
+        kind: ConfigKind::ServiceEntry,
+        namespace: "default".into(),
+        name: name.into(),
+    }
+}
+
+fn summary(events: &[ConfigEvent]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| match e {
+            ConfigEvent::Added(c) => format!("+{}", c.meta.name),
+            ConfigEvent::Updated { new, .. } => format!("~{}", new.meta.name),
+            ConfigEvent::Deleted(c) => format!("-{}", c.meta.name),
+        })
+        .collect()
+}
+
+fn host_of(event: &ConfigEvent) -> String {
+    match event.current().map(|c| &c.spec) {
+        Some(ConfigSpec::ServiceEntry(se)) => se.hosts[0].clone(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Receives changes until the events so far (in order) satisfy `done`.
+async fn events_until(w: &mut ConfigDirWatch, done: impl Fn(&[String]) -> bool) -> Vec<ConfigEvent> {
+    let mut got = Vec::new();
+    let result = timeout(WAIT, async {
+        while !done(&summary(&got)) {
+            match w.changes.recv().await {
+                Some(change) => {
+                    assert!(!change.is_empty(), "empty changes are never sent");
+                    got.extend(change.events);
+                }
+                None => panic!("watcher stopped"),
+            }
+        }
+    })
+    .await;
+    assert!(result.is_ok(), "timed out; events so far: {:?}", summary(&got));
+    got
+}
+
+/// Waits until the published state satisfies `done`.
+async fn state_until(w: &mut ConfigDirWatch, done: impl Fn(&StoreSnapshot) -> bool) -> StoreSnapshot {
+    let result = timeout(WAIT, w.state.wait_for(|s| done(s)))
+        .await
+        .map(|r| r.map(|state| state.clone()));
+    match result {
+        Ok(Ok(state)) => state,
+        _ => panic!("timed out waiting for state; last: {:?}", w.state.borrow().errors),
+    }
+}
+
+/// Starts a watch and waits for its first rescan, so later events come from the test's actions.
+async fn start(dir: &Path) -> ConfigDirWatch {
+    let mut w = watch(dir, DEFAULT_DEBOUNCE).unwrap();
+    let first = w.initial.scans;
+    state_until(&mut w, |s| s.scans > first).await;
+    w
+}
+
+fn assert_no_change(w: &mut ConfigDirWatch) {
+    match w.changes.try_recv() {
+        Err(TryRecvError::Empty) => {}
+        other => panic!("expected no change, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn create_modify_delete_produce_events() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(tmp.path(), "a.yaml", &service_entry("a"));
+    let mut w = start(tmp.path()).await;
+    assert_eq!(w.initial.configs.len(), 1);
+
+    write(tmp.path(), "b.yaml", &service_entry("b"));
+    let got = events_until(&mut w, |s| s.contains(&"+b".to_owned())).await;
+    assert_eq!(summary(&got), ["+b"]);
+
+    write(tmp.path(), "b.yaml", &service_entry_with_host("b", "b2.example.com"));
+    let got = events_until(&mut w, |s| !s.is_empty()).await;
+    assert_eq!(summary(&got), ["~b"]);
+    assert_eq!(host_of(&got[0]), "b2.example.com");
+
+    fs::remove_file(tmp.path().join("a.yaml")).unwrap();
+    let got = events_until(&mut w, |s| !s.is_empty()).await;
+    assert_eq!(summary(&got), ["-a"]);
+    let state = state_until(&mut w, |s| !s.configs.contains_key(&key("a"))).await;
+    assert!(state.configs.contains_key(&key("b")));
+}
+
+#[tokio::test]
+async fn renames_move_in_within_and_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("conf");
+    let outside = tmp.path().join("outside");
+    fs::create_dir_all(&dir).unwrap();
+    write(&outside, "m.yaml", &service_entry("m"));
+    let mut w = start(&dir).await;
+
+    fs::rename(outside.join("m.yaml"), dir.join("m.yaml")).unwrap();
+    assert_eq!(summary(&events_until(&mut w, |s| !s.is_empty()).await), ["+m"]);
+
+    fs::create_dir(dir.join("sub")).unwrap();
+    fs::rename(dir.join("m.yaml"), dir.join("sub/renamed.yaml")).unwrap();
+    let moved = dir.join("sub/renamed.yaml");
+    state_until(&mut w, |s| s.origins.get(&key("m")) == Some(&moved)).await;
+    assert_no_change(&mut w);
+
+    fs::rename(&moved, outside.join("gone.yaml")).unwrap();
+    assert_eq!(summary(&events_until(&mut w, |s| !s.is_empty()).await), ["-m"]);
+}
+
+#[tokio::test]
+async fn atomic_rename_over_is_one_update() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(tmp.path(), "se.yaml", &service_entry("se"));
+    let mut w = start(tmp.path()).await;
+    // As editors and `kubectl`-style tools do: write a temp file, then rename it over.
+    write(
+        tmp.path(),
+        ".se.yaml.tmp",
+        &service_entry_with_host("se", "new.example.com"),
+    );
+    fs::rename(tmp.path().join(".se.yaml.tmp"), tmp.path().join("se.yaml")).unwrap();
+    let got = events_until(&mut w, |s| !s.is_empty()).await;
+    assert_eq!(summary(&got), ["~se"]);
+    assert_eq!(host_of(&got[0]), "new.example.com");
+}
+
+#[tokio::test]
+async fn directories_created_later_are_watched() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut w = start(tmp.path()).await;
+    write(tmp.path(), "x/y/nested.yaml", &service_entry("nested"));
+    assert_eq!(summary(&events_until(&mut w, |s| !s.is_empty()).await), ["+nested"]);
+    // A change inside the new directory is seen too.
+    write(
+        tmp.path(),
+        "x/y/nested.yaml",
+        &service_entry_with_host("nested", "n2.example.com"),
+    );
+    assert_eq!(summary(&events_until(&mut w, |s| !s.is_empty()).await), ["~nested"]);
+}
+
+#[tokio::test]
+async fn rewriting_the_same_content_gives_no_event() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(tmp.path(), "a.yaml", &service_entry("a"));
+    let mut w = start(tmp.path()).await;
+    let before = w.state.borrow().scans;
+    write(tmp.path(), "a.yaml", &service_entry("a"));
+    let state = state_until(&mut w, |s| s.scans > before).await;
+    assert_no_change(&mut w);
+    // Our own reads of the files do not wake the watcher again.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(w.state.borrow().scans, state.scans);
+}
+
+#[tokio::test]
+async fn syntax_error_keeps_last_good_while_other_files_change() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(tmp.path(), "a.yaml", &service_entry("a"));
+    write(tmp.path(), "b.yaml", &service_entry("b"));
+    let mut w = start(tmp.path()).await;
+    write(tmp.path(), "a.yaml", "kind: [broken\n");
+    let state = state_until(&mut w, |s| !s.errors.is_empty()).await;
+    assert!(state.errors[0].reason.contains("syntax error"), "{:?}", state.errors);
+    assert!(state.configs.contains_key(&key("a")));
+    assert_no_change(&mut w);
+
+    write(tmp.path(), "b.yaml", &service_entry_with_host("b", "b2.example.com"));
+    assert_eq!(summary(&events_until(&mut w, |s| !s.is_empty()).await), ["~b"]);
+}
+
+#[tokio::test]
+async fn survives_the_directory_being_deleted_and_recreated() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("conf");
+    write(&dir, "a.yaml", &service_entry("a"));
+    let mut w = start(&dir).await;
+
+    fs::remove_dir_all(&dir).unwrap();
+    let state = state_until(&mut w, |s| !s.errors.is_empty()).await;
+    assert!(state.configs.contains_key(&key("a")), "the last good config is kept");
+    assert_no_change(&mut w);
+
+    write(&dir, "b.yaml", &service_entry("b"));
+    let got = events_until(&mut w, |s| s.contains(&"+b".to_owned()) && s.contains(&"-a".to_owned())).await;
+    assert_eq!(summary(&got), ["+b", "-a"]);
+    // The new directory is watched again.
+    write(&dir, "b.yaml", &service_entry_with_host("b", "b2.example.com"));
+    assert_eq!(summary(&events_until(&mut w, |s| !s.is_empty()).await), ["~b"]);
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn configmap_data_symlink_swap_is_an_update() {
+    use std::os::unix::fs::symlink;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write(dir, "..2024_01/se.yaml", &service_entry("se"));
+    symlink("..2024_01", dir.join("..data")).unwrap();
+    symlink("..data/se.yaml", dir.join("se.yaml")).unwrap();
+    let mut w = start(dir).await;
+    assert_eq!(w.initial.configs.len(), 1);
+
+    // What the kubelet does: new timestamped dir, new ..data_tmp link renamed over ..data.
+    write(
+        dir,
+        "..2024_02/se.yaml",
+        &service_entry_with_host("se", "swapped.example.com"),
+    );
+    symlink("..2024_02", dir.join("..data_tmp")).unwrap();
+    fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    fs::remove_dir_all(dir.join("..2024_01")).unwrap();
+    let got = events_until(&mut w, |s| !s.is_empty()).await;
+    assert_eq!(summary(&got), ["~se"]);
+    assert_eq!(host_of(&got[0]), "swapped.example.com");
+}
+
+#[tokio::test]
+async fn dropping_the_changes_receiver_stops_the_watcher() {
+    let tmp = tempfile::tempdir().unwrap();
+    let w = start(tmp.path()).await;
+    let ConfigDirWatch { changes, mut state, .. } = w;
+    drop(changes);
+    // The thread ends and drops its side of the state channel.
+    let stopped = timeout(WAIT, async { while state.changed().await.is_ok() {} }).await;
+    assert!(stopped.is_ok(), "watcher still running");
+}
