@@ -17,6 +17,7 @@ const ROOTS: &[&str] = &[
     "envoy/extensions/filters/http/local_ratelimit/v3/local_rate_limit.proto",
     // xDS resources and discovery.
     "envoy/config/cluster/v3/cluster.proto",
+    "envoy/extensions/network/dns_resolver/cares/v3/cares_dns_resolver.proto",
     "envoy/config/endpoint/v3/endpoint.proto",
     "envoy/config/listener/v3/listener.proto",
     "envoy/config/route/v3/route.proto",
@@ -81,7 +82,10 @@ fn main() {
     println!("cargo:rerun-if-env-changed=ENVOY_TYPES_PROTO_DIR");
     let proto_dir = match env::var_os("ENVOY_TYPES_PROTO_DIR") {
         Some(dir) => PathBuf::from(dir),
-        None => envoy_types_dir().unwrap_or_else(|e| fail(&e)).join("proto"),
+        None => registry_envoy_types_dir()
+            .or_else(|| envoy_types_dir().ok())
+            .unwrap_or_else(|| fail("envoy-types not found in the cargo registry nor through cargo metadata"))
+            .join("proto"),
     };
     let includes: Vec<PathBuf> = INCLUDES
         .iter()
@@ -105,6 +109,34 @@ fn main() {
     }
 }
 
+/// envoy-types' sources in the cargo registry (`$CARGO_HOME/registry/src/*/envoy-types-<v>`), at
+/// the version the workspace's Cargo.lock pins. Cargo has unpacked them before running this script.
+fn registry_envoy_types_dir() -> Option<PathBuf> {
+    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR")?);
+    let lock = manifest_dir
+        .ancestors()
+        .map(|d| d.join("Cargo.lock"))
+        .find(|p| p.is_file())?;
+    println!("cargo:rerun-if-changed={}", lock.display());
+    let text = std::fs::read_to_string(lock).ok()?;
+    let mut lines = text.lines();
+    let version = loop {
+        if lines.next()? == "name = \"envoy-types\"" {
+            let v = lines.next()?.strip_prefix("version = \"")?.strip_suffix('"')?;
+            break v.to_owned();
+        }
+    };
+    let cargo_home = env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))?;
+    let src = cargo_home.join("registry").join("src");
+    std::fs::read_dir(src)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join(format!("envoy-types-{version}")))
+        .find(|d| d.join("proto").is_dir())
+}
+
 fn fail(msg: &str) -> ! {
     panic!("xds-api build: {msg} (hint: set ENVOY_TYPES_PROTO_DIR to envoy-types' proto/ directory)");
 }
@@ -117,7 +149,15 @@ fn envoy_types_dir() -> Result<PathBuf, String> {
     // Only this platform's packages: on a fresh machine cargo has downloaded just those.
     let target = env::var("TARGET").map_err(|_| "TARGET is not set")?;
     let output = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--offline", "--filter-platform", &target, "--manifest-path"])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--offline",
+            "--filter-platform",
+            &target,
+            "--manifest-path",
+        ])
         .arg(manifest_dir.join("Cargo.toml"))
         .output()
         .map_err(|e| format!("running cargo metadata: {e}"))?;

@@ -91,6 +91,14 @@ fn named(resource: &Option<String>) -> String {
 
 impl SourceError {
     /// The file (or directory) the problem is in.
+    /// The resource an invalid document was meant to be, when its kind, namespace and name are known.
+    pub fn invalid_key(&self) -> Option<&ConfigKey> {
+        match self {
+            SourceError::Invalid { source, .. } => source.key(),
+            _ => None,
+        }
+    }
+
     pub fn file(&self) -> &PathBuf {
         match self {
             SourceError::Directory { dir: file, .. }

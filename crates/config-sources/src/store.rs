@@ -175,7 +175,9 @@ impl FileConfigStore {
                 return;
             }
         };
-        state.good.clear();
+        // An invalid new version of a resource this file already defined keeps the last valid
+        // version, as the API server keeps a resource whose update failed validation.
+        let previous = std::mem::take(&mut state.good);
         state.errors.clear();
         for parsed in docs {
             match parsed.result {
@@ -198,7 +200,17 @@ impl FileConfigStore {
                         }
                         *self.invalid_counts.entry(kind).or_default() += 1;
                     }
-                    tracing::warn!(error = %e, "config document rejected");
+                    let kept = e
+                        .invalid_key()
+                        .and_then(|key| previous.iter().find(|(_, c)| c.key() == *key))
+                        .cloned();
+                    match kept {
+                        Some(last_valid) => {
+                            tracing::warn!(error = %e, "config update rejected: keeping the last valid version");
+                            state.good.push(last_valid);
+                        }
+                        None => tracing::warn!(error = %e, "config document rejected"),
+                    }
                     state.errors.push(e);
                 }
             }

@@ -240,3 +240,37 @@ fn non_utf8_contents_keep_last_good_contents() {
     assert!(errors[0].reason.contains("not UTF-8"), "{errors:?}");
     assert!(errors[0].reason.contains("keeping the 1 resources"), "{errors:?}");
 }
+
+#[test]
+fn invalid_update_keeps_the_last_valid_version() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(
+        tmp.path(),
+        "se.yaml",
+        &format!("{}---\n{}", service_entry("a"), service_entry("b")),
+    );
+    let mut store = FileConfigStore::load(tmp.path()).unwrap();
+    let before = store.get(&se_key("a")).unwrap();
+    // "a" becomes invalid (an unknown field), "b" is removed from the file.
+    let broken = service_entry("a").replace("resolution: STATIC", "resolution: STATIC\n  bogus: 1");
+    assert_ne!(
+        broken,
+        service_entry("a"),
+        "test fixture must contain the replaced line"
+    );
+    write(tmp.path(), "se.yaml", &broken);
+    let change = store.rescan();
+    assert_eq!(summary(&change), vec!["-b"]);
+    assert_eq!(store.get(&se_key("a")), Some(before));
+    let errors = store.errors();
+    assert!(errors.iter().any(|e| e.reason.contains("bogus")), "{errors:?}");
+    assert_eq!(store.invalid_counts().get("ServiceEntry"), Some(&1));
+    // A new resource that is invalid from the start is not kept.
+    write(
+        tmp.path(),
+        "new.yaml",
+        &service_entry("c").replace("resolution: STATIC", "resolution: STATIC\n  bogus: 1"),
+    );
+    store.rescan();
+    assert!(store.get(&se_key("c")).is_none());
+}

@@ -47,7 +47,9 @@ impl ConfigKind {
             ("networking.istio.io", "ServiceEntry") => ConfigKind::ServiceEntry,
             ("networking.istio.io", "WorkloadEntry") => ConfigKind::WorkloadEntry,
             ("networking.istio.io", "Sidecar") => ConfigKind::Sidecar,
-            ("networking.istio.io", "EnvoyFilter") => return (version == "v1alpha3").then_some(ConfigKind::EnvoyFilter),
+            ("networking.istio.io", "EnvoyFilter") => {
+                return (version == "v1alpha3").then_some(ConfigKind::EnvoyFilter);
+            }
             ("networking.istio.io", "WorkloadGroup") => ConfigKind::WorkloadGroup,
             ("networking.istio.io", "ProxyConfig") => return (version == "v1beta1").then_some(ConfigKind::ProxyConfig),
             ("security.istio.io", "PeerAuthentication") => return security(version, ConfigKind::PeerAuthentication),
@@ -152,7 +154,11 @@ pub struct Config {
 
 impl Config {
     pub fn key(&self) -> ConfigKey {
-        ConfigKey { kind: self.kind, namespace: self.meta.namespace.clone(), name: self.meta.name.clone() }
+        ConfigKey {
+            kind: self.kind,
+            namespace: self.meta.namespace.clone(),
+            name: self.meta.name.clone(),
+        }
     }
 }
 
@@ -164,7 +170,12 @@ pub enum ConfigError {
     #[error("unknown kind {kind:?} (apiVersion {api_version:?}): skipped")]
     UnknownKind { api_version: String, kind: String },
     #[error("{kind} {namespace}/{name}: invalid metadata: {reason}")]
-    Metadata { kind: String, namespace: String, name: String, reason: String },
+    Metadata {
+        kind: String,
+        namespace: String,
+        name: String,
+        reason: String,
+    },
     #[error("{key}: {reason}")]
     Decode { key: ConfigKey, reason: String },
     #[error("{key}: {}", errors.join("; "))]
@@ -187,19 +198,33 @@ pub fn parse_config(doc: Value, default_namespace: &str) -> Result<Config, Confi
     let Value::Object(mut obj) = doc else {
         return Err(ConfigError::NotAResource);
     };
-    let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or_default().to_owned();
+    let api_version = obj
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
     let kind_name = obj.get("kind").and_then(Value::as_str).unwrap_or_default().to_owned();
     if api_version.is_empty() || kind_name.is_empty() {
         return Err(ConfigError::NotAResource);
     }
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version.as_str()));
     let Some(kind) = ConfigKind::from_gvk(group, version, &kind_name) else {
-        return Err(ConfigError::UnknownKind { api_version, kind: kind_name });
+        return Err(ConfigError::UnknownKind {
+            api_version,
+            kind: kind_name,
+        });
     };
     let meta = parse_meta(kind, obj.remove("metadata"), default_namespace, &api_version)?;
-    let key = ConfigKey { kind, namespace: meta.namespace.clone(), name: meta.name.clone() };
+    let key = ConfigKey {
+        kind,
+        namespace: meta.namespace.clone(),
+        name: meta.name.clone(),
+    };
     let spec_value = obj.remove("spec").unwrap_or(Value::Object(Default::default()));
-    let spec = decode_spec(kind, spec_value).map_err(|reason| ConfigError::Decode { key: key.clone(), reason })?;
+    let spec = decode_spec(kind, spec_value).map_err(|reason| ConfigError::Decode {
+        key: key.clone(),
+        reason,
+    })?;
     let config = Config { kind, meta, spec };
     let errors = crate::validation::validate(&config);
     if !errors.is_empty() {
@@ -223,7 +248,12 @@ fn decode_spec(kind: ConfigKind, v: Value) -> Result<ConfigSpec, String> {
     })
 }
 
-fn parse_meta(kind: ConfigKind, v: Option<Value>, default_ns: &str, api_version: &str) -> Result<ConfigMeta, ConfigError> {
+fn parse_meta(
+    kind: ConfigKind,
+    v: Option<Value>,
+    default_ns: &str,
+    api_version: &str,
+) -> Result<ConfigMeta, ConfigError> {
     let obj = match v {
         Some(Value::Object(o)) => o,
         _ => {

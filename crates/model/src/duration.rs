@@ -15,13 +15,17 @@ pub fn parse(s: &str) -> Option<Duration> {
     let mut total = 0f64;
     let mut rest = s.strip_prefix('+').unwrap_or(s);
     while !rest.is_empty() {
-        let num_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let num_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
         if num_end == 0 {
             return None;
         }
         let value: f64 = rest[..num_end].parse().ok()?;
         rest = &rest[num_end..];
-        let unit_end = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
         let scale = match &rest[..unit_end] {
             "ns" => 1e-9,
             "us" | "µs" => 1e-6,

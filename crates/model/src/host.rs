@@ -60,8 +60,14 @@ mod tests {
 
     #[test]
     fn short_names() {
-        assert_eq!(resolve_short_name("reviews", "default", "cluster.local"), "reviews.default.svc.cluster.local");
-        assert_eq!(resolve_short_name("reviews.prod", "default", "cluster.local"), "reviews.prod");
+        assert_eq!(
+            resolve_short_name("reviews", "default", "cluster.local"),
+            "reviews.default.svc.cluster.local"
+        );
+        assert_eq!(
+            resolve_short_name("reviews.prod", "default", "cluster.local"),
+            "reviews.prod"
+        );
         assert_eq!(resolve_short_name("*", "default", "cluster.local"), "*");
         assert_eq!(resolve_short_name("10.0.0.1", "default", "cluster.local"), "10.0.0.1");
     }

@@ -51,7 +51,9 @@ pub struct OutboundTrafficPolicy {
 
 impl Default for OutboundTrafficPolicy {
     fn default() -> Self {
-        OutboundTrafficPolicy { mode: "ALLOW_ANY".into() }
+        OutboundTrafficPolicy {
+            mode: "ALLOW_ANY".into(),
+        }
     }
 }
 
@@ -161,7 +163,11 @@ pub enum MeshConfigError {
 impl MeshConfig {
     /// Applies a decoded mesh file over Istio's defaults and validates the result.
     pub fn from_value(v: Value) -> Result<MeshConfig, MeshConfigError> {
-        let v = if v.is_null() { Value::Object(Default::default()) } else { v };
+        let v = if v.is_null() {
+            Value::Object(Default::default())
+        } else {
+            v
+        };
         let mesh: MeshConfig = serde_json::from_value(v).map_err(|e| MeshConfigError::Decode(e.to_string()))?;
         mesh.validate()?;
         Ok(mesh)
@@ -180,15 +186,24 @@ impl MeshConfig {
         for (field, d) in [
             ("connectTimeout", &self.connect_timeout),
             ("defaultConfig.drainDuration", &self.default_config.drain_duration),
-            ("defaultConfig.terminationDrainDuration", &self.default_config.termination_drain_duration),
+            (
+                "defaultConfig.terminationDrainDuration",
+                &self.default_config.termination_drain_duration,
+            ),
             ("dnsRefreshRate", &self.dns_refresh_rate),
         ] {
             if crate::duration::parse(d).is_none() {
-                return Err(MeshConfigError::Invalid { field, reason: format!("{d:?} is not a duration") });
+                return Err(MeshConfigError::Invalid {
+                    field,
+                    reason: format!("{d:?} is not a duration"),
+                });
             }
         }
         if self.root_namespace.is_empty() {
-            return Err(MeshConfigError::Invalid { field: "rootNamespace", reason: "must not be empty".into() });
+            return Err(MeshConfigError::Invalid {
+                field: "rootNamespace",
+                reason: "must not be empty".into(),
+            });
         }
         Ok(())
     }

@@ -40,7 +40,11 @@ pub enum ProxyError {
     #[error("node ID {id:?}: empty {field}")]
     EmptyField { id: String, field: &'static str },
     #[error("node {id:?}: invalid metadata {key}: {reason}")]
-    InvalidMetadata { id: String, key: &'static str, reason: String },
+    InvalidMetadata {
+        id: String,
+        key: &'static str,
+        reason: String,
+    },
 }
 
 /// Node metadata fields that Istio's agent sends (`ISTIO_META_*`), the ones pilot reads.
@@ -70,7 +74,12 @@ impl NodeMetadata {
         let Some(obj) = v.as_object() else {
             return Ok(md);
         };
-        let s = |k: &str| obj.get(k).and_then(Value::as_str).map(str::to_owned).filter(|s| !s.is_empty());
+        let s = |k: &str| {
+            obj.get(k)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .filter(|s| !s.is_empty())
+        };
         md.namespace = s("NAMESPACE");
         md.cluster_id = s("CLUSTER_ID");
         md.istio_version = s("ISTIO_VERSION");
@@ -155,7 +164,10 @@ impl Proxy {
         }
         let parts: Vec<&str> = node_id.split('~').collect();
         if parts.len() != 4 {
-            return Err(ProxyError::WrongParts { id: node_id.to_owned(), found: parts.len() });
+            return Err(ProxyError::WrongParts {
+                id: node_id.to_owned(),
+                found: parts.len(),
+            });
         }
         let node_type = match parts[0] {
             "sidecar" => NodeType::SidecarProxy,
@@ -163,14 +175,21 @@ impl Proxy {
             "waypoint" => NodeType::Waypoint,
             "ztunnel" => NodeType::Ztunnel,
             other => {
-                return Err(ProxyError::InvalidType { id: node_id.to_owned(), node_type: other.to_owned() });
+                return Err(ProxyError::InvalidType {
+                    id: node_id.to_owned(),
+                    node_type: other.to_owned(),
+                });
             }
         };
-        let ip: IpAddr = parts[1]
-            .parse()
-            .map_err(|_| ProxyError::InvalidIp { id: node_id.to_owned(), ip: parts[1].to_owned() })?;
+        let ip: IpAddr = parts[1].parse().map_err(|_| ProxyError::InvalidIp {
+            id: node_id.to_owned(),
+            ip: parts[1].to_owned(),
+        })?;
         if parts[2].is_empty() {
-            return Err(ProxyError::EmptyField { id: node_id.to_owned(), field: "id" });
+            return Err(ProxyError::EmptyField {
+                id: node_id.to_owned(),
+                field: "id",
+            });
         }
         let mut ip_addresses = vec![ip];
         for extra in &metadata.instance_ips {
@@ -232,8 +251,11 @@ mod tests {
 
     #[test]
     fn namespace_from_id_when_metadata_missing() {
-        let p = Proxy::parse("sidecar~10.0.0.2~reviews-v1.bookinfo~bookinfo.svc.cluster.local", NodeMetadata::default())
-            .unwrap();
+        let p = Proxy::parse(
+            "sidecar~10.0.0.2~reviews-v1.bookinfo~bookinfo.svc.cluster.local",
+            NodeMetadata::default(),
+        )
+        .unwrap();
         assert_eq!(p.config_namespace, "bookinfo");
     }
 
@@ -241,10 +263,22 @@ mod tests {
     fn refuses_malformed_ids() {
         let md = NodeMetadata::default;
         assert_eq!(Proxy::parse("", md()), Err(ProxyError::MissingId));
-        assert!(matches!(Proxy::parse("sidecar~1.2.3.4~x", md()), Err(ProxyError::WrongParts { found: 3, .. })));
-        assert!(matches!(Proxy::parse("gateway~1.2.3.4~x~d", md()), Err(ProxyError::InvalidType { .. })));
-        assert!(matches!(Proxy::parse("sidecar~not-ip~x~d", md()), Err(ProxyError::InvalidIp { .. })));
-        assert!(matches!(Proxy::parse("sidecar~1.2.3.4~~d", md()), Err(ProxyError::EmptyField { .. })));
+        assert!(matches!(
+            Proxy::parse("sidecar~1.2.3.4~x", md()),
+            Err(ProxyError::WrongParts { found: 3, .. })
+        ));
+        assert!(matches!(
+            Proxy::parse("gateway~1.2.3.4~x~d", md()),
+            Err(ProxyError::InvalidType { .. })
+        ));
+        assert!(matches!(
+            Proxy::parse("sidecar~not-ip~x~d", md()),
+            Err(ProxyError::InvalidIp { .. })
+        ));
+        assert!(matches!(
+            Proxy::parse("sidecar~1.2.3.4~~d", md()),
+            Err(ProxyError::EmptyField { .. })
+        ));
         let bad = NodeMetadata::from_json("x", &json!({"LABELS": {"a": 1}}));
         assert!(matches!(bad, Err(ProxyError::InvalidMetadata { key: "LABELS", .. })));
     }

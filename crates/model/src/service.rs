@@ -48,7 +48,10 @@ impl Protocol {
         if let Some(p) = protocol.map(Protocol::parse).filter(|p| *p != Protocol::Unsupported) {
             return p;
         }
-        if let Some(p) = app_protocol.map(Protocol::parse).filter(|p| *p != Protocol::Unsupported) {
+        if let Some(p) = app_protocol
+            .map(Protocol::parse)
+            .filter(|p| *p != Protocol::Unsupported)
+        {
             return p;
         }
         let prefix = name.split('-').next().unwrap_or("");
@@ -56,7 +59,10 @@ impl Protocol {
     }
 
     pub fn is_http(&self) -> bool {
-        matches!(self, Protocol::Http | Protocol::Http2 | Protocol::Grpc | Protocol::GrpcWeb)
+        matches!(
+            self,
+            Protocol::Http | Protocol::Http2 | Protocol::Grpc | Protocol::GrpcWeb
+        )
     }
 
     pub fn is_http2(&self) -> bool {
@@ -64,7 +70,10 @@ impl Protocol {
     }
 
     pub fn is_tcp(&self) -> bool {
-        matches!(self, Protocol::Tcp | Protocol::Https | Protocol::Tls | Protocol::Mongo | Protocol::Redis | Protocol::Mysql)
+        matches!(
+            self,
+            Protocol::Tcp | Protocol::Https | Protocol::Tls | Protocol::Mongo | Protocol::Redis | Protocol::Mysql
+        )
     }
 
     pub fn is_tls(&self) -> bool {
@@ -267,7 +276,10 @@ mod tests {
 
     #[test]
     fn protocol_from_port_follows_istio_precedence() {
-        assert_eq!(Protocol::from_port(Some("TCP"), Some("http"), "http-web"), Protocol::Tcp);
+        assert_eq!(
+            Protocol::from_port(Some("TCP"), Some("http"), "http-web"),
+            Protocol::Tcp
+        );
         assert_eq!(Protocol::from_port(None, Some("grpc"), "tcp"), Protocol::Grpc);
         assert_eq!(Protocol::from_port(None, None, "http2-api"), Protocol::Http2);
         assert_eq!(Protocol::from_port(None, None, "web"), Protocol::Unsupported);

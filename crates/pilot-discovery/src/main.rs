@@ -1,1 +1,83 @@
-fn main() {}
+//! `pilot-discovery`: Istio's control plane. Flags and subcommands as Istio's; wiring lives in
+//! `server`, HTTP endpoints in `http`.
+#![forbid(unsafe_code)]
+
+mod args;
+mod clock;
+mod exposition;
+mod http;
+mod logging;
+mod metrics;
+mod pipeline;
+mod request;
+mod server;
+mod settings;
+mod validate;
+mod version;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::args::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Version { short, output } => {
+            let info = version::INFO;
+            if output.as_deref() == Some("json") {
+                match serde_json::to_string_pretty(&info) {
+                    Ok(s) => println!("{s}"),
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            } else if short {
+                println!("{}", info.version);
+            } else {
+                println!("{}", info.long());
+            }
+            ExitCode::SUCCESS
+        }
+        Command::Validate { files } => validate::run(&files),
+        Command::Request {
+            method,
+            path,
+            body,
+            address,
+        } => block_on(request::run(&method, &path, body, &address)),
+        Command::Discovery(args) => {
+            if let Err(e) = logging::init(&args.log_output_level, args.log_as_json) {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+            let settings = match settings::Settings::from_env(|k| std::env::var(k).ok()) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            block_on(server::run(args, settings))
+        }
+    }
+}
+
+fn block_on(f: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(f) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,1 +1,224 @@
-//! placeholder
+//! `PushContext`: the immutable index of one push, as Istio's `model.PushContext`, built from the
+//! mesh config, all configs and the service registry, and shared (`Arc`) by every generator.
+//! It is made of small per-kind indexes so a change can rebuild only the ones it touches
+//! (`PushContext::rebuild`).
+//!
+//! Sidecar scoping (the `Sidecar` resource narrowing what a proxy sees) is not applied yet: every
+//! lookup below goes through the proxy's namespace only, which is where a `SidecarScope` will
+//! plug in (`services_for_proxy`, `virtual_services_for_mesh`, `destination_rule`).
+#![forbid(unsafe_code)]
+
+mod cache;
+mod destination_rules;
+mod gateways;
+mod services;
+mod virtual_services;
+
+#[cfg(test)]
+mod tests;
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+
+use model::service::Endpoints;
+use model::{Config, ConfigKind, MeshConfig, Proxy, Service};
+
+pub use cache::PushCaches;
+pub use destination_rules::{DestinationRuleIndex, MergedDestinationRule};
+pub use gateways::GatewayIndex;
+pub use services::ServiceIndex;
+pub use virtual_services::{MESH_GATEWAY, VirtualServiceIndex, resolve_gateway_name, resolve_short_names};
+
+/// Everything a push is built from.
+#[derive(Debug, Clone)]
+pub struct PushInput {
+    pub mesh: Arc<MeshConfig>,
+    /// The cluster's DNS domain (`cluster.local`), for short host names.
+    pub domain: String,
+    pub configs: Vec<Arc<Config>>,
+    pub registry: Arc<registry::RegistrySnapshot>,
+    /// The push version, as Istio's `PushVersion`; sent as `version_info`.
+    pub version: String,
+}
+
+/// The per-push index. Immutable once built, except for the generators' caches.
+#[derive(Debug)]
+pub struct PushContext {
+    version: String,
+    mesh: Arc<MeshConfig>,
+    domain: String,
+    configs: Vec<Arc<Config>>,
+    registry: Arc<registry::RegistrySnapshot>,
+    services: Arc<ServiceIndex>,
+    destination_rules: Arc<DestinationRuleIndex>,
+    virtual_services: Arc<VirtualServiceIndex>,
+    gateways: Arc<GatewayIndex>,
+    caches: PushCaches,
+}
+
+/// Istio orders configs by creation time, breaking ties by name then namespace. Our configs carry
+/// no creation time, so the tie-break is the order: name, then namespace.
+pub fn creation_order(a: &Config, b: &Config) -> Ordering {
+    (&a.meta.name, &a.meta.namespace).cmp(&(&b.meta.name, &b.meta.namespace))
+}
+
+/// What changed since the previous push, for `PushContext::rebuild`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChangeScope {
+    /// Config kinds with at least one added, updated or deleted resource.
+    pub kinds: Vec<ConfigKind>,
+    /// Whether the registry's services (not only their endpoints) changed.
+    pub services: bool,
+}
+
+impl PushContext {
+    pub fn new(input: PushInput) -> PushContext {
+        let services = Arc::new(ServiceIndex::new(&input.registry.services, &input.mesh));
+        let destination_rules = Arc::new(DestinationRuleIndex::new(&input.configs, &input.mesh, &input.domain));
+        let virtual_services = Arc::new(VirtualServiceIndex::new(&input.configs, &input.mesh, &input.domain));
+        let gateways = Arc::new(GatewayIndex::new(&input.configs));
+        PushContext {
+            version: input.version,
+            mesh: input.mesh,
+            domain: input.domain,
+            configs: input.configs,
+            registry: input.registry,
+            services,
+            destination_rules,
+            virtual_services,
+            gateways,
+            caches: PushCaches::default(),
+        }
+    }
+
+    /// A new push that reuses the indexes of `self` that `changed` does not touch. The mesh config
+    /// and domain must be those of `self` (a mesh change needs `PushContext::new`); caches start empty.
+    pub fn rebuild(&self, input: PushInput, changed: &ChangeScope) -> PushContext {
+        if input.mesh != self.mesh || input.domain != self.domain {
+            return PushContext::new(input);
+        }
+        let touched = |k: ConfigKind| changed.kinds.contains(&k);
+        let services = if changed.services {
+            Arc::new(ServiceIndex::new(&input.registry.services, &input.mesh))
+        } else {
+            self.services.clone()
+        };
+        let destination_rules = if touched(ConfigKind::DestinationRule) {
+            Arc::new(DestinationRuleIndex::new(&input.configs, &input.mesh, &input.domain))
+        } else {
+            self.destination_rules.clone()
+        };
+        let virtual_services = if touched(ConfigKind::VirtualService) {
+            Arc::new(VirtualServiceIndex::new(&input.configs, &input.mesh, &input.domain))
+        } else {
+            self.virtual_services.clone()
+        };
+        let gateways = if touched(ConfigKind::Gateway) {
+            Arc::new(GatewayIndex::new(&input.configs))
+        } else {
+            self.gateways.clone()
+        };
+        PushContext {
+            version: input.version,
+            mesh: input.mesh,
+            domain: input.domain,
+            configs: input.configs,
+            registry: input.registry,
+            services,
+            destination_rules,
+            virtual_services,
+            gateways,
+            caches: PushCaches::default(),
+        }
+    }
+
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    pub fn mesh(&self) -> &MeshConfig {
+        &self.mesh
+    }
+
+    pub fn domain(&self) -> &str {
+        &self.domain
+    }
+
+    /// Every config of this push, as given.
+    pub fn configs(&self) -> &[Arc<Config>] {
+        &self.configs
+    }
+
+    pub fn registry(&self) -> &registry::RegistrySnapshot {
+        &self.registry
+    }
+
+    /// Caches that generators keep for the lifetime of this push.
+    pub fn caches(&self) -> &PushCaches {
+        &self.caches
+    }
+
+    /// Services visible to the proxy's namespace (`exportTo`), one per hostname, sorted by hostname.
+    pub fn services_for_proxy(&self, proxy: &Proxy) -> Vec<Arc<Service>> {
+        self.services_for_namespace(&proxy.config_namespace).as_ref().clone()
+    }
+
+    /// As `services_for_proxy`, shared: computed once per namespace and push.
+    pub fn services_for_namespace(&self, namespace: &str) -> Arc<Vec<Arc<Service>>> {
+        self.services.visible_to(namespace)
+    }
+
+    /// The visible service for a hostname: exact, else the most specific wildcard service; a
+    /// service in the proxy's namespace wins over others of the same hostname.
+    pub fn service_for_host(&self, proxy: &Proxy, host: &str) -> Option<Arc<Service>> {
+        self.services.for_host(host, &proxy.config_namespace)
+    }
+
+    /// The endpoints of the service (hostname, namespace); empty if it has none.
+    pub fn endpoints(&self, hostname: &str, namespace: &str) -> Endpoints {
+        self.registry
+            .endpoints
+            .get(&registry::ServiceKey::new(hostname, namespace))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The DestinationRule for a service as seen from the proxy, in Istio's lookup order: the
+    /// proxy's namespace, the service's namespace, then the root namespace; most specific host;
+    /// `exportTo` respected; rules with a workload selector matching the proxy first.
+    pub fn destination_rule(&self, proxy: &Proxy, service: &Service) -> Option<Arc<MergedDestinationRule>> {
+        self.destination_rules.lookup(
+            &proxy.config_namespace,
+            &proxy.labels,
+            &service.hostname,
+            service.namespace(),
+        )
+    }
+
+    /// Gateway configs whose selector matches the proxy's labels, in creation order.
+    pub fn gateways_for_proxy(&self, proxy: &Proxy) -> Vec<Arc<Config>> {
+        self.gateways.selecting(&proxy.labels)
+    }
+
+    /// A Gateway config by `namespace/name`.
+    pub fn gateway(&self, name: &str) -> Option<Arc<Config>> {
+        self.gateways.get(name)
+    }
+
+    /// VirtualServices bound to `gateway` (`namespace/name`, or `mesh`) and visible to the proxy's
+    /// namespace, in Istio's order. Hosts, gateway names and destination hosts are resolved
+    /// (`resolve_short_names`).
+    pub fn virtual_services_for_gateway(&self, proxy: &Proxy, gateway: &str) -> Vec<Arc<Config>> {
+        self.virtual_services.for_gateway(&proxy.config_namespace, gateway)
+    }
+
+    /// VirtualServices that apply to sidecars (no gateways, or `mesh` among them), visible to the proxy.
+    pub fn virtual_services_for_mesh(&self, proxy: &Proxy) -> Vec<Arc<Config>> {
+        self.virtual_services.for_gateway(&proxy.config_namespace, MESH_GATEWAY)
+    }
+
+    /// A delegate VirtualService (no hosts) by namespace and name, resolved.
+    pub fn delegate_virtual_service(&self, namespace: &str, name: &str) -> Option<Arc<Config>> {
+        self.virtual_services.delegate(namespace, name)
+    }
+}

@@ -47,6 +47,8 @@ pub struct BackendOptions {
     pub delay: Duration,
     /// Extra headers on every response.
     pub response_headers: Vec<(String, String)>,
+    /// Listen on this port of 127.0.0.1 instead of a free one (for the demo's fixed addresses).
+    pub port: Option<u16>,
 }
 
 impl Default for BackendOptions {
@@ -55,6 +57,7 @@ impl Default for BackendOptions {
             status: 200,
             delay: Duration::ZERO,
             response_headers: Vec::new(),
+            port: None,
         }
     }
 }
@@ -82,7 +85,9 @@ impl Backend {
 
     pub async fn start_with(name: &str, options: BackendOptions) -> anyhow::Result<Backend> {
         StatusCode::from_u16(options.status).with_context(|| format!("backend {name}: bad status"))?;
-        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, options.port.unwrap_or(0)))
+            .await
+            .with_context(|| format!("backend {name}: cannot listen"))?;
         let addr = listener.local_addr()?;
         let shared = Shared {
             name: name.into(),
@@ -257,6 +262,8 @@ pub async fn http_request(
         .no_proxy()
         .timeout(timeout)
         .pool_max_idle_per_host(0)
+        // Tests look at redirects themselves.
+        .redirect(reqwest::redirect::Policy::none())
         .build()?;
     let method = reqwest::Method::from_bytes(method.as_bytes()).with_context(|| format!("bad method {method}"))?;
     let mut request = client.request(method.clone(), url).body(body);

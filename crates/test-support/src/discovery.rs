@@ -63,7 +63,14 @@ impl Discovery {
             .stderr(log)
             .kill_on_drop(true);
         let child = cmd.spawn().with_context(|| format!("starting {}", bin.display()))?;
-        let mut d = Discovery { child, grpc_addr, http_addr, monitoring_addr, log_path, _log_dir: log_dir };
+        let mut d = Discovery {
+            child,
+            grpc_addr,
+            http_addr,
+            monitoring_addr,
+            log_path,
+            _log_dir: log_dir,
+        };
         d.wait_ready(Duration::from_secs(30)).await?;
         Ok(d)
     }
@@ -71,7 +78,10 @@ impl Discovery {
     async fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
         let url = format!("http://{}/ready", self.http_addr);
-        let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(2)).build()?;
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(2))
+            .build()?;
         loop {
             if let Some(status) = self.child.try_wait()? {
                 bail!("pilot-discovery exited with {status} before ready:\n{}", self.logs());
@@ -90,8 +100,15 @@ impl Discovery {
 
     /// GET a debug or monitoring path; `monitoring` selects the 15014-equivalent port.
     pub async fn get(&self, path: &str, monitoring: bool) -> anyhow::Result<(u16, String)> {
-        let addr = if monitoring { self.monitoring_addr } else { self.http_addr };
-        let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(10)).build()?;
+        let addr = if monitoring {
+            self.monitoring_addr
+        } else {
+            self.http_addr
+        };
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(10))
+            .build()?;
         let r = client.get(format!("http://{addr}{path}")).send().await?;
         Ok((r.status().as_u16(), r.text().await?))
     }

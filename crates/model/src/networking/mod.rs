@@ -60,15 +60,24 @@ impl StringMatch {
     }
 
     pub fn exact(s: &str) -> StringMatch {
-        StringMatch { exact: Some(s.to_owned()), ..Default::default() }
+        StringMatch {
+            exact: Some(s.to_owned()),
+            ..Default::default()
+        }
     }
 
     pub fn prefix(s: &str) -> StringMatch {
-        StringMatch { prefix: Some(s.to_owned()), ..Default::default() }
+        StringMatch {
+            prefix: Some(s.to_owned()),
+            ..Default::default()
+        }
     }
 
     pub fn regex(s: &str) -> StringMatch {
-        StringMatch { regex: Some(s.to_owned()), ..Default::default() }
+        StringMatch {
+            regex: Some(s.to_owned()),
+            ..Default::default()
+        }
     }
 }
 

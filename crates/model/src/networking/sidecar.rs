@@ -52,4 +52,3 @@ pub struct OutboundTrafficPolicy {
     pub mode: Option<String>,
     pub egress_proxy: Option<super::Destination>,
 }
-

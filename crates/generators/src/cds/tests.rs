@@ -1,0 +1,625 @@
+//! CDS behaviour: "service S port P with DestinationRule D produces clusters C with settings X".
+
+use prost::Message;
+use serde_json::json;
+use xds_api::envoy::config::cluster::v3::{Cluster, cluster};
+use xds_api::envoy::config::core::v3 as core;
+use xds_api::envoy::extensions::transport_sockets::tls::v3::{UpstreamTlsContext, common_tls_context};
+use xds_api::envoy::extensions::upstreams::http::v3::HttpProtocolOptions;
+use xds_api::envoy::extensions::upstreams::http::v3::http_protocol_options::{
+    UpstreamProtocolOptions, explicit_http_config::ProtocolConfig,
+};
+
+use super::{HTTP_PROTOCOL_OPTIONS, build_clusters};
+use crate::testing::{destination_rule, proxy, push, reviews, service_entry, sidecar};
+
+fn find<'a>(clusters: &'a [Cluster], name: &str) -> &'a Cluster {
+    clusters
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no cluster {name}"))
+}
+
+fn names(clusters: &[Cluster]) -> Vec<&str> {
+    clusters.iter().map(|c| c.name.as_str()).collect()
+}
+
+fn discovery(c: &Cluster) -> cluster::DiscoveryType {
+    match c.cluster_discovery_type {
+        Some(cluster::ClusterDiscoveryType::Type(t)) => cluster::DiscoveryType::try_from(t).unwrap(),
+        _ => panic!("no discovery type"),
+    }
+}
+
+fn lb(c: &Cluster) -> cluster::LbPolicy {
+    cluster::LbPolicy::try_from(c.lb_policy).unwrap()
+}
+
+fn http_options(c: &Cluster) -> Option<HttpProtocolOptions> {
+    c.typed_extension_protocol_options
+        .get(HTTP_PROTOCOL_OPTIONS)
+        .map(|a| HttpProtocolOptions::decode(a.value.as_slice()).unwrap())
+}
+
+fn secs(d: &Option<xds_api::pbwkt::Duration>) -> f64 {
+    let d = d.as_ref().expect("duration set");
+    d.seconds as f64 + f64::from(d.nanos) / 1e9
+}
+
+const REVIEWS: &str = "reviews.default.svc.cluster.local";
+
+#[test]
+fn service_with_subsets_gets_one_cluster_per_subset_with_the_rule_applied() {
+    let p = push(vec![
+        reviews(),
+        destination_rule(
+            "reviews",
+            "default",
+            json!({
+                "host": "reviews",
+                "trafficPolicy": {"loadBalancer": {"simple": "LEAST_CONN"},
+                                  "outlierDetection": {"consecutive5xxErrors": 7, "interval": "5s", "baseEjectionTime": "30s",
+                                                       "maxEjectionPercent": 50}},
+                "subsets": [{"name": "v1", "labels": {"version": "v1"}}, {"name": "v2", "labels": {"version": "v2"}}]
+            }),
+        ),
+    ]);
+    let clusters = build_clusters(&sidecar("default"), &p);
+    assert_eq!(
+        names(&clusters),
+        [
+            "outbound|9080||reviews.default.svc.cluster.local",
+            "outbound|9080|v1|reviews.default.svc.cluster.local",
+            "outbound|9080|v2|reviews.default.svc.cluster.local",
+            "BlackHoleCluster",
+            "PassthroughCluster"
+        ]
+    );
+    for c in &clusters[..3] {
+        assert_eq!(discovery(c), cluster::DiscoveryType::Eds, "{}", c.name);
+        let eds = c.eds_cluster_config.as_ref().unwrap();
+        assert_eq!(eds.service_name, c.name);
+        let source = eds.eds_config.as_ref().unwrap();
+        assert_eq!(source.resource_api_version, core::ApiVersion::V3 as i32);
+        assert!(matches!(
+            source.config_source_specifier,
+            Some(core::config_source::ConfigSourceSpecifier::Ads(_))
+        ));
+        assert_eq!(lb(c), cluster::LbPolicy::LeastRequest);
+        let od = c.outlier_detection.as_ref().unwrap();
+        assert_eq!(od.consecutive_5xx.as_ref().unwrap().value, 7);
+        assert_eq!(od.enforcing_consecutive_5xx.as_ref().unwrap().value, 100);
+        assert_eq!(od.enforcing_success_rate.as_ref().unwrap().value, 0);
+        assert_eq!(od.max_ejection_percent.as_ref().unwrap().value, 50);
+        assert_eq!(secs(&od.interval), 5.0);
+        assert_eq!(secs(&od.base_ejection_time), 30.0);
+        assert_eq!(
+            c.common_lb_config
+                .as_ref()
+                .unwrap()
+                .healthy_panic_threshold
+                .as_ref()
+                .unwrap()
+                .value,
+            0.0
+        );
+        assert_eq!(secs(&c.connect_timeout), 10.0);
+        assert_eq!(c.alt_stat_name, format!("{};", c.name));
+    }
+}
+
+#[test]
+fn default_cluster_has_istio_defaults() {
+    let p = push(vec![reviews()]);
+    let clusters = build_clusters(&sidecar("default"), &p);
+    let c = find(&clusters, &format!("outbound|9080||{REVIEWS}"));
+    assert_eq!(lb(c), cluster::LbPolicy::LeastRequest);
+    assert!(c.outlier_detection.is_none());
+    let t = &c.circuit_breakers.as_ref().unwrap().thresholds[0];
+    for v in [
+        &t.max_connections,
+        &t.max_pending_requests,
+        &t.max_requests,
+        &t.max_retries,
+    ] {
+        assert_eq!(v.as_ref().unwrap().value, u32::MAX);
+    }
+    assert!(http_options(c).is_none(), "plain HTTP/1.1 needs no protocol options");
+    assert!(c.transport_socket.is_none());
+}
+
+#[test]
+fn dns_services_get_dns_clusters_with_their_hosts() {
+    let p = push(vec![
+        service_entry(
+            "api",
+            "default",
+            json!({
+                "hosts": ["api.example.com"], "resolution": "DNS",
+                "ports": [{"number": 443, "name": "tls", "protocol": "TLS"}]
+            }),
+        ),
+        service_entry(
+            "db",
+            "default",
+            json!({
+                "hosts": ["db.example.com"], "resolution": "DNS_ROUND_ROBIN",
+                "ports": [{"number": 5432, "name": "tcp", "protocol": "TCP"}],
+                "endpoints": [{"address": "db1.example.com"}]
+            }),
+        ),
+    ]);
+    let clusters = build_clusters(&sidecar("default"), &p);
+    let api = find(&clusters, "outbound|443||api.example.com");
+    assert_eq!(discovery(api), cluster::DiscoveryType::StrictDns);
+    assert_eq!(api.dns_lookup_family, cluster::DnsLookupFamily::V4Only as i32);
+    assert!(api.eds_cluster_config.is_none());
+    let la = api.load_assignment.as_ref().unwrap();
+    assert_eq!(la.cluster_name, api.name);
+    let ep = &la.endpoints[0].lb_endpoints[0];
+    let Some(xds_api::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier::Endpoint(e)) = &ep.host_identifier
+    else {
+        panic!("no endpoint")
+    };
+    let Some(core::address::Address::SocketAddress(sa)) = e.address.as_ref().and_then(|a| a.address.as_ref()) else {
+        panic!("no socket address")
+    };
+    assert_eq!(sa.address, "api.example.com");
+    assert_eq!(
+        sa.port_specifier,
+        Some(core::socket_address::PortSpecifier::PortValue(443))
+    );
+    let db = find(&clusters, "outbound|5432||db.example.com");
+    assert_eq!(discovery(db), cluster::DiscoveryType::LogicalDns);
+    assert_eq!(db.load_assignment.as_ref().unwrap().endpoints[0].lb_endpoints.len(), 1);
+}
+
+#[test]
+fn passthrough_services_forward_to_the_original_destination_except_on_gateways() {
+    let p = push(vec![service_entry(
+        "any",
+        "default",
+        json!({
+            "hosts": ["*.internal.example.com"], "resolution": "NONE",
+            "ports": [{"number": 8080, "name": "http", "protocol": "HTTP"}, {"number": 53, "name": "dns", "protocol": "UDP"}]
+        }),
+    )]);
+    let clusters = build_clusters(&sidecar("default"), &p);
+    let c = find(&clusters, "outbound|8080||*.internal.example.com");
+    assert_eq!(discovery(c), cluster::DiscoveryType::OriginalDst);
+    assert_eq!(lb(c), cluster::LbPolicy::ClusterProvided);
+    assert!(c.eds_cluster_config.is_none());
+    assert!(
+        !names(&clusters).iter().any(|n| n.starts_with("outbound|53|")),
+        "UDP ports get no cluster"
+    );
+    let gw = build_clusters(&proxy("router", "istio-system", json!({})), &p);
+    assert_eq!(
+        discovery(find(&gw, "outbound|8080||*.internal.example.com")),
+        cluster::DiscoveryType::Eds
+    );
+    assert!(!names(&gw).contains(&"PassthroughCluster"));
+    let pt = find(&clusters, "PassthroughCluster");
+    assert_eq!(
+        (discovery(pt), lb(pt)),
+        (cluster::DiscoveryType::OriginalDst, cluster::LbPolicy::ClusterProvided)
+    );
+    let bh = find(&clusters, "BlackHoleCluster");
+    assert_eq!(discovery(bh), cluster::DiscoveryType::Static);
+    assert!(bh.load_assignment.is_none());
+}
+
+fn two_port_service() -> serde_json::Value {
+    service_entry(
+        "ratings",
+        "default",
+        json!({
+            "hosts": ["ratings.default.svc.cluster.local"], "location": "MESH_INTERNAL", "resolution": "STATIC",
+            "ports": [{"number": 9080, "name": "http", "protocol": "HTTP"}, {"number": 9443, "name": "grpc", "protocol": "GRPC"}],
+            "endpoints": [{"address": "10.2.0.1", "labels": {"version": "v1"}}]
+        }),
+    )
+}
+
+#[test]
+fn port_level_settings_replace_the_top_level_policy_for_their_port() {
+    let p = push(vec![
+        two_port_service(),
+        destination_rule(
+            "ratings",
+            "default",
+            json!({
+                "host": "ratings",
+                "trafficPolicy": {
+                    "loadBalancer": {"simple": "RANDOM"},
+                    "outlierDetection": {"consecutiveGatewayErrors": 3},
+                    "portLevelSettings": [{"port": {"number": 9443}, "loadBalancer": {"simple": "ROUND_ROBIN"}}]
+                }
+            }),
+        ),
+    ]);
+    let clusters = build_clusters(&sidecar("default"), &p);
+    let http = find(&clusters, "outbound|9080||ratings.default.svc.cluster.local");
+    assert_eq!(lb(http), cluster::LbPolicy::Random);
+    assert_eq!(
+        http.outlier_detection
+            .as_ref()
+            .unwrap()
+            .consecutive_gateway_failure
+            .as_ref()
+            .unwrap()
+            .value,
+        3
+    );
+    let grpc = find(&clusters, "outbound|9443||ratings.default.svc.cluster.local");
+    assert_eq!(lb(grpc), cluster::LbPolicy::RoundRobin);
+    assert!(grpc.outlier_detection.is_none(), "port-level settings do not inherit");
+}
+
+#[test]
+fn subsets_inherit_the_top_level_policy_and_override_their_own_fields() {
+    let p = push(vec![
+        two_port_service(),
+        destination_rule(
+            "ratings",
+            "default",
+            json!({
+                "host": "ratings",
+                "trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": 100}}, "loadBalancer": {"simple": "RANDOM"}},
+                "subsets": [
+                    {"name": "v1", "labels": {"version": "v1"}, "trafficPolicy": {"loadBalancer": {"simple": "ROUND_ROBIN"}}},
+                    {"name": "v2", "labels": {"version": "v2"}, "trafficPolicy": {
+                        "portLevelSettings": [{"port": {"number": 9080}, "outlierDetection": {"consecutive5xxErrors": 2}}]}}
+                ]
+            }),
+        ),
+    ]);
+    let clusters = build_clusters(&sidecar("default"), &p);
+    let max_conn = |c: &Cluster| {
+        c.circuit_breakers.as_ref().unwrap().thresholds[0]
+            .max_connections
+            .as_ref()
+            .unwrap()
+            .value
+    };
+    let v1 = find(&clusters, "outbound|9080|v1|ratings.default.svc.cluster.local");
+    assert_eq!((lb(v1), max_conn(v1)), (cluster::LbPolicy::RoundRobin, 100));
+    let v2_http = find(&clusters, "outbound|9080|v2|ratings.default.svc.cluster.local");
+    // the subset's port-level entry replaces every field for 9080: default LB and pool
+    assert_eq!(
+        (lb(v2_http), max_conn(v2_http)),
+        (cluster::LbPolicy::LeastRequest, u32::MAX)
+    );
+    assert_eq!(
+        v2_http
+            .outlier_detection
+            .as_ref()
+            .unwrap()
+            .consecutive_5xx
+            .as_ref()
+            .unwrap()
+            .value,
+        2
+    );
+    let v2_grpc = find(&clusters, "outbound|9443|v2|ratings.default.svc.cluster.local");
+    assert_eq!((lb(v2_grpc), max_conn(v2_grpc)), (cluster::LbPolicy::Random, 100));
+}
+
+fn is_h2(c: &Cluster) -> bool {
+    matches!(
+        http_options(c).and_then(|o| o.upstream_protocol_options),
+        Some(UpstreamProtocolOptions::ExplicitHttpConfig(e)) if matches!(e.protocol_config, Some(ProtocolConfig::Http2ProtocolOptions(_)))
+    )
+}
+
+#[test]
+fn http2_ports_and_upgrades_speak_h2_upstream() {
+    let p = push(vec![two_port_service()]);
+    let clusters = build_clusters(&sidecar("default"), &p);
+    assert!(is_h2(find(
+        &clusters,
+        "outbound|9443||ratings.default.svc.cluster.local"
+    )));
+    assert!(!is_h2(find(
+        &clusters,
+        "outbound|9080||ratings.default.svc.cluster.local"
+    )));
+    let p = push(vec![
+        two_port_service(),
+        destination_rule(
+            "r",
+            "default",
+            json!({"host": "ratings",
+            "trafficPolicy": {"connectionPool": {"http": {"h2UpgradePolicy": "UPGRADE"}}}}),
+        ),
+    ]);
+    let clusters = build_clusters(&sidecar("default"), &p);
+    assert!(is_h2(find(
+        &clusters,
+        "outbound|9080||ratings.default.svc.cluster.local"
+    )));
+}
+
+#[test]
+fn connection_pool_maps_to_circuit_breakers_timeouts_and_keepalive() {
+    let p = push(vec![
+        reviews(),
+        destination_rule(
+            "reviews",
+            "default",
+            json!({"host": "reviews", "trafficPolicy": {"connectionPool": {
+                "tcp": {"maxConnections": 10, "connectTimeout": "2s", "tcpKeepalive": {"probes": 3, "time": "60s", "interval": "10s"}},
+                "http": {"http1MaxPendingRequests": 5, "http2MaxRequests": 20, "maxRetries": 2, "maxRequestsPerConnection": 1,
+                         "idleTimeout": "15s"}
+            }}}),
+        ),
+    ]);
+    let clusters = build_clusters(&sidecar("default"), &p);
+    let c = find(&clusters, &format!("outbound|9080||{REVIEWS}"));
+    let t = &c.circuit_breakers.as_ref().unwrap().thresholds[0];
+    let v = |w: &Option<xds_api::pbwkt::UInt32Value>| w.as_ref().unwrap().value;
+    assert_eq!(
+        (
+            v(&t.max_connections),
+            v(&t.max_pending_requests),
+            v(&t.max_requests),
+            v(&t.max_retries)
+        ),
+        (10, 5, 20, 2)
+    );
+    assert_eq!(secs(&c.connect_timeout), 2.0);
+    let ka = c
+        .upstream_connection_options
+        .as_ref()
+        .unwrap()
+        .tcp_keepalive
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        (
+            v(&ka.keepalive_probes),
+            v(&ka.keepalive_time),
+            v(&ka.keepalive_interval)
+        ),
+        (3, 60, 10)
+    );
+    let common = http_options(c).unwrap().common_http_protocol_options.unwrap();
+    assert_eq!(secs(&common.idle_timeout), 15.0);
+    assert_eq!(v(&common.max_requests_per_connection), 1);
+}
+
+#[test]
+fn consistent_hash_selects_ring_hash_or_maglev() {
+    let lb_of = |hash: serde_json::Value| {
+        let p = push(vec![
+            reviews(),
+            destination_rule(
+                "reviews",
+                "default",
+                json!({"host": "reviews",
+                "trafficPolicy": {"loadBalancer": {"consistentHash": hash}}}),
+            ),
+        ]);
+        let clusters = build_clusters(&sidecar("default"), &p);
+        let c = find(&clusters, &format!("outbound|9080||{REVIEWS}")).clone();
+        (lb(&c), c.lb_config)
+    };
+    let (policy, config) = lb_of(json!({"httpHeaderName": "x-user", "ringHash": {"minimumRingSize": 2048}}));
+    assert_eq!(policy, cluster::LbPolicy::RingHash);
+    assert!(
+        matches!(config, Some(cluster::LbConfig::RingHashLbConfig(r)) if r.minimum_ring_size.unwrap().value == 2048)
+    );
+    let (policy, _) = lb_of(json!({"useSourceIp": true, "maglev": {"tableSize": 65537}}));
+    assert_eq!(policy, cluster::LbPolicy::Maglev);
+    let (policy, config) = lb_of(json!({"httpCookie": {"name": "session", "ttl": "0s"}}));
+    assert_eq!(policy, cluster::LbPolicy::RingHash);
+    assert!(
+        matches!(config, Some(cluster::LbConfig::RingHashLbConfig(r)) if r.minimum_ring_size.unwrap().value == 1024)
+    );
+}
+
+fn tls_context(c: &Cluster) -> UpstreamTlsContext {
+    let ts = c.transport_socket.as_ref().expect("transport socket");
+    assert_eq!(ts.name, "envoy.transport_sockets.tls");
+    let Some(core::transport_socket::ConfigType::TypedConfig(any)) = &ts.config_type else {
+        panic!("no config")
+    };
+    UpstreamTlsContext::decode(any.value.as_slice()).unwrap()
+}
+
+#[test]
+fn simple_tls_originates_with_sni_ca_and_sans() {
+    let p = push(vec![
+        service_entry(
+            "api",
+            "default",
+            json!({"hosts": ["api.example.com"], "resolution": "DNS",
+            "ports": [{"number": 443, "name": "https", "protocol": "HTTPS"}, {"number": 8443, "name": "tls-insecure", "protocol": "TLS"}]}),
+        ),
+        destination_rule(
+            "api",
+            "default",
+            json!({"host": "api.example.com", "trafficPolicy": {
+                "tls": {"mode": "SIMPLE", "sni": "api.example.com", "caCertificates": "/etc/certs/ca.pem",
+                        "subjectAltNames": ["api.example.com", "spiffe://example.com/ns/x/sa/y"]},
+                "portLevelSettings": [{"port": {"number": 8443}, "tls": {"mode": "SIMPLE", "insecureSkipVerify": true}}]
+            }}),
+        ),
+    ]);
+    let clusters = build_clusters(&sidecar("default"), &p);
+    let ctx = tls_context(find(&clusters, "outbound|443||api.example.com"));
+    assert_eq!(ctx.sni, "api.example.com");
+    let common = ctx.common_tls_context.unwrap();
+    let Some(common_tls_context::ValidationContextType::ValidationContext(v)) = common.validation_context_type else {
+        panic!("no validation context")
+    };
+    assert_eq!(
+        v.trusted_ca.unwrap().specifier,
+        Some(core::data_source::Specifier::Filename("/etc/certs/ca.pem".into()))
+    );
+    let sans: Vec<(i32, String)> = v
+        .match_typed_subject_alt_names
+        .iter()
+        .map(|m| (m.san_type, format!("{:?}", m.matcher.as_ref().unwrap().match_pattern)))
+        .collect();
+    assert_eq!(sans.len(), 2);
+    assert_eq!(
+        sans[1].0,
+        xds_api::envoy::extensions::transport_sockets::tls::v3::subject_alt_name_matcher::SanType::Uri as i32
+    );
+    let insecure = find(&clusters, "outbound|8443||api.example.com");
+    let ctx = tls_context(insecure);
+    let Some(common_tls_context::ValidationContextType::ValidationContext(v)) =
+        ctx.common_tls_context.unwrap().validation_context_type
+    else {
+        panic!("no validation context")
+    };
+    assert!(v.trusted_ca.is_none(), "insecureSkipVerify: no verification");
+    let upstream = http_options(insecure).unwrap().upstream_http_protocol_options.unwrap();
+    assert!(upstream.auto_sni && !upstream.auto_san_validation);
+}
+
+#[test]
+fn istio_mutual_and_disable_leave_the_cluster_plaintext() {
+    for mode in ["DISABLE", "ISTIO_MUTUAL"] {
+        let p = push(vec![
+            reviews(),
+            destination_rule(
+                "reviews",
+                "default",
+                json!({"host": "reviews", "trafficPolicy": {"tls": {"mode": mode}}}),
+            ),
+        ]);
+        let clusters = build_clusters(&sidecar("default"), &p);
+        assert!(
+            find(&clusters, &format!("outbound|9080||{REVIEWS}"))
+                .transport_socket
+                .is_none(),
+            "{mode}"
+        );
+    }
+}
+
+#[test]
+fn mesh_h2_upgrade_policy_upgrades_http_ports_only() {
+    let mesh = model::MeshConfig {
+        h2_upgrade_policy: "UPGRADE".into(),
+        ..Default::default()
+    };
+    let p = crate::testing::push_with_mesh(
+        mesh,
+        vec![
+            reviews(),
+            service_entry(
+                "tcp",
+                "default",
+                json!({"hosts": ["tcp.example.com"], "resolution": "STATIC",
+            "ports": [{"number": 9000, "name": "tcp", "protocol": "TCP"}], "endpoints": [{"address": "10.9.0.1"}]}),
+            ),
+        ],
+    );
+    let clusters = build_clusters(&sidecar("default"), &p);
+    assert!(is_h2(find(&clusters, &format!("outbound|9080||{REVIEWS}"))));
+    assert!(!is_h2(find(&clusters, "outbound|9000||tcp.example.com")));
+}
+
+#[test]
+fn outbound_cluster_stat_name_pattern_sets_alt_stat_name() {
+    let mesh = model::MeshConfig {
+        outbound_cluster_stat_name: "%SERVICE%_%SERVICE_PORT_NAME%_%SUBSET_NAME%".into(),
+        ..Default::default()
+    };
+    let p = crate::testing::push_with_mesh(
+        mesh,
+        vec![
+            reviews(),
+            destination_rule(
+                "reviews",
+                "default",
+                json!({"host": "reviews", "subsets": [{"name": "v1", "labels": {"version": "v1"}}]}),
+            ),
+        ],
+    );
+    let clusters = build_clusters(&sidecar("default"), &p);
+    assert_eq!(
+        find(&clusters, &format!("outbound|9080|v1|{REVIEWS}")).alt_stat_name,
+        format!("{REVIEWS}_http_v1;")
+    );
+}
+
+#[test]
+fn mutual_tls_presents_the_client_certificate_files() {
+    let p = push(vec![
+        service_entry(
+            "api",
+            "default",
+            json!({"hosts": ["api.example.com"], "resolution": "DNS",
+            "ports": [{"number": 443, "name": "https", "protocol": "HTTPS"}]}),
+        ),
+        destination_rule(
+            "api",
+            "default",
+            json!({"host": "api.example.com", "trafficPolicy": {"tls": {
+            "mode": "MUTUAL", "clientCertificate": "/certs/client.pem", "privateKey": "/certs/key.pem"}}}),
+        ),
+    ]);
+    let clusters = build_clusters(&sidecar("default"), &p);
+    let c = find(&clusters, "outbound|443||api.example.com");
+    let common = tls_context(c).common_tls_context.unwrap();
+    let cert = &common.tls_certificates[0];
+    let file = |d: &Option<core::DataSource>| d.as_ref().unwrap().specifier.clone();
+    assert_eq!(
+        file(&cert.certificate_chain),
+        Some(core::data_source::Specifier::Filename("/certs/client.pem".into()))
+    );
+    assert_eq!(
+        file(&cert.private_key),
+        Some(core::data_source::Specifier::Filename("/certs/key.pem".into()))
+    );
+    let Some(common_tls_context::ValidationContextType::ValidationContext(v)) = common.validation_context_type else {
+        panic!("no validation context")
+    };
+    assert_eq!(
+        file(&v.trusted_ca),
+        Some(core::data_source::Specifier::Filename(
+            super::tls::SYSTEM_CA_BUNDLE.into()
+        ))
+    );
+    let upstream = http_options(c).unwrap().upstream_http_protocol_options.unwrap();
+    assert!(
+        upstream.auto_sni && upstream.auto_san_validation,
+        "no SNI or SANs given: Envoy checks the host"
+    );
+}
+
+#[test]
+fn locality_failover_settings_enable_locality_weighted_lb() {
+    let weighted = |policy: serde_json::Value| {
+        let p = push(vec![
+            reviews(),
+            destination_rule(
+                "reviews",
+                "default",
+                json!({"host": "reviews", "trafficPolicy": policy}),
+            ),
+        ]);
+        let clusters = build_clusters(&sidecar("default"), &p);
+        let c = find(&clusters, &format!("outbound|9080||{REVIEWS}")).clone();
+        matches!(
+            c.common_lb_config.unwrap().locality_config_specifier,
+            Some(cluster::common_lb_config::LocalityConfigSpecifier::LocalityWeightedLbConfig(_))
+        )
+    };
+    let failover = json!({"localityLbSetting": {"failover": [{"from": "us-east", "to": "us-west"}]}});
+    assert!(weighted(
+        json!({"loadBalancer": failover.clone(), "outlierDetection": {"consecutive5xxErrors": 1}})
+    ));
+    assert!(
+        !weighted(json!({"loadBalancer": failover})),
+        "failover needs outlier detection"
+    );
+    assert!(weighted(
+        json!({"loadBalancer": {"localityLbSetting": {"distribute": [{"from": "*", "to": {"*": 100}}]}}})
+    ));
+    assert!(!weighted(json!({"outlierDetection": {"consecutive5xxErrors": 1}})));
+}

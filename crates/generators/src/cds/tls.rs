@@ -1,0 +1,204 @@
+//! Upstream TLS origination from a DestinationRule's `tls`, as Istio's `cluster_tls.go`:
+//! `SIMPLE` and `MUTUAL` with certificates from files (or `credentialName` over SDS), SNI, SAN
+//! verification and `insecureSkipVerify`. Envoy reads the files itself (Istio serves them over
+//! SDS through its agent; upstream Envoy does not need that).
+//!
+//! `ISTIO_MUTUAL` and auto-mTLS need the mesh CA and the agent's SDS workload certificates, which
+//! do not exist yet: such clusters get no transport socket (plaintext) for now.
+
+use model::networking::ClientTlsSettings;
+use xds_api::envoy::config::core::v3 as core;
+use xds_api::envoy::extensions::transport_sockets::tls::v3 as tls;
+use xds_api::envoy::r#type::matcher::v3::{StringMatcher, string_matcher::MatchPattern};
+
+use super::{Builder, ClusterWrapper};
+
+/// Where `ca_certificates` comes from when a DestinationRule gives none (Istio's `system`: the
+/// OS trust bundle).
+pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+/// The agent's SDS cluster, for `credentialName` (Istio's `SDSClusterName`).
+const SDS_CLUSTER: &str = "sds-grpc";
+/// Suffix of the SDS resource holding a credential's CA (Istio's `SdsCaSuffix`).
+const SDS_CA_SUFFIX: &str = "-cacert";
+
+pub(super) fn apply(cw: &mut ClusterWrapper, b: &Builder<'_>, settings: Option<&ClientTlsSettings>) {
+    let Some(settings) = settings else { return };
+    let mutual = match settings.mode.as_deref() {
+        Some("SIMPLE") => false,
+        Some("MUTUAL") => true,
+        // DISABLE: plaintext. ISTIO_MUTUAL: not served yet (see the module docs).
+        _ => return,
+    };
+    let credential = settings.credential_name.as_deref().filter(|c| !c.is_empty());
+    // Istio does not hand a credential to every sidecar a rule without workload selector reaches:
+    // only gateways and selected workloads fetch it.
+    let has_selector = b.rule.is_some_and(|r| r.rule.workload_selector.is_some());
+    if credential.is_some() && b.proxy.is_sidecar() && !has_selector {
+        return;
+    }
+    if mutual && credential.is_none() && (is_empty(&settings.client_certificate) || is_empty(&settings.private_key)) {
+        tracing::warn!(
+            cluster = cw.cluster.name,
+            "MUTUAL TLS without clientCertificate and privateKey: TLS not applied"
+        );
+        return;
+    }
+    let context = upstream_tls_context(cw, settings, credential, mutual);
+    cw.cluster.transport_socket = Some(core::TransportSocket {
+        name: "envoy.transport_sockets.tls".into(),
+        config_type: Some(core::transport_socket::ConfigType::TypedConfig(xds_api::pack(&context))),
+    });
+}
+
+fn is_empty(s: &Option<String>) -> bool {
+    s.as_deref().is_none_or(str::is_empty)
+}
+
+fn upstream_tls_context(
+    cw: &mut ClusterWrapper,
+    settings: &ClientTlsSettings,
+    credential: Option<&str>,
+    mutual: bool,
+) -> tls::UpstreamTlsContext {
+    let sni = settings.sni.clone().unwrap_or_default();
+    let insecure = settings.insecure_skip_verify == Some(true);
+    set_auto_sni_and_san_validation(cw, &sni, &settings.subject_alt_names, insecure);
+    let mut common = tls::CommonTlsContext {
+        tls_params: Some(tls::TlsParameters {
+            tls_minimum_protocol_version: tls::tls_parameters::TlsProtocol::TlSv12 as i32,
+            tls_maximum_protocol_version: tls::tls_parameters::TlsProtocol::TlSv13 as i32,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let san_matchers = subject_alt_name_matchers(&settings.subject_alt_names);
+    use tls::common_tls_context::ValidationContextType;
+    match credential {
+        Some(name) => {
+            common.tls_certificate_sds_secret_configs.push(sds_secret(name));
+            common.validation_context_type = Some(ValidationContextType::CombinedValidationContext(
+                tls::common_tls_context::CombinedCertificateValidationContext {
+                    default_validation_context: Some(tls::CertificateValidationContext {
+                        match_typed_subject_alt_names: san_matchers,
+                        ..Default::default()
+                    }),
+                    validation_context_sds_secret_config: Some(sds_secret(&format!("{name}{SDS_CA_SUFFIX}"))),
+                    ..Default::default()
+                },
+            ));
+        }
+        None => {
+            if mutual {
+                common.tls_certificates.push(tls::TlsCertificate {
+                    certificate_chain: file(settings.client_certificate.as_deref()),
+                    private_key: file(settings.private_key.as_deref()),
+                    ..Default::default()
+                });
+            }
+            let validation = if insecure {
+                tls::CertificateValidationContext::default()
+            } else {
+                let ca = settings
+                    .ca_certificates
+                    .as_deref()
+                    .filter(|c| !c.is_empty())
+                    .unwrap_or(SYSTEM_CA_BUNDLE);
+                tls::CertificateValidationContext {
+                    trusted_ca: file(Some(ca)),
+                    match_typed_subject_alt_names: san_matchers,
+                    crl: settings
+                        .ca_crl
+                        .as_deref()
+                        .filter(|c| !c.is_empty())
+                        .and_then(|c| file(Some(c))),
+                    ..Default::default()
+                }
+            };
+            common.validation_context_type = Some(ValidationContextType::ValidationContext(validation));
+        }
+    }
+    if cw.is_http2() {
+        common.alpn_protocols = vec!["h2".into()];
+    }
+    tls::UpstreamTlsContext {
+        common_tls_context: Some(common),
+        sni,
+        ..Default::default()
+    }
+}
+
+/// Istio's `setAutoSniAndAutoSanValidation`: without an explicit SNI Envoy sends the request's
+/// host as SNI, and (unless SANs are given or verification is skipped) checks the certificate
+/// against it.
+fn set_auto_sni_and_san_validation(cw: &mut ClusterWrapper, sni: &str, sans: &[String], insecure: bool) {
+    if !sni.is_empty() {
+        return;
+    }
+    let options = cw
+        .http_options()
+        .upstream_http_protocol_options
+        .get_or_insert_with(Default::default);
+    options.auto_sni = true;
+    if sans.is_empty() && !insecure {
+        options.auto_san_validation = true;
+    }
+}
+
+/// SAN matchers: `spiffe://` and other URIs match URI SANs, IPs match IP SANs, the rest DNS SANs.
+fn subject_alt_name_matchers(sans: &[String]) -> Vec<tls::SubjectAltNameMatcher> {
+    sans.iter()
+        .map(|san| {
+            let san_type = if san.contains("://") {
+                tls::subject_alt_name_matcher::SanType::Uri
+            } else if san.parse::<std::net::IpAddr>().is_ok() {
+                tls::subject_alt_name_matcher::SanType::IpAddress
+            } else {
+                tls::subject_alt_name_matcher::SanType::Dns
+            };
+            tls::SubjectAltNameMatcher {
+                san_type: san_type as i32,
+                matcher: Some(StringMatcher {
+                    match_pattern: Some(MatchPattern::Exact(san.clone())),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+fn file(path: Option<&str>) -> Option<core::DataSource> {
+    path.map(|p| core::DataSource {
+        specifier: Some(core::data_source::Specifier::Filename(p.to_owned())),
+        ..Default::default()
+    })
+}
+
+/// An SDS secret from the agent's SDS server, as Istio's `ConstructSdsSecretConfig`.
+fn sds_secret(name: &str) -> tls::SdsSecretConfig {
+    tls::SdsSecretConfig {
+        name: name.to_owned(),
+        sds_config: Some(core::ConfigSource {
+            config_source_specifier: Some(core::config_source::ConfigSourceSpecifier::ApiConfigSource(
+                core::ApiConfigSource {
+                    api_type: core::api_config_source::ApiType::Grpc as i32,
+                    set_node_on_first_message_only: true,
+                    transport_api_version: core::ApiVersion::V3 as i32,
+                    grpc_services: vec![core::GrpcService {
+                        target_specifier: Some(core::grpc_service::TargetSpecifier::EnvoyGrpc(
+                            core::grpc_service::EnvoyGrpc {
+                                cluster_name: SDS_CLUSTER.into(),
+                                ..Default::default()
+                            },
+                        )),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+            )),
+            initial_fetch_timeout: Some(Default::default()),
+            resource_api_version: core::ApiVersion::V3 as i32,
+            ..Default::default()
+        }),
+    }
+}

@@ -1,0 +1,236 @@
+//! Locality load balancing, as Istio's `loadbalancer` package: which locality setting applies
+//! (DestinationRule, else mesh), and how it shapes a `ClusterLoadAssignment` for one proxy:
+//! `distribute` weights, or failover priorities (region/zone/subzone proximity, `failover`
+//! region pairs, `failoverPriority` labels). Failover needs outlier detection, else Envoy would
+//! never leave priority 0, so it is applied only when the cluster has it.
+
+use std::collections::{BTreeMap, HashSet};
+
+use model::networking::{LoadBalancerSettings, LocalityDistribute, LocalityFailover, LocalityLbSetting};
+use model::{Endpoint, Locality, MeshConfig};
+use xds_api::envoy::config::core::v3 as core;
+use xds_api::envoy::config::endpoint::v3::{ClusterLoadAssignment, LocalityLbEndpoints};
+use xds_api::pbwkt;
+
+/// Label naming an endpoint's network (Istio's `topology.istio.io/network`).
+const NETWORK_LABEL: &str = "topology.istio.io/network";
+
+/// Istio's `GetEffectiveLbSetting` (locality part): the DestinationRule's setting, else the
+/// mesh's; a setting with `enabled: false` turns locality load balancing off. An absent mesh
+/// setting is Istio's default mesh config, `{enabled: true}`.
+pub fn effective_setting(mesh: &MeshConfig, lb: Option<&LoadBalancerSettings>) -> Option<LocalityLbSetting> {
+    let setting = match lb.and_then(|lb| lb.locality_lb_setting.as_ref()) {
+        Some(dr) => dr.clone(),
+        None => mesh.locality_lb_setting.clone().unwrap_or(LocalityLbSetting {
+            enabled: Some(true),
+            ..Default::default()
+        }),
+    };
+    (setting.enabled != Some(false)).then_some(setting)
+}
+
+/// Whether the cluster needs `common_lb_config.locality_weighted_lb_config` (Istio's
+/// `LocalityLBSettings.ApplyToCluster`).
+pub fn needs_locality_weighted_config(setting: &LocalityLbSetting, enable_failover: bool) -> bool {
+    (enable_failover && (!setting.failover.is_empty() || !setting.failover_priority.is_empty()))
+        || !setting.distribute.is_empty()
+}
+
+/// Istio's `ApplyLocalityLoadBalancer`. `endpoints[i]` are the registry endpoints behind
+/// `cla.endpoints[i]`, in the same order (for `failoverPriority` label matching).
+pub fn apply(
+    cla: &mut ClusterLoadAssignment,
+    endpoints: &[Vec<&Endpoint>],
+    proxy_locality: &Locality,
+    proxy_labels: &BTreeMap<String, String>,
+    setting: &LocalityLbSetting,
+    enable_failover: bool,
+) {
+    if !setting.distribute.is_empty() {
+        apply_locality_weights(proxy_locality, cla, &setting.distribute);
+    } else if enable_failover {
+        if !setting.failover_priority.is_empty() {
+            apply_failover_priorities(cla, endpoints, proxy_labels, &setting.failover_priority);
+            if !setting.failover.is_empty() {
+                apply_locality_failover(proxy_locality, cla, &setting.failover);
+            }
+        } else {
+            apply_locality_failover(proxy_locality, cla, &setting.failover);
+        }
+    }
+}
+
+fn locality_of(l: &LocalityLbEndpoints) -> (&str, &str, &str) {
+    l.locality.as_ref().map_or(("", "", ""), |l| {
+        (l.region.as_str(), l.zone.as_str(), l.sub_zone.as_str())
+    })
+}
+
+/// Istio's `LocalityMatch`: `region[/zone[/subzone]]` with `*` wildcards; missing parts match all.
+fn locality_match(l: (&str, &str, &str), rule: &str) -> bool {
+    let mut parts = rule.splitn(3, '/');
+    let (region, zone, subzone) = (
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or(""),
+    );
+    (region == "*" || l.0 == region)
+        && (zone == "*" || zone.is_empty() || l.1 == zone)
+        && (subzone == "*" || subzone.is_empty() || l.2 == subzone)
+}
+
+fn proxy_tuple(l: &Locality) -> (&str, &str, &str) {
+    (l.region.as_str(), l.zone.as_str(), l.subzone.as_str())
+}
+
+/// `distribute`: for the first rule whose `from` matches the proxy, spread each `to` weight over
+/// the matching localities in proportion to their own weight; localities matching no `to` get
+/// no endpoints.
+fn apply_locality_weights(proxy: &Locality, cla: &mut ClusterLoadAssignment, distribute: &[LocalityDistribute]) {
+    let Some(rule) = distribute.iter().find(|d| locality_match(proxy_tuple(proxy), &d.from)) else {
+        return;
+    };
+    let mut unmatched: HashSet<usize> = (0..cla.endpoints.len()).collect();
+    for (to, weight) in &rule.to {
+        let mut matched: Vec<(usize, u32)> = Vec::new();
+        for (i, group) in cla.endpoints.iter().enumerate() {
+            if unmatched.contains(&i) && locality_match(locality_of(group), to) {
+                matched.push((i, group.load_balancing_weight.as_ref().map_or(1, |w| w.value)));
+            }
+        }
+        let total: u64 = matched.iter().map(|(_, w)| u64::from(*w)).sum();
+        for (i, original) in matched {
+            unmatched.remove(&i);
+            if total == 0 {
+                continue;
+            }
+            let share = (u64::from(original) * u64::from(*weight)).div_ceil(total);
+            if share > 0 {
+                cla.endpoints[i].load_balancing_weight = Some(pbwkt::UInt32Value {
+                    value: u32::try_from(share).unwrap_or(u32::MAX),
+                });
+            }
+        }
+    }
+    for i in unmatched {
+        cla.endpoints[i].lb_endpoints.clear();
+    }
+}
+
+/// Istio's `LbPriority`: 0 same subzone, 1 same zone, 2 same region, 3 elsewhere.
+fn lb_priority(proxy: (&str, &str, &str), ep: (&str, &str, &str)) -> u32 {
+    match (proxy.0 == ep.0, proxy.1 == ep.1, proxy.2 == ep.2) {
+        (true, true, true) => 0,
+        (true, true, false) => 1,
+        (true, false, _) => 2,
+        (false, _, _) => 3,
+    }
+}
+
+/// Proximity priorities, composed with any earlier (failoverPriority) priority, then compacted
+/// to 0..N. With a `failover` entry for the proxy's region, other regions than its `to` drop to
+/// the lowest priority.
+fn apply_locality_failover(proxy: &Locality, cla: &mut ClusterLoadAssignment, failover: &[LocalityFailover]) {
+    let mut priorities = Vec::with_capacity(cla.endpoints.len());
+    for group in &cla.endpoints {
+        let ep = locality_of(group);
+        let mut priority = lb_priority(proxy_tuple(proxy), ep);
+        if priority == 3
+            && let Some(f) = failover.iter().find(|f| f.from == proxy.region)
+            && ep.0 != f.to
+        {
+            priority = 4;
+        }
+        priorities.push(group.priority * 5 + priority);
+    }
+    for (group, p) in cla.endpoints.iter_mut().zip(compact(&priorities)) {
+        group.priority = p;
+    }
+}
+
+/// Maps priorities to 0..N in order, without gaps.
+fn compact(priorities: &[u32]) -> Vec<u32> {
+    let mut distinct: Vec<u32> = priorities.to_vec();
+    distinct.sort_unstable();
+    distinct.dedup();
+    priorities
+        .iter()
+        .map(|p| u32::try_from(distinct.partition_point(|d| d < p)).unwrap_or(u32::MAX))
+        .collect()
+}
+
+/// Istio's `applyFailoverPriorities`: each locality group is split by how many of the
+/// `failoverPriority` labels (in order) an endpoint shares with the proxy; `label=value` entries
+/// compare against the given value instead of the proxy's. A network mismatch (first label
+/// `topology.istio.io/network`) only demotes below every same-network endpoint.
+fn apply_failover_priorities(
+    cla: &mut ClusterLoadAssignment,
+    endpoints: &[Vec<&Endpoint>],
+    proxy_labels: &BTreeMap<String, String>,
+    failover_priority: &[String],
+) {
+    if proxy_labels.is_empty() || endpoints.is_empty() {
+        return;
+    }
+    let lowest = u32::try_from(failover_priority.len()).unwrap_or(u32::MAX);
+    let includes_network = failover_priority.first().is_some_and(|l| l == NETWORK_LABEL);
+    let labels: Vec<(&str, Option<&str>)> = failover_priority
+        .iter()
+        .map(|l| match l.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (l.as_str(), None),
+        })
+        .collect();
+    let mut out: Vec<LocalityLbEndpoints> = Vec::new();
+    for (group, istio) in cla.endpoints.iter().zip(endpoints) {
+        let mut by_priority: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for (i, ep) in istio.iter().enumerate() {
+            let mut priority = 0;
+            let mut adjust = 0;
+            for (j, (label, value)) in labels.iter().enumerate() {
+                let want = value
+                    .or_else(|| proxy_labels.get(*label).map(String::as_str))
+                    .unwrap_or("");
+                if ep.labels.get(*label).map_or("", String::as_str) != want {
+                    if j == 0 && includes_network {
+                        adjust = lowest;
+                        continue;
+                    }
+                    priority = lowest - u32::try_from(j).unwrap_or(0);
+                    break;
+                }
+            }
+            by_priority.entry(priority + adjust).or_default().push(i);
+        }
+        for (priority, indexes) in by_priority {
+            let lb_endpoints: Vec<_> = indexes
+                .iter()
+                .filter_map(|i| group.lb_endpoints.get(*i).cloned())
+                .collect();
+            let weight = lb_endpoints.iter().fold(0u32, |acc, e| {
+                acc.saturating_add(e.load_balancing_weight.as_ref().map_or(0, |w| w.value))
+            });
+            out.push(LocalityLbEndpoints {
+                locality: group.locality.clone(),
+                lb_endpoints,
+                load_balancing_weight: Some(pbwkt::UInt32Value { value: weight }),
+                priority,
+                ..Default::default()
+            });
+        }
+    }
+    let priorities: Vec<u32> = out.iter().map(|g| g.priority).collect();
+    for (group, p) in out.iter_mut().zip(compact(&priorities)) {
+        group.priority = p;
+    }
+    cla.endpoints = out;
+}
+
+/// The Envoy locality of a registry locality.
+pub fn envoy_locality(l: &Locality) -> core::Locality {
+    core::Locality {
+        region: l.region.clone(),
+        zone: l.zone.clone(),
+        sub_zone: l.subzone.clone(),
+    }
+}

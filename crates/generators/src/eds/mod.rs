@@ -1,0 +1,209 @@
+//! EDS: `ClusterLoadAssignment`s for the EDS clusters a proxy watches, as Istio's
+//! `EndpointBuilder`: the endpoints of the service port (by port name), filtered by the subset's
+//! labels, grouped by locality (sorted), weighted, and prioritized for the proxy's locality when
+//! locality load balancing applies.
+
+pub mod locality;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use model::{ConfigKey, Endpoint, Port, Proxy, Service};
+use push_index::{MergedDestinationRule, PushContext};
+use xds_api::envoy::config::core::v3 as core;
+use xds_api::envoy::config::endpoint::v3::{ClusterLoadAssignment, LbEndpoint, LocalityLbEndpoints, lb_endpoint};
+use xds_api::pbwkt;
+
+use crate::names::{TrafficDirection, parse_subset_key};
+use crate::traffic_policy::cluster_policy;
+
+/// Prefix of a Unix domain socket endpoint address.
+const UNIX_PREFIX: &str = "unix://";
+
+/// One ClusterLoadAssignment per requested name, in request order. A name that is not an EDS
+/// cluster of a visible service gets an empty assignment (Envoy would otherwise keep waiting).
+pub fn build_load_assignments(
+    proxy: &Proxy,
+    push: &PushContext,
+    cluster_names: &[String],
+) -> Vec<ClusterLoadAssignment> {
+    cluster_names
+        .iter()
+        .map(|name| match Target::resolve(proxy, push, name) {
+            Some(target) => target.build(proxy, push),
+            None => empty(name),
+        })
+        .collect()
+}
+
+fn empty(name: &str) -> ClusterLoadAssignment {
+    ClusterLoadAssignment {
+        cluster_name: name.to_owned(),
+        ..Default::default()
+    }
+}
+
+/// What a cluster name refers to, for a given proxy.
+pub struct Target {
+    pub name: String,
+    pub service: Arc<Service>,
+    pub port: Port,
+    pub subset: String,
+    pub rule: Option<Arc<MergedDestinationRule>>,
+}
+
+/// Everything an assignment depends on besides the push: proxies with equal keys get equal bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EdsKey {
+    name: String,
+    service_namespace: String,
+    rule_from: Vec<ConfigKey>,
+    locality: String,
+    labels: Option<BTreeMap<String, String>>,
+}
+
+impl Target {
+    /// Parses `outbound|port|subset|host` and finds the proxy's service for it; `None` for
+    /// inbound or malformed names, unknown hosts or ports, and non-EDS services.
+    pub fn resolve(proxy: &Proxy, push: &PushContext, name: &str) -> Option<Target> {
+        let (direction, subset, host, port) = parse_subset_key(name)?;
+        if direction != TrafficDirection::Outbound {
+            return None;
+        }
+        let service = push.service_for_host(proxy, host).filter(|s| s.hostname == host)?;
+        if crate::cds::discovery_type(proxy, &service)
+            != xds_api::envoy::config::cluster::v3::cluster::DiscoveryType::Eds
+        {
+            return None;
+        }
+        let port = service.port_by_number(port)?.clone();
+        let rule = push.destination_rule(proxy, &service);
+        Some(Target {
+            name: name.to_owned(),
+            service,
+            port,
+            subset: subset.to_owned(),
+            rule,
+        })
+    }
+
+    pub fn key(&self, proxy: &Proxy, push: &PushContext) -> EdsKey {
+        let policy = cluster_policy(self.rule.as_ref().map(|r| &r.rule), self.port.port, &self.subset);
+        let setting = locality::effective_setting(push.mesh(), policy.as_ref().and_then(|p| p.load_balancer.as_ref()));
+        let uses_labels = setting.as_ref().is_some_and(|s| !s.failover_priority.is_empty());
+        EdsKey {
+            name: self.name.clone(),
+            service_namespace: self.service.namespace().to_owned(),
+            rule_from: self.rule.as_ref().map(|r| r.from.clone()).unwrap_or_default(),
+            locality: proxy.locality.to_string(),
+            labels: uses_labels.then(|| proxy.labels.clone()),
+        }
+    }
+
+    pub fn build(&self, proxy: &Proxy, push: &PushContext) -> ClusterLoadAssignment {
+        let labels = crate::cds::subset_labels(self.rule.as_deref(), &self.subset);
+        let endpoints = push.endpoints(&self.service.hostname, self.service.namespace());
+        let selected: Vec<&Endpoint> = endpoints
+            .iter()
+            .filter(|e| e.service_port_name == self.port.name)
+            .filter(|e| e.address.starts_with(UNIX_PREFIX) || e.address.parse::<IpAddr>().is_ok())
+            .filter(|e| {
+                labels
+                    .iter()
+                    .all(|(k, v)| e.labels.get(*k).map(String::as_str) == Some(*v))
+            })
+            .collect();
+        if selected.is_empty() {
+            return empty(&self.name);
+        }
+        let groups = group_by_locality(&selected);
+        let mut cla = ClusterLoadAssignment {
+            cluster_name: self.name.clone(),
+            endpoints: groups.iter().map(|(l, eps)| locality_group(l, eps)).collect(),
+            ..Default::default()
+        };
+        let policy = cluster_policy(self.rule.as_ref().map(|r| &r.rule), self.port.port, &self.subset);
+        let enable_failover = policy.as_ref().is_some_and(|p| p.outlier_detection.is_some());
+        let lb = policy.as_ref().and_then(|p| p.load_balancer.as_ref());
+        if let Some(setting) = locality::effective_setting(push.mesh(), lb) {
+            let istio: Vec<Vec<&Endpoint>> = groups.into_iter().map(|(_, eps)| eps).collect();
+            locality::apply(
+                &mut cla,
+                &istio,
+                &proxy.locality,
+                &proxy.labels,
+                &setting,
+                enable_failover,
+            );
+        }
+        cla
+    }
+}
+
+/// Endpoints grouped by locality label, localities in label order (Istio sorts them).
+pub(crate) fn group_by_locality<'a>(endpoints: &[&'a Endpoint]) -> Vec<(&'a model::Locality, Vec<&'a Endpoint>)> {
+    let mut by_label: BTreeMap<String, (&model::Locality, Vec<&Endpoint>)> = BTreeMap::new();
+    for e in endpoints {
+        by_label
+            .entry(e.locality.to_string())
+            .or_insert_with(|| (&e.locality, Vec::new()))
+            .1
+            .push(e);
+    }
+    by_label.into_values().collect()
+}
+
+/// Locality groups for a cluster's `load_assignment` (DNS clusters: addresses may be hostnames).
+pub(crate) fn locality_lb_endpoints(endpoints: &[Endpoint]) -> Vec<LocalityLbEndpoints> {
+    let refs: Vec<&Endpoint> = endpoints.iter().collect();
+    group_by_locality(&refs)
+        .iter()
+        .map(|(l, eps)| locality_group(l, eps))
+        .collect()
+}
+
+/// One `LocalityLbEndpoints`: its weight is the sum of its endpoints' weights.
+fn locality_group(locality: &model::Locality, endpoints: &[&Endpoint]) -> LocalityLbEndpoints {
+    let lb_endpoints: Vec<LbEndpoint> = endpoints.iter().map(|e| lb_endpoint(e)).collect();
+    let weight = lb_endpoints.iter().fold(0u32, |acc, e| {
+        acc.saturating_add(e.load_balancing_weight.as_ref().map_or(0, |w| w.value))
+    });
+    LocalityLbEndpoints {
+        locality: Some(locality::envoy_locality(locality)),
+        lb_endpoints,
+        load_balancing_weight: Some(pbwkt::UInt32Value { value: weight }),
+        ..Default::default()
+    }
+}
+
+/// An Envoy endpoint: `address:endpoint_port` (or a Unix socket), weight 1 when unset.
+fn lb_endpoint(e: &Endpoint) -> LbEndpoint {
+    let address = match e.address.strip_prefix(UNIX_PREFIX) {
+        Some(path) => core::address::Address::Pipe(core::Pipe {
+            path: path.to_owned(),
+            mode: 0,
+        }),
+        None => core::address::Address::SocketAddress(core::SocketAddress {
+            address: e.address.clone(),
+            port_specifier: Some(core::socket_address::PortSpecifier::PortValue(u32::from(
+                e.endpoint_port,
+            ))),
+            ..Default::default()
+        }),
+    };
+    LbEndpoint {
+        host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(
+            xds_api::envoy::config::endpoint::v3::Endpoint {
+                address: Some(core::Address { address: Some(address) }),
+                ..Default::default()
+            },
+        )),
+        health_status: core::HealthStatus::Healthy as i32,
+        load_balancing_weight: Some(pbwkt::UInt32Value { value: e.weight.max(1) }),
+        ..Default::default()
+    }
+}

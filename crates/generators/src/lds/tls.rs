@@ -1,0 +1,202 @@
+//! TLS termination on gateway servers: Istio's `BuildListenerTLSContext` for SIMPLE, MUTUAL and
+//! OPTIONAL_MUTUAL servers whose certificates are files on the gateway (`serverCertificate`,
+//! `privateKey`, `caCertificates`), as a `DownstreamTlsContext` with filename data sources.
+//!
+//! Not yet: `credentialName` (needs SDS from istiod) and ISTIO_MUTUAL (needs workload certificates);
+//! such servers get no TLS context and are skipped by the listener builder with a warning.
+
+use model::networking::ServerTlsSettings;
+use xds_api::envoy::config::core::v3::{DataSource, TransportSocket, data_source, transport_socket};
+use xds_api::envoy::extensions::transport_sockets::tls::v3::{
+    CertificateValidationContext, CommonTlsContext, DownstreamTlsContext, TlsCertificate, TlsParameters,
+    common_tls_context, tls_parameters::TlsProtocol,
+};
+use xds_api::pbwkt::BoolValue;
+
+use crate::route::matching::string_matcher;
+
+/// ALPN a terminating HTTPS gateway offers (Istio's `ALPNHttp`).
+pub const ALPN_HTTP: [&str; 2] = ["h2", "http/1.1"];
+pub const TRANSPORT_SOCKET_TLS: &str = "envoy.transport_sockets.tls";
+
+/// Why a server's TLS settings could not become a TLS context.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TlsContextError {
+    #[error("tls mode {0} is not supported on gateways yet (hint: use SIMPLE or MUTUAL with certificate files)")]
+    UnsupportedMode(String),
+    #[error(
+        "credentialName {0:?} needs SDS, which is not served yet (hint: mount the certificate and set serverCertificate/privateKey)"
+    )]
+    CredentialName(String),
+    #[error("serverCertificate and privateKey are required for tls mode {0}")]
+    MissingCertificate(String),
+}
+
+/// The downstream TLS context of a terminating server.
+pub fn downstream_tls_context(tls: &ServerTlsSettings) -> Result<DownstreamTlsContext, TlsContextError> {
+    let mode = tls.mode.as_deref().unwrap_or("PASSTHROUGH");
+    let require_client_certificate = match mode {
+        "SIMPLE" | "OPTIONAL_MUTUAL" => false,
+        "MUTUAL" => true,
+        other => return Err(TlsContextError::UnsupportedMode(other.to_owned())),
+    };
+    if let Some(name) = tls
+        .credential_names
+        .first()
+        .or(Some(&tls.credential_name))
+        .filter(|n| !n.is_empty())
+    {
+        return Err(TlsContextError::CredentialName(name.clone()));
+    }
+    if tls.server_certificate.is_empty() || tls.private_key.is_empty() {
+        return Err(TlsContextError::MissingCertificate(mode.to_owned()));
+    }
+    let file = |path: &str| DataSource {
+        specifier: Some(data_source::Specifier::Filename(path.to_owned())),
+        ..Default::default()
+    };
+    let mut common = CommonTlsContext {
+        alpn_protocols: ALPN_HTTP.iter().map(|s| s.to_string()).collect(),
+        tls_certificates: vec![TlsCertificate {
+            certificate_chain: Some(file(&tls.server_certificate)),
+            private_key: Some(file(&tls.private_key)),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let validate_client = require_client_certificate || mode == "OPTIONAL_MUTUAL";
+    if validate_client && !tls.ca_certificates.is_empty() {
+        #[allow(deprecated)] // Istio matches client SANs exactly with match_subject_alt_names
+        let validation = CertificateValidationContext {
+            trusted_ca: Some(file(&tls.ca_certificates)),
+            crl: (!tls.ca_crl.is_empty()).then(|| file(&tls.ca_crl)),
+            match_subject_alt_names: tls
+                .subject_alt_names
+                .iter()
+                .filter_map(|san| string_matcher(&model::networking::StringMatch::exact(san)))
+                .collect(),
+            verify_certificate_spki: tls.verify_certificate_spki.clone(),
+            verify_certificate_hash: tls.verify_certificate_hash.clone(),
+            ..Default::default()
+        };
+        common.validation_context_type = Some(common_tls_context::ValidationContextType::ValidationContext(validation));
+    }
+    let min = tls.min_protocol_version.as_deref().and_then(tls_protocol);
+    let max = tls.max_protocol_version.as_deref().and_then(tls_protocol);
+    if min.is_some() || max.is_some() || !tls.cipher_suites.is_empty() {
+        common.tls_params = Some(TlsParameters {
+            tls_minimum_protocol_version: min.unwrap_or(TlsProtocol::TlsAuto) as i32,
+            tls_maximum_protocol_version: max.unwrap_or(TlsProtocol::TlsAuto) as i32,
+            cipher_suites: tls.cipher_suites.clone(),
+            ..Default::default()
+        });
+    }
+    Ok(DownstreamTlsContext {
+        common_tls_context: Some(common),
+        require_client_certificate: Some(BoolValue {
+            value: require_client_certificate,
+        }),
+        ..Default::default()
+    })
+}
+
+/// `TLS_AUTO`/`TLSV1_2`/... to Envoy's enum; `None` for auto or unknown values.
+fn tls_protocol(s: &str) -> Option<TlsProtocol> {
+    match s {
+        "TLSV1_0" => Some(TlsProtocol::TlSv10),
+        "TLSV1_1" => Some(TlsProtocol::TlSv11),
+        "TLSV1_2" => Some(TlsProtocol::TlSv12),
+        "TLSV1_3" => Some(TlsProtocol::TlSv13),
+        _ => None,
+    }
+}
+
+/// `buildDownstreamTLSTransportSocket`.
+pub fn tls_transport_socket(ctx: &DownstreamTlsContext) -> TransportSocket {
+    TransportSocket {
+        name: TRANSPORT_SOCKET_TLS.into(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(xds_api::pack(ctx))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn simple() -> ServerTlsSettings {
+        ServerTlsSettings {
+            mode: Some("SIMPLE".into()),
+            server_certificate: "/etc/certs/cert.pem".into(),
+            private_key: "/etc/certs/key.pem".into(),
+            ca_certificates: "/etc/certs/ca.pem".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn simple_uses_certificate_files_and_no_client_validation() {
+        let ctx = downstream_tls_context(&simple()).unwrap();
+        assert_eq!(ctx.require_client_certificate, Some(BoolValue { value: false }));
+        let common = ctx.common_tls_context.unwrap();
+        assert_eq!(common.alpn_protocols, ["h2", "http/1.1"]);
+        let cert = &common.tls_certificates[0];
+        assert_eq!(
+            cert.certificate_chain.as_ref().unwrap().specifier,
+            Some(data_source::Specifier::Filename("/etc/certs/cert.pem".into()))
+        );
+        assert!(common.validation_context_type.is_none());
+    }
+
+    #[test]
+    fn mutual_requires_and_validates_client_certificates() {
+        let tls = ServerTlsSettings {
+            mode: Some("MUTUAL".into()),
+            min_protocol_version: Some("TLSV1_2".into()),
+            subject_alt_names: vec!["spiffe://td/ns/a/sa/b".into()],
+            ..simple()
+        };
+        let ctx = downstream_tls_context(&tls).unwrap();
+        assert_eq!(ctx.require_client_certificate, Some(BoolValue { value: true }));
+        let common = ctx.common_tls_context.unwrap();
+        let Some(common_tls_context::ValidationContextType::ValidationContext(v)) = common.validation_context_type
+        else {
+            panic!("validation context expected");
+        };
+        assert!(v.trusted_ca.is_some());
+        #[allow(deprecated)]
+        let sans = v.match_subject_alt_names.len();
+        assert_eq!(sans, 1);
+        assert_eq!(
+            common.tls_params.unwrap().tls_minimum_protocol_version,
+            TlsProtocol::TlSv12 as i32
+        );
+    }
+
+    #[test]
+    fn unsupported_settings_are_refused_with_a_reason() {
+        let sds = ServerTlsSettings {
+            credential_name: "my-secret".into(),
+            ..simple()
+        };
+        assert_eq!(
+            downstream_tls_context(&sds),
+            Err(TlsContextError::CredentialName("my-secret".into()))
+        );
+        let im = ServerTlsSettings {
+            mode: Some("ISTIO_MUTUAL".into()),
+            ..simple()
+        };
+        assert!(matches!(
+            downstream_tls_context(&im),
+            Err(TlsContextError::UnsupportedMode(_))
+        ));
+        let nocert = ServerTlsSettings {
+            server_certificate: String::new(),
+            ..simple()
+        };
+        assert!(matches!(
+            downstream_tls_context(&nocert),
+            Err(TlsContextError::MissingCertificate(_))
+        ));
+    }
+}

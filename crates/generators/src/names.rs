@@ -1,0 +1,77 @@
+//! Istio's resource names: `outbound|9080|v1|reviews.default.svc.cluster.local`, `http.8080`, ...
+
+/// Traffic direction of a cluster, as Istio's `model.TrafficDirection`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrafficDirection {
+    Inbound,
+    Outbound,
+}
+
+impl TrafficDirection {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            TrafficDirection::Inbound => "inbound",
+            TrafficDirection::Outbound => "outbound",
+        }
+    }
+}
+
+/// `direction|port|subset|hostname`, as Istio's `model.BuildSubsetKey`.
+pub fn subset_key(direction: TrafficDirection, subset: &str, host: &str, port: u16) -> String {
+    format!("{}|{}|{}|{}", direction.as_str(), port, subset, host)
+}
+
+/// Parses a subset key back into (direction, subset, host, port), as Istio's `ParseSubsetKey`.
+pub fn parse_subset_key(key: &str) -> Option<(TrafficDirection, &str, &str, u16)> {
+    let mut parts = key.splitn(4, '|');
+    let direction = match parts.next()? {
+        "inbound" => TrafficDirection::Inbound,
+        "outbound" => TrafficDirection::Outbound,
+        _ => return None,
+    };
+    let port = parts.next()?.parse().ok()?;
+    let subset = parts.next()?;
+    let host = parts.next()?;
+    Some((direction, subset, host, port))
+}
+
+/// Route config name of a gateway server port: `http.<port>` (Istio's plaintext HTTP servers),
+/// `https.<port>.<server name or port name>.<gateway name>.<namespace>` for HTTPS servers.
+pub fn gateway_http_route_name(port: u32) -> String {
+    format!("http.{port}")
+}
+
+pub fn gateway_https_route_name(port: u32, port_name: &str, gateway_name: &str, gateway_namespace: &str) -> String {
+    format!("https.{port}.{port_name}.{gateway_name}.{gateway_namespace}")
+}
+
+pub const BLACK_HOLE_CLUSTER: &str = "BlackHoleCluster";
+pub const PASSTHROUGH_CLUSTER: &str = "PassthroughCluster";
+pub const INBOUND_PASSTHROUGH_CLUSTER_IPV4: &str = "InboundPassthroughCluster";
+pub const PROMETHEUS_CLUSTER: &str = "prometheus_stats";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subset_key_round_trip() {
+        let k = subset_key(
+            TrafficDirection::Outbound,
+            "v1",
+            "reviews.default.svc.cluster.local",
+            9080,
+        );
+        assert_eq!(k, "outbound|9080|v1|reviews.default.svc.cluster.local");
+        assert_eq!(
+            parse_subset_key(&k),
+            Some((
+                TrafficDirection::Outbound,
+                "v1",
+                "reviews.default.svc.cluster.local",
+                9080
+            ))
+        );
+        assert_eq!(parse_subset_key("outbound|x||h"), None);
+    }
+}

@@ -1,0 +1,240 @@
+//! Gateway route configurations, as Istio's `buildGatewayHTTPRouteConfig`: for each server behind
+//! the RDS name, the VirtualServices bound to its gateway give one virtual host per host they
+//! share with the server; a second VirtualService for a host appends its routes; vhosts with the
+//! same routes are collapsed (`collapseDuplicateRoutes`); no vhost at all gives a 404 blackhole.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use model::{Config, Proxy};
+use xds_api::envoy::config::route::v3::{Route, RouteConfiguration, VirtualHost, virtual_host::TlsRequirementType};
+use xds_api::pbwkt::{BoolValue, UInt32Value};
+
+use super::empty_route_config;
+use crate::lds::merged_gateway::{MergedGateway, MergedServer};
+use crate::route::{self, PushView, RouteContext};
+
+/// Istio's `DefaultMaxDirectResponseBodySizeBytes` (1 MiB, the limit validation allows).
+const MAX_DIRECT_RESPONSE_BODY_SIZE_BYTES: u32 = 1024 * 1024;
+
+/// A virtual host being assembled. Routes come in chunks, one per (gateway, VirtualService);
+/// equal chunk lists mean identical routes (Istio compares route pointers).
+struct VHost {
+    name: String,
+    domains: Vec<String>,
+    chunks: Vec<usize>,
+    require_tls: bool,
+}
+
+/// The route configuration `route_name` of a router proxy.
+pub fn build_gateway_http_route_config<P: PushView>(
+    proxy: &Proxy,
+    push: &P,
+    merged: &MergedGateway,
+    route_name: &str,
+) -> RouteConfiguration {
+    let servers: Vec<&MergedServer> = merged.servers_for_route(route_name).collect();
+    if servers.is_empty() {
+        // normal shortly after a gateway is deleted: Envoy still asks while draining
+        tracing::debug!(proxy = %proxy.id, route = route_name, "no gateway server for route; empty configuration");
+        return empty_route_config(route_name);
+    }
+    let mut chunks: Vec<Vec<Route>> = Vec::new();
+    let mut chunk_by_vs: BTreeMap<(String, String), Option<usize>> = BTreeMap::new();
+    let mut vs_by_gateway: BTreeMap<String, Vec<Arc<Config>>> = BTreeMap::new();
+    let mut vhosts: BTreeMap<String, VHost> = BTreeMap::new();
+    for server in &servers {
+        let gateway = &server.gateway_name;
+        let port = server.port();
+        let https_redirect = server.server.tls.as_ref().is_some_and(|t| t.https_redirect);
+        let virtual_services = vs_by_gateway
+            .entry(gateway.clone())
+            .or_insert_with(|| push.virtual_services_for_gateway(proxy, gateway))
+            .clone();
+        for vs_config in &virtual_services {
+            let Some(vs) = route::virtual_service(vs_config) else {
+                continue;
+            };
+            let ns = &vs_config.meta.namespace;
+            let vs_hosts: Vec<String> = vs
+                .hosts
+                .iter()
+                .map(|h| model::host::resolve_short_name(h, ns, push.domain()))
+                .collect();
+            let intersecting = intersect_hosts(&server_hosts_for_namespace(&server.server.hosts, ns), &vs_hosts);
+            if intersecting.is_empty() {
+                continue;
+            }
+            let key = (gateway.clone(), format!("{}/{}", vs_config.meta.name, ns));
+            let chunk = *chunk_by_vs.entry(key).or_insert_with(|| {
+                let gateway_names = [gateway.clone()];
+                let ctx = RouteContext::new(
+                    push,
+                    proxy,
+                    vs_config,
+                    port,
+                    &gateway_names,
+                    server.server.tls.is_some(),
+                );
+                let routes = route::build_http_routes_for_virtual_service(&ctx);
+                if routes.is_empty() {
+                    tracing::debug!(vs = %vs_config.key(), route = route_name, "no routes for this gateway and port");
+                    return None;
+                }
+                chunks.push(routes);
+                Some(chunks.len() - 1)
+            });
+            let Some(chunk) = chunk else {
+                continue;
+            };
+            for host in intersecting {
+                let host = host.to_ascii_lowercase();
+                let vhost = vhosts.entry(host.clone()).or_insert_with(|| VHost {
+                    name: domain_name(&host, port),
+                    domains: vec![host.clone()],
+                    chunks: Vec::new(),
+                    require_tls: false,
+                });
+                vhost.chunks.push(chunk);
+                vhost.require_tls |= https_redirect;
+            }
+        }
+        if https_redirect {
+            // hosts with no VirtualService still redirect to TLS (namespace prefixes dropped)
+            for host in &server.server.hosts {
+                let host = host
+                    .split_once('/')
+                    .map_or(host.as_str(), |(_, h)| h)
+                    .to_ascii_lowercase();
+                let vhost = vhosts.entry(host.clone()).or_insert_with(|| VHost {
+                    name: domain_name(&host, port),
+                    domains: vec![host.clone()],
+                    chunks: Vec::new(),
+                    require_tls: true,
+                });
+                vhost.require_tls = true;
+            }
+        }
+    }
+
+    let mut virtual_hosts: Vec<VirtualHost> = if vhosts.is_empty() {
+        let port = servers[0].port();
+        tracing::debug!(route = route_name, "no virtual hosts; default 404 vhost");
+        vec![VirtualHost {
+            name: domain_name("blackhole", port),
+            domains: vec!["*".into()],
+            ..Default::default()
+        }]
+    } else {
+        collapse_duplicate_routes(vhosts)
+            .into_iter()
+            .map(|v| VirtualHost {
+                name: v.name,
+                domains: v.domains,
+                routes: route::sort_vhost_routes(v.chunks.iter().flat_map(|c| chunks[*c].iter().cloned()).collect()),
+                require_tls: if v.require_tls {
+                    TlsRequirementType::All as i32
+                } else {
+                    TlsRequirementType::None as i32
+                },
+                include_request_attempt_count: true,
+                ..Default::default()
+            })
+            .collect()
+    };
+    virtual_hosts.sort_by(|a, b| a.name.cmp(&b.name));
+    RouteConfiguration {
+        name: route_name.to_owned(),
+        virtual_hosts,
+        validate_clusters: Some(BoolValue { value: false }),
+        ignore_port_in_host_matching: true,
+        max_direct_response_body_size_bytes: Some(UInt32Value {
+            value: MAX_DIRECT_RESPONSE_BODY_SIZE_BYTES,
+        }),
+        ..Default::default()
+    }
+}
+
+/// Istio's `host.NamesForNamespace`: `ns/host` entries apply only to VirtualServices in `ns`
+/// (or any, for `*`), and lose the prefix.
+fn server_hosts_for_namespace(hosts: &[String], namespace: &str) -> Vec<String> {
+    hosts
+        .iter()
+        .filter_map(|h| match h.split_once('/') {
+            Some((ns, host)) if ns == namespace || ns == "*" => Some(host.to_owned()),
+            Some(_) => None,
+            None => Some(h.clone()),
+        })
+        .collect()
+}
+
+/// Istio's `Names.Intersection`: for each pair, the narrower of the two when one contains the other.
+fn intersect_hosts(server_hosts: &[String], vs_hosts: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for h in server_hosts {
+        for o in vs_hosts {
+            let pick = if model::host::subset_of(h, o) {
+                h
+            } else if model::host::subset_of(o, h) {
+                o
+            } else {
+                continue;
+            };
+            if !out.contains(pick) {
+                out.push(pick.clone());
+            }
+        }
+    }
+    out
+}
+
+/// `util.DomainName`: `host:port`.
+fn domain_name(host: &str, port: u32) -> String {
+    format!("{host}:{port}")
+}
+
+/// `collapseDuplicateRoutes`: vhosts (in host order) whose routes and TLS requirement equal an
+/// earlier one's are folded into it as extra domains.
+fn collapse_duplicate_routes(vhosts: BTreeMap<String, VHost>) -> Vec<VHost> {
+    let mut out: Vec<VHost> = Vec::with_capacity(vhosts.len());
+    for (_, v) in vhosts {
+        match out
+            .iter_mut()
+            .find(|o| o.chunks == v.chunks && o.require_tls == v.require_tls)
+        {
+            Some(primary) => primary.domains.extend(v.domains),
+            None => out.push(v),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespace_scoped_server_hosts() {
+        let hosts = vec!["ns1/a.com".to_owned(), "*/b.com".to_owned(), "c.com".to_owned()];
+        assert_eq!(server_hosts_for_namespace(&hosts, "ns1"), ["a.com", "b.com", "c.com"]);
+        assert_eq!(server_hosts_for_namespace(&hosts, "ns2"), ["b.com", "c.com"]);
+    }
+
+    #[test]
+    fn intersection_picks_the_narrower_host() {
+        let s = |v: &[&str]| v.iter().map(|h| h.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            intersect_hosts(&s(&["*.foo.com"]), &s(&["a.foo.com", "b.bar.com"])),
+            ["a.foo.com"]
+        );
+        assert_eq!(
+            intersect_hosts(&s(&["a.foo.com", "b.foo.com"]), &s(&["*.foo.com"])),
+            ["a.foo.com", "b.foo.com"]
+        );
+        assert_eq!(
+            intersect_hosts(&s(&["*"]), &s(&["*.foo.com", "x.com"])),
+            ["*.foo.com", "x.com"]
+        );
+        assert!(intersect_hosts(&s(&["a.com"]), &s(&["b.com"])).is_empty());
+    }
+}

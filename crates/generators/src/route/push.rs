@@ -1,0 +1,58 @@
+//! What the gateway listener, route-configuration and route builders read from the push index:
+//! the `PushView` trait. `push_index::PushContext` implements it; tests implement it over plain
+//! maps, so the builders are exercised without a full push.
+
+use std::sync::Arc;
+
+use model::networking::DestinationRule;
+use model::{Config, MeshConfig, Proxy, Service};
+
+/// Read-only view of one push, as the builders need it (a narrow slice of Istio's `PushContext`).
+pub trait PushView {
+    fn mesh(&self) -> &MeshConfig;
+    /// The cluster domain (`cluster.local`), used to resolve short host names.
+    fn domain(&self) -> &str;
+    fn service_for_host(&self, proxy: &Proxy, host: &str) -> Option<Arc<Service>>;
+    /// Calls `f` with the DestinationRule that applies to `service` for this proxy, if any.
+    fn with_destination_rule<R>(
+        &self,
+        proxy: &Proxy,
+        service: &Service,
+        f: impl FnOnce(&DestinationRule) -> R,
+    ) -> Option<R>;
+    /// Gateway configs selecting this proxy, sorted.
+    fn gateways_for_proxy(&self, proxy: &Proxy) -> Vec<Arc<Config>>;
+    /// VirtualServices bound to `gateway` (`ns/name`) and visible to the proxy, in Istio's order.
+    fn virtual_services_for_gateway(&self, proxy: &Proxy, gateway: &str) -> Vec<Arc<Config>>;
+}
+
+impl PushView for push_index::PushContext {
+    fn mesh(&self) -> &MeshConfig {
+        push_index::PushContext::mesh(self)
+    }
+
+    fn domain(&self) -> &str {
+        push_index::PushContext::domain(self)
+    }
+
+    fn service_for_host(&self, proxy: &Proxy, host: &str) -> Option<Arc<Service>> {
+        push_index::PushContext::service_for_host(self, proxy, host)
+    }
+
+    fn with_destination_rule<R>(
+        &self,
+        proxy: &Proxy,
+        service: &Service,
+        f: impl FnOnce(&DestinationRule) -> R,
+    ) -> Option<R> {
+        push_index::PushContext::destination_rule(self, proxy, service).map(|merged| f(&merged.rule))
+    }
+
+    fn gateways_for_proxy(&self, proxy: &Proxy) -> Vec<Arc<Config>> {
+        push_index::PushContext::gateways_for_proxy(self, proxy)
+    }
+
+    fn virtual_services_for_gateway(&self, proxy: &Proxy, gateway: &str) -> Vec<Arc<Config>> {
+        push_index::PushContext::virtual_services_for_gateway(self, proxy, gateway)
+    }
+}

@@ -1,0 +1,265 @@
+//! Pilot's HTTP servers: the debug server (`--httpAddr`: `/ready`, `/debug/*`) and the monitoring
+//! server (`--monitoringAddr`: `/metrics`, `/version`, and the same debug endpoints, as istiod).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Json, Response};
+use axum::routing::get;
+use config_sources::StoreSnapshot;
+use prometheus_client::registry::Registry;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use xds_api::type_url;
+use xds_server::{DiscoveryServer, PushRequest, WatchedResource};
+
+use crate::pipeline::Pipeline;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub server: Arc<DiscoveryServer>,
+    pub pipeline: Arc<Pipeline>,
+    pub registry: Arc<Registry>,
+    pub store: watch::Receiver<StoreSnapshot>,
+}
+
+fn debug_routes() -> Router<AppState> {
+    Router::new()
+        .route("/ready", get(ready))
+        .route("/debug/adsz", get(adsz))
+        .route("/debug/syncz", get(syncz))
+        .route("/debug/configz", get(configz))
+        .route("/debug/registryz", get(registryz))
+        .route("/debug/endpointz", get(endpointz))
+        .route("/debug/config_dump", get(config_dump))
+        .route("/debug/push_status", get(push_status))
+        .route("/debug/mesh", get(mesh))
+        .route("/debug", get(index))
+}
+
+/// `--httpAddr`.
+pub fn debug_router(state: AppState) -> Router {
+    debug_routes().with_state(state)
+}
+
+/// `--monitoringAddr`.
+pub fn monitoring_router(state: AppState) -> Router {
+    debug_routes()
+        .route("/metrics", get(metrics))
+        .route("/version", get(version))
+        .with_state(state)
+}
+
+async fn index() -> Json<Value> {
+    Json(json!({"endpoints": [
+        "/debug/adsz", "/debug/syncz", "/debug/configz", "/debug/registryz", "/debug/endpointz",
+        "/debug/config_dump?proxyID=", "/debug/push_status", "/debug/mesh", "/ready", "/metrics", "/version"
+    ]}))
+}
+
+async fn ready(State(s): State<AppState>) -> Response {
+    if s.server.ready() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: initial push context not built\n",
+        )
+            .into_response()
+    }
+}
+
+async fn version() -> String {
+    crate::version::INFO.line()
+}
+
+async fn metrics(State(s): State<AppState>) -> Response {
+    let mut out = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &s.registry) {
+        return (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics: {e}\n")).into_response();
+    }
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        crate::exposition::istio_text(&out),
+    )
+        .into_response()
+}
+
+/// Istio's adsz: every connected proxy and what it watches.
+async fn adsz(State(s): State<AppState>) -> Json<Value> {
+    let conns = s.server.connections();
+    Json(json!({"totalClients": conns.len(), "clients": conns}))
+}
+
+/// Istio's syncz: per proxy, per type, what was sent and what was ACKed or NACKed.
+async fn syncz(State(s): State<AppState>) -> Json<Vec<Value>> {
+    let out = s
+        .server
+        .connections()
+        .into_iter()
+        .map(|c| {
+            let mut entry = serde_json::Map::new();
+            entry.insert("proxy".into(), json!(c.node_id));
+            entry.insert("connection_id".into(), json!(c.connection_id));
+            entry.insert("istio_version".into(), json!(c.proxy_version));
+            for (t, w) in &c.watched {
+                let short = type_url::short(t);
+                let status = if !w.last_error.is_empty() {
+                    "NACKED"
+                } else if w.nonce_sent.is_empty() {
+                    "NOT SENT"
+                } else if w.nonce_sent == w.nonce_acked {
+                    "SYNCED"
+                } else {
+                    "STALE"
+                };
+                entry.insert(format!("{short}_sent"), json!(w.nonce_sent));
+                entry.insert(format!("{short}_acked"), json!(w.nonce_acked));
+                entry.insert(format!("{short}_status"), json!(status));
+                entry.insert(format!("{short}_version"), json!(w.version_sent));
+                if !w.last_error.is_empty() {
+                    entry.insert(format!("{short}_error"), json!(w.last_error));
+                }
+            }
+            Value::Object(entry)
+        })
+        .collect();
+    Json(out)
+}
+
+/// Every config in effect, and every config problem (invalid, unsupported, unknown kinds).
+async fn configz(State(s): State<AppState>) -> Json<Value> {
+    let store = s.store.borrow().clone();
+    let configs: Vec<Value> = store
+        .configs
+        .values()
+        .map(|c| {
+            json!({
+                "kind": c.kind.as_str(),
+                "apiVersion": c.meta.api_version,
+                "metadata": {"name": c.meta.name, "namespace": c.meta.namespace, "labels": c.meta.labels},
+                "spec": c.spec,
+                "file": store.origins.get(&c.key()),
+            })
+        })
+        .collect();
+    Json(json!({
+        "configs": configs,
+        "errors": *store.errors,
+        "invalid_counts": *store.invalid_counts,
+    }))
+}
+
+async fn registryz(State(s): State<AppState>) -> Json<Value> {
+    let state = s.pipeline.state();
+    Json(json!(state.registry.services))
+}
+
+async fn endpointz(State(s): State<AppState>) -> Json<Value> {
+    let state = s.pipeline.state();
+    let by_service: BTreeMap<String, Value> = state
+        .registry
+        .endpoints
+        .iter()
+        .map(|(k, eps)| (k.to_string(), json!(**eps)))
+        .collect();
+    Json(json!(by_service))
+}
+
+async fn mesh(State(s): State<AppState>) -> Json<Value> {
+    Json(json!(s.pipeline.mesh()))
+}
+
+async fn push_status(State(s): State<AppState>) -> Json<Value> {
+    Json(json!(s.server.push_status()))
+}
+
+#[derive(serde::Deserialize)]
+struct DumpQuery {
+    #[serde(rename = "proxyID")]
+    proxy_id: Option<String>,
+}
+
+/// The xDS pilot would send a connected proxy now, in the layout of Envoy's `/config_dump`.
+async fn config_dump(State(s): State<AppState>, Query(q): Query<DumpQuery>) -> Response {
+    let Some(id) = q.proxy_id.filter(|s| !s.is_empty()) else {
+        return (
+            StatusCode::BAD_REQUEST,
+            "proxyID is required (a connection ID, node ID, or pod.namespace)\n",
+        )
+            .into_response();
+    };
+    let Some((proxy, status)) = s.server.find_proxy(&id) else {
+        return (StatusCode::NOT_FOUND, format!("proxy {id:?} is not connected\n")).into_response();
+    };
+    let Some(snapshot) = s.server.current_snapshot() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "no push context yet\n").into_response();
+    };
+    let version = snapshot.version().to_owned();
+    let req = PushRequest::full(xds_server::reason::DEBUG);
+    let mut sections = Vec::new();
+    for (t, dump_type, list_field, item_field) in [
+        (
+            type_url::CLUSTER,
+            "ClustersConfigDump",
+            "dynamic_active_clusters",
+            "cluster",
+        ),
+        (
+            type_url::ENDPOINT,
+            "EndpointsConfigDump",
+            "dynamic_endpoint_configs",
+            "endpoint_config",
+        ),
+        (
+            type_url::LISTENER,
+            "ListenersConfigDump",
+            "dynamic_listeners",
+            "listener",
+        ),
+        (
+            type_url::ROUTE,
+            "RoutesConfigDump",
+            "dynamic_route_configs",
+            "route_config",
+        ),
+    ] {
+        let watched = match status.watched.get(t) {
+            Some(w) => WatchedResource {
+                type_url: t.to_owned(),
+                names: w.names.iter().cloned().collect(),
+                wildcard: w.wildcard,
+            },
+            None => WatchedResource {
+                type_url: t.to_owned(),
+                names: Default::default(),
+                wildcard: true,
+            },
+        };
+        let resources = match snapshot.generate(&proxy, t, &watched, &req) {
+            Ok(r) => r,
+            Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+        };
+        let mut items = Vec::new();
+        for r in resources {
+            let body = match xds_api::json::any_to_json(&r.resource) {
+                Ok(v) => v,
+                Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, format!("{}: {e}\n", r.name)).into_response(),
+            };
+            let item = if t == type_url::LISTENER {
+                json!({"name": r.name, "active_state": {"version_info": version, "listener": body}})
+            } else {
+                json!({"version_info": version, item_field: body})
+            };
+            items.push(item);
+        }
+        sections.push(json!({
+            "@type": format!("type.googleapis.com/envoy.admin.v3.{dump_type}"),
+            list_field: items,
+        }));
+    }
+    Json(json!({"configs": sections})).into_response()
+}

@@ -1,0 +1,165 @@
+//! The control-plane pipeline between the config source and the xDS server: current configs and
+//! the ServiceEntry registry, turned into a `PushRequest` per change (full, or EDS-only when only
+//! endpoints moved) and into one `PushContext` snapshot per push.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
+
+use config_sources::{ConfigChange, ConfigEvent, ConfigSnapshot};
+use model::{Config, ConfigKey, ConfigKind, MeshConfig, Proxy};
+use push_index::{PushContext, PushInput};
+use registry::RegistrySnapshot;
+use xds_server::{GenerateError, PushRequest, PushSnapshot, Resource, SnapshotBuilder, WatchedResource, reason};
+
+use crate::metrics::PipelineMetrics;
+
+/// Configs and services as of the last change.
+#[derive(Clone)]
+pub struct PipelineState {
+    pub configs: ConfigSnapshot,
+    pub registry: Arc<RegistrySnapshot>,
+}
+
+pub struct Pipeline {
+    mesh: Arc<MeshConfig>,
+    domain: String,
+    state: RwLock<PipelineState>,
+    seq: AtomicU64,
+    metrics: PipelineMetrics,
+}
+
+impl Pipeline {
+    pub fn new(mesh: Arc<MeshConfig>, domain: String, configs: ConfigSnapshot, metrics: PipelineMetrics) -> Pipeline {
+        let registry = Arc::new(registry::build(&config_list(&configs), &mesh));
+        metrics.observe(&configs, &registry);
+        Pipeline {
+            mesh,
+            domain,
+            state: RwLock::new(PipelineState { configs, registry }),
+            seq: AtomicU64::new(0),
+            metrics,
+        }
+    }
+
+    pub fn state(&self) -> PipelineState {
+        self.state.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn mesh(&self) -> &MeshConfig {
+        &self.mesh
+    }
+
+    /// Applies one batch of config events; returns the push it calls for, if any.
+    pub fn apply(&self, change: &ConfigChange) -> Option<PushRequest> {
+        if change.is_empty() {
+            return None;
+        }
+        let old = self.state();
+        let mut configs: BTreeMap<ConfigKey, Arc<Config>> = (*old.configs).clone();
+        let mut registry_touched = false;
+        let mut other_keys = BTreeSet::new();
+        for event in &change.events {
+            let key = event.key();
+            match event {
+                ConfigEvent::Added(c) | ConfigEvent::Updated { new: c, .. } => {
+                    configs.insert(key.clone(), c.clone());
+                }
+                ConfigEvent::Deleted(_) => {
+                    configs.remove(&key);
+                }
+            }
+            match key.kind {
+                ConfigKind::ServiceEntry | ConfigKind::WorkloadEntry => registry_touched = true,
+                _ => {
+                    other_keys.insert(key);
+                }
+            }
+        }
+        let configs: ConfigSnapshot = Arc::new(configs);
+        let registry = if registry_touched {
+            Arc::new(registry::build(&config_list(&configs), &self.mesh))
+        } else {
+            old.registry.clone()
+        };
+        let diff = registry::diff(&old.registry, &registry);
+        self.metrics.observe(&configs, &registry);
+        *self.state.write().unwrap_or_else(|e| e.into_inner()) = PipelineState { configs, registry };
+
+        let service_key = |k: &registry::ServiceKey| ConfigKey {
+            kind: ConfigKind::ServiceEntry,
+            namespace: k.namespace.clone(),
+            name: k.hostname.clone(),
+        };
+        if !other_keys.is_empty() || diff.needs_full_push() {
+            let mut keys = other_keys;
+            keys.extend(diff.services_changed.iter().map(service_key));
+            keys.extend(diff.endpoints_changed.iter().map(service_key));
+            let mut req = PushRequest::config_update(keys);
+            if diff.needs_full_push() {
+                req.reason.insert(reason::SERVICE.to_owned(), 1);
+            }
+            return Some(req);
+        }
+        if !diff.endpoints_changed.is_empty() {
+            return Some(PushRequest::endpoints(diff.endpoints_changed.iter().map(service_key)));
+        }
+        None
+    }
+}
+
+fn config_list(configs: &ConfigSnapshot) -> Vec<Arc<Config>> {
+    configs.values().cloned().collect()
+}
+
+impl SnapshotBuilder for Pipeline {
+    fn build(&self, _req: &PushRequest) -> Arc<dyn PushSnapshot> {
+        let state = self.state();
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let version = format!("{}/{}", crate::clock::rfc3339(SystemTime::now()), seq);
+        let push = PushContext::new(PushInput {
+            mesh: self.mesh.clone(),
+            domain: self.domain.clone(),
+            configs: config_list(&state.configs),
+            registry: state.registry.clone(),
+            version,
+        });
+        Arc::new(Snapshot { push: Arc::new(push) })
+    }
+}
+
+/// One push: the push index, and the generators over it.
+pub struct Snapshot {
+    pub push: Arc<PushContext>,
+}
+
+impl PushSnapshot for Snapshot {
+    fn version(&self) -> &str {
+        self.push.version()
+    }
+
+    fn generate(
+        &self,
+        proxy: &Proxy,
+        type_url: &str,
+        watched: &WatchedResource,
+        _req: &PushRequest,
+    ) -> Result<Vec<Resource>, GenerateError> {
+        let names: Vec<String> = watched.names.iter().cloned().collect();
+        match generators::generate::generate(&self.push, proxy, type_url, &names) {
+            Ok(resources) => Ok(resources
+                .into_iter()
+                .map(|r| Resource {
+                    name: r.name,
+                    resource: r.resource,
+                })
+                .collect()),
+            Err(e) => Err(GenerateError::Failed {
+                type_url: type_url.to_owned(),
+                proxy: proxy.node_id.clone(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+}

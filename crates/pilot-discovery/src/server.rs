@@ -1,0 +1,178 @@
+//! `pilot-discovery discovery`: loads the mesh config, reads and watches the config directory,
+//! starts the xDS server and the HTTP servers, and feeds config changes into pushes.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use model::MeshConfig;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use xds_server::{DiscoveryServer, ServerOptions};
+
+use crate::args::{DiscoveryArgs, parse_listen_addr};
+use crate::http::{AppState, debug_router, monitoring_router};
+use crate::metrics::PipelineMetrics;
+use crate::pipeline::Pipeline;
+use crate::settings::Settings;
+
+/// Reads the mesh config file; Istio's defaults when the file does not exist.
+pub fn load_mesh_config(path: &str) -> anyhow::Result<MeshConfig> {
+    let p = Path::new(path);
+    if path.is_empty() || !p.exists() {
+        tracing::info!(path, "mesh config file not found, using Istio's defaults");
+        return Ok(MeshConfig::default());
+    }
+    let text = std::fs::read_to_string(p).with_context(|| format!("reading mesh config {path}"))?;
+    let value: serde_json::Value = if text.trim().is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_saphyr::from_str(&text).with_context(|| format!("parsing mesh config {path}"))?
+    };
+    MeshConfig::from_value(value).with_context(|| format!("mesh config {path}"))
+}
+
+pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> {
+    let grpc_addr = parse_listen_addr("grpcAddr", &args.grpc_addr)?;
+    let secure_grpc_addr = parse_listen_addr("secureGrpcAddr", &args.secure_grpc_addr)?;
+    let http_addr = parse_listen_addr("httpAddr", &args.http_addr)?;
+    let monitoring_addr = parse_listen_addr("monitoringAddr", &args.monitoring_addr)?;
+    let mesh = Arc::new(load_mesh_config(&args.mesh_config)?);
+    tracing::info!(?settings, domain = %args.domain, cluster_id = %args.cluster_id, "starting pilot-discovery");
+
+    if args.config_dir.is_empty() {
+        bail!("--configDir is required: Kubernetes as a config source is not available in this release");
+    }
+    if args.registries.iter().any(|r| r == "Kubernetes") {
+        tracing::info!("registry Kubernetes: not available in this release; using ServiceEntries from --configDir");
+    }
+
+    if !Path::new(&args.config_dir).is_dir() {
+        bail!("--configDir {}: not a readable directory", args.config_dir);
+    }
+
+    let mut registry = Registry::default();
+    let pipeline_metrics = PipelineMetrics::register(&mut registry);
+    let mut store = config_sources::FileConfigStore::new(&args.config_dir);
+    store.set_invalid_observer(pipeline_metrics.invalid_observer());
+    let initial_change = store.rescan();
+    for e in store.errors() {
+        tracing::warn!(error = ?e, "config problem");
+    }
+    tracing::info!(configs = initial_change.events.len(), dir = %args.config_dir, "loaded config directory");
+    let dir_watch = config_sources::watch_store(store, settings.debounce_after.max(config_sources::DEFAULT_DEBOUNCE))
+        .context("watching --configDir")?;
+
+    let pipeline = Arc::new(Pipeline::new(
+        mesh.clone(),
+        args.domain.clone(),
+        dir_watch.initial.configs.clone(),
+        pipeline_metrics,
+    ));
+    let opts = ServerOptions {
+        debounce_after: settings.debounce_after,
+        debounce_max: settings.debounce_max,
+        enable_eds_debounce: settings.enable_eds_debounce,
+        push_throttle: settings.push_throttle,
+    };
+    let server = DiscoveryServer::new(pipeline.clone(), opts, &mut registry);
+    server.start();
+
+    let state = AppState {
+        server: server.clone(),
+        pipeline: pipeline.clone(),
+        registry: Arc::new(registry),
+        store: dir_watch.state.clone(),
+    };
+
+    let mut tasks = tokio::task::JoinSet::new();
+    if let Some(addr) = grpc_addr {
+        let listener = bind(addr, "grpcAddr").await?;
+        let svc = server.ads_service();
+        tasks.spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming(TcpListenerStream::new(listener))
+                .await
+                .context("gRPC server")
+        });
+        tracing::info!(%addr, "xDS (plaintext) listening");
+    }
+    if let Some(addr) = secure_grpc_addr {
+        tracing::warn!(%addr, "--secureGrpcAddr: TLS xDS needs the mesh CA, which is not in this release; not listening");
+    }
+    for (addr, flag, router) in [
+        (http_addr, "httpAddr", debug_router(state.clone())),
+        (monitoring_addr, "monitoringAddr", monitoring_router(state.clone())),
+    ] {
+        if let Some(addr) = addr {
+            let listener = bind(addr, flag).await?;
+            tracing::info!(%addr, flag, "HTTP listening");
+            tasks.spawn(async move { axum::serve(listener, router).await.context("HTTP server") });
+        }
+    }
+
+    // Config changes into pushes.
+    let mut changes = dir_watch.changes;
+    let pipe = pipeline.clone();
+    let srv = server.clone();
+    tasks.spawn(async move {
+        while let Some(change) = changes.recv().await {
+            for e in &change.events {
+                tracing::info!(config = %e.key(), event = event_name(e), "config changed");
+            }
+            if let Some(req) = pipe.apply(&change) {
+                srv.config_update(req);
+            }
+        }
+        bail!("config directory watch stopped")
+    });
+
+    tokio::select! {
+        res = tasks.join_next() => match res {
+            Some(Ok(Err(e))) => Err(e),
+            Some(Err(e)) => Err(e.into()),
+            _ => Ok(()),
+        },
+        _ = shutdown_signal() => {
+            tracing::info!("shutting down");
+            Ok(())
+        }
+    }
+}
+
+fn event_name(e: &config_sources::ConfigEvent) -> &'static str {
+    match e {
+        config_sources::ConfigEvent::Added(_) => "added",
+        config_sources::ConfigEvent::Updated { .. } => "updated",
+        config_sources::ConfigEvent::Deleted(_) => "deleted",
+    }
+}
+
+async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("--{flag}: cannot listen on {addr} (hint: is the port in use?)"))
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

@@ -1,0 +1,118 @@
+//! Istio's environment settings for pilot (`PILOT_DEBOUNCE_AFTER`, ...), read through a lookup
+//! function so tests pass a map instead of the process environment.
+
+use std::time::Duration;
+
+/// Settings read from the environment, with Istio's defaults.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Settings {
+    /// PILOT_DEBOUNCE_AFTER: quiet period before a push.
+    pub debounce_after: Duration,
+    /// PILOT_DEBOUNCE_MAX: longest a push waits after the first event.
+    pub debounce_max: Duration,
+    /// PILOT_ENABLE_EDS_DEBOUNCE: debounce endpoint-only changes too.
+    pub enable_eds_debounce: bool,
+    /// PILOT_PUSH_THROTTLE: concurrent pushes.
+    pub push_throttle: usize,
+    /// POD_NAMESPACE: istiod's own namespace.
+    pub pod_namespace: String,
+}
+
+/// A bad environment value: names the variable and what is wrong.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("environment variable {name}={value:?}: {reason}")]
+pub struct SettingsError {
+    pub name: &'static str,
+    pub value: String,
+    pub reason: &'static str,
+}
+
+impl Settings {
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Settings, SettingsError> {
+        let duration = |name: &'static str, default: Duration| -> Result<Duration, SettingsError> {
+            match get(name).filter(|v| !v.is_empty()) {
+                None => Ok(default),
+                Some(v) => model::duration::parse(&v).ok_or(SettingsError {
+                    name,
+                    value: v,
+                    reason: "not a duration (e.g. 100ms, 10s)",
+                }),
+            }
+        };
+        let boolean = |name: &'static str, default: bool| -> Result<bool, SettingsError> {
+            match get(name).filter(|v| !v.is_empty()) {
+                None => Ok(default),
+                Some(v) => match v.to_ascii_lowercase().as_str() {
+                    "true" | "1" | "t" => Ok(true),
+                    "false" | "0" | "f" => Ok(false),
+                    _ => Err(SettingsError {
+                        name,
+                        value: v,
+                        reason: "not a boolean",
+                    }),
+                },
+            }
+        };
+        let push_throttle = match get("PILOT_PUSH_THROTTLE").filter(|v| !v.is_empty()) {
+            None => 100,
+            Some(v) => match v.parse::<usize>() {
+                Ok(n) if n > 0 => n,
+                _ => {
+                    return Err(SettingsError {
+                        name: "PILOT_PUSH_THROTTLE",
+                        value: v,
+                        reason: "not a positive integer",
+                    });
+                }
+            },
+        };
+        let s = Settings {
+            debounce_after: duration("PILOT_DEBOUNCE_AFTER", Duration::from_millis(100))?,
+            debounce_max: duration("PILOT_DEBOUNCE_MAX", Duration::from_secs(10))?,
+            enable_eds_debounce: boolean("PILOT_ENABLE_EDS_DEBOUNCE", true)?,
+            push_throttle,
+            pod_namespace: get("POD_NAMESPACE")
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| "istio-system".into()),
+        };
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn istio_defaults() {
+        let s = Settings::from_env(env(&[])).unwrap();
+        assert_eq!(s.debounce_after, Duration::from_millis(100));
+        assert_eq!(s.debounce_max, Duration::from_secs(10));
+        assert!(s.enable_eds_debounce);
+        assert_eq!(s.push_throttle, 100);
+    }
+
+    #[test]
+    fn overrides_and_errors() {
+        let s = Settings::from_env(env(&[
+            ("PILOT_DEBOUNCE_AFTER", "5ms"),
+            ("PILOT_DEBOUNCE_MAX", "1s"),
+            ("PILOT_ENABLE_EDS_DEBOUNCE", "false"),
+            ("PILOT_PUSH_THROTTLE", "7"),
+        ]))
+        .unwrap();
+        assert_eq!(s.debounce_after, Duration::from_millis(5));
+        assert!(!s.enable_eds_debounce);
+        assert_eq!(s.push_throttle, 7);
+        let e = Settings::from_env(env(&[("PILOT_DEBOUNCE_AFTER", "soon")])).unwrap_err();
+        assert_eq!(e.name, "PILOT_DEBOUNCE_AFTER");
+        assert!(Settings::from_env(env(&[("PILOT_PUSH_THROTTLE", "0")])).is_err());
+        assert!(Settings::from_env(env(&[("PILOT_ENABLE_EDS_DEBOUNCE", "maybe")])).is_err());
+    }
+}

@@ -1,0 +1,297 @@
+//! One xDS connection's shared part: the proxy, the watches (read by the debug views), and the
+//! pending push slot that the push loop merges requests into (never a queue that grows per push).
+//! Also what both stream kinds share: node parsing, registration, generation off the runtime.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::Notify;
+use tonic::Status;
+use xds_api::envoy::config::core::v3::Node;
+use xds_api::type_url;
+
+use crate::server::DiscoveryServer;
+use crate::status::{ConnectionStatus, rfc3339};
+use crate::watched::Watch;
+use crate::{GenerateError, Proxy, PushRequest, PushSnapshot, Resource, WatchedResource};
+
+/// Locks a mutex, recovering the data if a panicking thread poisoned it: every critical section
+/// here leaves the data consistent.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(crate) struct Connection {
+    /// `<proxy id>-<counter>`, as Istio's `connectionID`.
+    pub id: String,
+    pub proxy: Arc<Proxy>,
+    pub peer: String,
+    pub connected_at: SystemTime,
+    pub delta: bool,
+    pub watched: Mutex<HashMap<String, Watch>>,
+    /// (type URL, gRPC code) of NACKs counted in the per node reject gauges.
+    pub rejects: Mutex<BTreeSet<(String, i32)>>,
+    pending: Mutex<Option<PushRequest>>,
+    notify: Notify,
+}
+
+impl Connection {
+    pub fn new(id: String, proxy: Proxy, peer: String, delta: bool) -> Connection {
+        Connection {
+            id,
+            proxy: Arc::new(proxy),
+            peer,
+            connected_at: SystemTime::now(),
+            delta,
+            watched: Mutex::default(),
+            rejects: Mutex::default(),
+            pending: Mutex::default(),
+            notify: Notify::new(),
+        }
+    }
+
+    /// Marks a push pending, merged with any push not yet started. Never blocks on the peer.
+    pub fn enqueue(&self, req: &PushRequest) {
+        let mut p = lock(&self.pending);
+        *p = Some(match p.take() {
+            Some(prev) => prev.merge(req),
+            None => req.clone(),
+        });
+        drop(p);
+        self.notify.notify_one();
+    }
+
+    /// Waits until a push is pending and takes it.
+    pub async fn next_push(&self) -> PushRequest {
+        loop {
+            if let Some(req) = lock(&self.pending).take() {
+                return req;
+            }
+            self.notify.notified().await;
+        }
+    }
+
+    pub fn status(&self) -> ConnectionStatus {
+        let watched = lock(&self.watched);
+        ConnectionStatus {
+            connection_id: self.id.clone(),
+            node_id: self.proxy.node_id.clone(),
+            peer_address: self.peer.clone(),
+            connected_at: rfc3339(self.connected_at),
+            proxy_version: self.proxy.metadata.istio_version.clone().unwrap_or_default(),
+            delta: self.delta,
+            watched: watched.iter().map(|(t, w)| (t.clone(), w.into())).collect(),
+        }
+    }
+
+    /// The watches a push covers: every type for a full push, EDS only otherwise; in push order.
+    pub fn push_targets(&self, req: &PushRequest) -> Vec<WatchedResource> {
+        let mut targets: Vec<WatchedResource> = lock(&self.watched)
+            .values()
+            .filter(|w| req.full || w.resource.type_url == type_url::ENDPOINT)
+            .map(|w| w.resource.clone())
+            .collect();
+        targets.sort_by(|a, b| {
+            (type_url::push_order(&a.type_url), &a.type_url).cmp(&(type_url::push_order(&b.type_url), &b.type_url))
+        });
+        targets
+    }
+
+    /// Records what was sent for `type_url`.
+    pub fn record_sent(&self, type_url: &str, nonce: &str, version: &str) {
+        if let Some(w) = lock(&self.watched).get_mut(type_url) {
+            w.nonce_sent = nonce.to_owned();
+            w.version_sent = version.to_owned();
+            w.last_sent = Some(SystemTime::now());
+        }
+    }
+}
+
+/// Parses the node of the first request, refusing it with `InvalidArgument` naming what is wrong.
+pub(crate) fn parse_node(node: Option<&Node>) -> Result<Proxy, Status> {
+    let Some(node) = node.filter(|n| !n.id.is_empty()) else {
+        return Err(Status::invalid_argument(
+            "missing node information (the first request must carry node.id)",
+        ));
+    };
+    let metadata = match &node.metadata {
+        Some(s) => model::proxy::NodeMetadata::from_json(&node.id, &xds_api::struct_to_json(s)),
+        None => Ok(model::proxy::NodeMetadata::default()),
+    };
+    let mut proxy = metadata
+        .and_then(|md| Proxy::parse(&node.id, md))
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    if let Some(l) = &node.locality {
+        proxy.locality = model::Locality {
+            region: l.region.clone(),
+            zone: l.zone.clone(),
+            subzone: l.sub_zone.clone(),
+        };
+    }
+    Ok(proxy)
+}
+
+/// Removes the connection from the server when its stream task ends, however it ends.
+pub(crate) struct Registration {
+    pub server: Arc<DiscoveryServer>,
+    pub conn: Arc<Connection>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.server.unregister(&self.conn);
+    }
+}
+
+/// The resources generated for one watch.
+pub(crate) struct Generated {
+    pub watched: WatchedResource,
+    pub resources: Result<Vec<Resource>, GenerateError>,
+    /// Delta only: the version of each resource (a hash of its bytes), same order.
+    pub versions: Vec<String>,
+    pub elapsed: Duration,
+}
+
+/// Generates `targets` in the blocking pool, so a large generation never stalls the runtime.
+/// Resources of non-wildcard types are limited to the watched names.
+pub(crate) async fn generate(
+    snapshot: Arc<dyn PushSnapshot>,
+    proxy: Arc<Proxy>,
+    targets: Vec<WatchedResource>,
+    req: PushRequest,
+    delta: bool,
+) -> Vec<Generated> {
+    let work = move || {
+        targets
+            .into_iter()
+            .map(|watched| {
+                let t0 = Instant::now();
+                let resources = snapshot
+                    .generate(&proxy, &watched.type_url, &watched, &req)
+                    .map(|mut rs| {
+                        if !watched.wildcard {
+                            rs.retain(|r| watched.names.contains(&r.name));
+                        }
+                        rs
+                    });
+                let versions = match (&resources, delta) {
+                    (Ok(rs), true) => rs.iter().map(|r| resource_version(&r.resource)).collect(),
+                    _ => Vec::new(),
+                };
+                Generated {
+                    watched,
+                    resources,
+                    versions,
+                    elapsed: t0.elapsed(),
+                }
+            })
+            .collect()
+    };
+    match tokio::task::spawn_blocking(work).await {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::error!("xDS generation panicked: {e}");
+            Vec::new()
+        }
+    }
+}
+
+/// Logs why nothing was sent for a type: a type the generators do not serve (e.g. a proxy asking
+/// for SDS) at debug, as it repeats on every push; a failure at warn.
+pub(crate) fn log_generate_error(conn_id: &str, t: &str, e: &GenerateError) {
+    match e {
+        GenerateError::UnsupportedType { .. } => {
+            tracing::debug!("ADS:{}: {conn_id} nothing sent: {e}", type_url::short(t))
+        }
+        GenerateError::Failed { .. } => tracing::warn!("ADS:{}: {conn_id} nothing sent: {e}", type_url::short(t)),
+    }
+}
+
+/// A resource's delta version: a hash of its type URL and bytes.
+pub(crate) fn resource_version(any: &xds_api::pbwkt::Any) -> String {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    any.type_url.hash(&mut h);
+    any.value.hash(&mut h);
+    format!("{:016x}", h.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xds_api::pbwkt;
+
+    #[test]
+    fn refuses_bad_nodes_with_invalid_argument_naming_the_node() {
+        let e = parse_node(None).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        let node = Node {
+            id: "sidecar~not-an-ip~a.ns~ns.svc.cluster.local".into(),
+            ..Default::default()
+        };
+        let e = parse_node(Some(&node)).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().contains("not-an-ip"), "{}", e.message());
+        let md = xds_api::json_to_struct(&serde_json::json!({"LABELS": "x"}));
+        let node = Node {
+            id: "sidecar~1.2.3.4~a.ns~ns.svc.cluster.local".into(),
+            metadata: Some(md),
+            ..Default::default()
+        };
+        let e = parse_node(Some(&node)).unwrap_err();
+        assert!(
+            e.message().contains("LABELS") && e.message().contains("sidecar~1.2.3.4"),
+            "{}",
+            e.message()
+        );
+    }
+
+    #[test]
+    fn parses_node_locality() {
+        let node = Node {
+            id: "router~1.2.3.4~gw.ns~ns.svc.cluster.local".into(),
+            locality: Some(xds_api::envoy::config::core::v3::Locality {
+                region: "r".into(),
+                zone: "z".into(),
+                sub_zone: "s".into(),
+            }),
+            ..Default::default()
+        };
+        let p = parse_node(Some(&node)).unwrap();
+        assert_eq!(p.locality.zone, "z");
+        assert!(p.is_router());
+    }
+
+    #[tokio::test]
+    async fn pending_pushes_merge_into_one_slot() {
+        let c = Connection::new("a-1".into(), parse_node(Some(&node())).unwrap(), "p".into(), false);
+        c.enqueue(&PushRequest::endpoints([]));
+        c.enqueue(&PushRequest::full(crate::reason::CONFIG));
+        let req = c.next_push().await;
+        assert!(req.full);
+        assert_eq!(req.reason.len(), 2);
+        assert!(lock(&c.pending).is_none());
+    }
+
+    #[test]
+    fn resource_version_follows_bytes() {
+        let a = pbwkt::Any {
+            type_url: "t".into(),
+            value: vec![1],
+        };
+        let b = pbwkt::Any {
+            type_url: "t".into(),
+            value: vec![2],
+        };
+        assert_eq!(resource_version(&a), resource_version(&a.clone()));
+        assert_ne!(resource_version(&a), resource_version(&b));
+    }
+
+    fn node() -> Node {
+        Node {
+            id: "sidecar~1.2.3.4~a.ns~ns.svc.cluster.local".into(),
+            ..Default::default()
+        }
+    }
+}

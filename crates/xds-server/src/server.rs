@@ -1,0 +1,354 @@
+//! `DiscoveryServer`: owns the current push snapshot, the connections, the debouncer and the push
+//! loop, and serves the tonic `AggregatedDiscoveryService`, as Istio's `DiscoveryServer`.
+//!
+//! The push loop only builds the snapshot and marks every connection's pending slot; each
+//! connection's own task generates (bounded by the push throttle) and sends, so a slow proxy
+//! holds up nobody but itself.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use xds_api::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use xds_api::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use xds_api::type_url;
+
+use crate::connection::{Connection, Registration, lock};
+use crate::debounce::{self, DebounceOptions, Debounced};
+use crate::metrics::{Metrics, VersionLabel, code_name, type_label};
+use crate::status::{ConnectionStatus, PushStatus, rfc3339};
+use crate::watched::Outcome;
+use crate::{Proxy, PushRequest, PushSnapshot, SnapshotBuilder, reason};
+
+/// Largest xDS message either way (Envoy's config for a big mesh can exceed tonic's 4 MiB).
+const MAX_MESSAGE_SIZE: usize = 100 * 1024 * 1024;
+/// Responses queued per stream before the stream's task waits for the proxy to read.
+const STREAM_BUFFER: usize = 4;
+
+/// Tuning of pushes, as Istio's `PILOT_*` settings. Reading the environment is the binary's job.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// PILOT_DEBOUNCE_AFTER: quiet period before a push.
+    pub debounce_after: Duration,
+    /// PILOT_DEBOUNCE_MAX: longest wait after the first event.
+    pub debounce_max: Duration,
+    /// PILOT_ENABLE_EDS_DEBOUNCE: debounce EDS-only pushes too.
+    pub enable_eds_debounce: bool,
+    /// PILOT_PUSH_THROTTLE: concurrent push generations.
+    pub push_throttle: usize,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            debounce_after: Duration::from_millis(100),
+            debounce_max: Duration::from_secs(10),
+            enable_eds_debounce: true,
+            push_throttle: 100,
+        }
+    }
+}
+
+/// The stream ended (the proxy went away); nothing more to send.
+#[derive(Debug)]
+pub(crate) struct Closed;
+
+pub struct DiscoveryServer {
+    builder: Arc<dyn SnapshotBuilder>,
+    opts: ServerOptions,
+    pub(crate) metrics: Metrics,
+    snapshot: RwLock<Option<Arc<dyn PushSnapshot>>>,
+    ready: watch::Sender<bool>,
+    updates: mpsc::UnboundedSender<PushRequest>,
+    updates_rx: Mutex<Option<mpsc::UnboundedReceiver<PushRequest>>>,
+    connections: Mutex<BTreeMap<String, Arc<Connection>>>,
+    throttle: Arc<Semaphore>,
+    counter: AtomicU64,
+    /// Distinguishes this server's nonces from another instance's.
+    instance: String,
+    push_status: Mutex<PushStatus>,
+}
+
+impl DiscoveryServer {
+    pub fn new(
+        builder: Arc<dyn SnapshotBuilder>,
+        opts: ServerOptions,
+        registry: &mut prometheus_client::registry::Registry,
+    ) -> Arc<DiscoveryServer> {
+        let (updates, rx) = mpsc::unbounded_channel();
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or_default();
+        Arc::new(DiscoveryServer {
+            builder,
+            throttle: Arc::new(Semaphore::new(opts.push_throttle.max(1))),
+            opts,
+            metrics: Metrics::new(registry),
+            snapshot: RwLock::new(None),
+            ready: watch::Sender::new(false),
+            updates,
+            updates_rx: Mutex::new(Some(rx)),
+            connections: Mutex::default(),
+            counter: AtomicU64::new(0),
+            instance: format!("{nanos:08x}"),
+            push_status: Mutex::default(),
+        })
+    }
+
+    /// Builds the initial snapshot, then runs the debouncer and push loop. Call once.
+    pub fn start(self: &Arc<Self>) {
+        let Some(rx) = lock(&self.updates_rx).take() else {
+            tracing::warn!("DiscoveryServer::start called twice; ignored");
+            return;
+        };
+        let server = Arc::downgrade(self);
+        let opts = DebounceOptions {
+            debounce_after: self.opts.debounce_after,
+            debounce_max: self.opts.debounce_max,
+            enable_eds_debounce: self.opts.enable_eds_debounce,
+        };
+        tokio::spawn(async move {
+            let Some(s) = server.upgrade() else { return };
+            s.build_snapshot(&PushRequest::full(reason::GLOBAL)).await;
+            s.ready.send_replace(true);
+            tracing::info!("xDS server ready: initial push snapshot built");
+            drop(s);
+            debounce::run(rx, opts, move |req, debounced| push(server.clone(), req, debounced)).await;
+        });
+    }
+
+    /// Queues a push request for the debouncer. Never blocks.
+    pub fn config_update(&self, req: PushRequest) {
+        if self.updates.send(req).is_err() {
+            tracing::warn!("push request dropped: the push loop has stopped");
+        }
+    }
+
+    /// Whether the initial snapshot is built (connections are refused until then).
+    pub fn ready(&self) -> bool {
+        *self.ready.borrow()
+    }
+
+    /// Waits until [`ready`](Self::ready).
+    pub async fn wait_ready(&self) {
+        let mut rx = self.ready.subscribe();
+        let _ = rx.wait_for(|r| *r).await;
+    }
+
+    /// The tonic service, with message size limits raised to 100 MiB.
+    pub fn ads_service(self: &Arc<Self>) -> AggregatedDiscoveryServiceServer<AdsService> {
+        AggregatedDiscoveryServiceServer::new(AdsService { server: self.clone() })
+            .max_decoding_message_size(MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(MAX_MESSAGE_SIZE)
+    }
+
+    /// Every connection, sorted by connection ID (`/debug/adsz`, `/debug/syncz`).
+    pub fn connections(&self) -> Vec<ConnectionStatus> {
+        let conns: Vec<Arc<Connection>> = lock(&self.connections).values().cloned().collect();
+        conns.iter().map(|c| c.status()).collect()
+    }
+
+    /// A connected proxy by connection ID, node ID, or Istio's `pod.namespace` proxy ID
+    /// (`/debug/config_dump?proxyID=`), with its sync state.
+    pub fn find_proxy(&self, id: &str) -> Option<(Arc<Proxy>, ConnectionStatus)> {
+        let conn = lock(&self.connections)
+            .values()
+            .find(|c| c.id == id || c.proxy.node_id == id || c.proxy.id == id)
+            .cloned()?;
+        Some((conn.proxy.clone(), conn.status()))
+    }
+
+    pub fn current_snapshot(&self) -> Option<Arc<dyn PushSnapshot>> {
+        self.snapshot.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The last push (`/debug/push_status`).
+    pub fn push_status(&self) -> PushStatus {
+        lock(&self.push_status).clone()
+    }
+
+    async fn build_snapshot(&self, req: &PushRequest) -> Option<Arc<dyn PushSnapshot>> {
+        let builder = self.builder.clone();
+        let r = req.clone();
+        let t0 = Instant::now();
+        let snapshot = match tokio::task::spawn_blocking(move || builder.build(&r)).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!("building the push snapshot failed: {e}; keeping the previous one");
+                return None;
+            }
+        };
+        *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) = Some(snapshot.clone());
+        *lock(&self.push_status) = PushStatus {
+            version: snapshot.version().to_owned(),
+            time: rfc3339(SystemTime::now()),
+            full: req.full,
+            reason: req.reason.clone(),
+            configs_updated: req.configs_updated.len(),
+            build_seconds: t0.elapsed().as_secs_f64(),
+            connections: 0,
+            types: BTreeMap::new(),
+        };
+        Some(snapshot)
+    }
+
+    pub(crate) fn register(self: &Arc<Self>, proxy: Proxy, peer: String, delta: bool) -> Registration {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed) + 1;
+        let id = format!("{}-{n}", proxy.id);
+        let conn = Arc::new(Connection::new(id.clone(), proxy, peer, delta));
+        lock(&self.connections).insert(id, conn.clone());
+        self.metrics
+            .xds_clients
+            .get_or_create(&version_label(&conn.proxy))
+            .inc();
+        tracing::info!(
+            "ADS: new {}connection for node:{} from {}",
+            if delta { "delta " } else { "" },
+            conn.id,
+            conn.peer
+        );
+        Registration {
+            server: self.clone(),
+            conn,
+        }
+    }
+
+    pub(crate) fn unregister(&self, conn: &Connection) {
+        lock(&self.connections).remove(&conn.id);
+        self.metrics
+            .xds_clients
+            .get_or_create(&version_label(&conn.proxy))
+            .dec();
+        for (t, code) in lock(&conn.rejects).iter() {
+            self.metrics.forget_rejects(t, &conn.proxy.id, *code);
+        }
+    }
+
+    pub(crate) async fn throttle(&self) -> Option<OwnedSemaphorePermit> {
+        self.throttle.clone().acquire_owned().await.ok()
+    }
+
+    pub(crate) fn nonce(&self, n: u64) -> String {
+        format!("{n}-{}", self.instance)
+    }
+
+    /// Logs and counts what a request meant, as Istio does in `ShouldRespond`.
+    pub(crate) fn record_outcome(&self, conn: &Connection, t: &str, outcome: &Outcome) {
+        let stype = type_url::short(t);
+        match outcome {
+            Outcome::Nack { code, message } => {
+                tracing::warn!("ADS:{stype}: ACK ERROR {} {}:{message}", conn.id, code_name(*code));
+                self.metrics.record_reject(t, &conn.proxy.id, *code);
+                lock(&conn.rejects).insert((t.to_owned(), *code));
+            }
+            Outcome::ExpiredNonce { sent } => {
+                tracing::debug!("ADS:{stype}: REQ {} Expired nonce received, sent {sent}", conn.id);
+                self.metrics.expired_nonce.get_or_create(&type_label(t)).inc();
+            }
+            Outcome::Init => tracing::debug!("ADS:{stype}: INIT/RECONNECT {}", conn.id),
+            Outcome::Ack => tracing::debug!("ADS:{stype}: ACK {}", conn.id),
+            Outcome::Unsubscribe => tracing::debug!("ADS:{stype}: UNSUBSCRIBE {}", conn.id),
+            Outcome::Subscription => tracing::debug!("ADS:{stype}: SUBSCRIPTION CHANGE {}", conn.id),
+        }
+    }
+
+    /// Counts a response sent: metrics, and the push status when it is of the current version.
+    pub(crate) fn record_sent(&self, t: &str, version: &str, resources: usize, took: Duration) {
+        self.metrics.record_push(t, took.as_secs_f64());
+        let mut status = lock(&self.push_status);
+        if status.version == version {
+            let e = status.types.entry(type_url::short(t).to_owned()).or_default();
+            e.pushes += 1;
+            e.resources += resources as u64;
+        }
+    }
+}
+
+fn version_label(proxy: &Proxy) -> VersionLabel {
+    VersionLabel {
+        version: proxy.metadata.istio_version.clone().unwrap_or_default(),
+    }
+}
+
+/// One debounced push, as Istio's `Push`: build the snapshot, then mark every connection.
+async fn push(server: Weak<DiscoveryServer>, req: PushRequest, debounced: Debounced) {
+    let Some(s) = server.upgrade() else { return };
+    s.metrics.debounce_time.observe(debounced.delay.as_secs_f64());
+    for (r, n) in &req.reason {
+        s.metrics
+            .push_triggers
+            .get_or_create(&crate::metrics::TypeLabel { r#type: r.clone() })
+            .inc_by(u64::from(*n));
+    }
+    if s.build_snapshot(&req).await.is_none() {
+        return;
+    }
+    let conns: Vec<Arc<Connection>> = lock(&s.connections).values().cloned().collect();
+    lock(&s.push_status).connections = conns.len();
+    tracing::info!(
+        "Push debounce stable[{}] {}: {:?} since last change, full={}, {} connections",
+        debounced.events,
+        req.reason_string(),
+        debounced.delay,
+        req.full,
+        conns.len()
+    );
+    for c in conns {
+        c.enqueue(&req);
+    }
+}
+
+/// The tonic service over a [`DiscoveryServer`].
+pub struct AdsService {
+    server: Arc<DiscoveryServer>,
+}
+
+fn peer_of<T>(req: &Request<T>) -> String {
+    req.remote_addr()
+        .map_or_else(|| "0.0.0.0".to_owned(), |a| a.to_string())
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for AdsService {
+    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
+    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        if !self.server.ready() {
+            return Err(Status::unavailable(
+                "server is not ready to serve discovery information",
+            ));
+        }
+        let peer = peer_of(&request);
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        tokio::spawn(crate::sotw::serve(self.server.clone(), request.into_inner(), tx, peer));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        if !self.server.ready() {
+            return Err(Status::unavailable(
+                "server is not ready to serve discovery information",
+            ));
+        }
+        let peer = peer_of(&request);
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        tokio::spawn(crate::delta::serve(self.server.clone(), request.into_inner(), tx, peer));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}

@@ -1,0 +1,342 @@
+//! What a connection watches per type URL and the xDS ACK/NACK rules that update it: Istio's
+//! `ShouldRespond` (state of the world) and `shouldRespondDelta` (delta), as pure functions.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::SystemTime;
+
+use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use xds_api::type_url;
+
+/// What a proxy watches of one type, as Istio's `model.WatchedResource`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct WatchedResource {
+    pub type_url: String,
+    /// Subscribed names. Empty for a wildcard watch of CDS/LDS.
+    pub names: BTreeSet<String>,
+    /// All resources of the type (CDS, LDS and Istio's own types), not only `names`.
+    pub wildcard: bool,
+}
+
+/// Wildcard types by the xDS spec (CDS, LDS) and Istio's own types; EDS, RDS and SDS are not.
+pub(crate) fn is_wildcard_type(t: &str) -> bool {
+    !matches!(t, type_url::ENDPOINT | type_url::ROUTE | type_url::SECRET)
+}
+
+/// Per type state of one connection: the watch and the nonces, for ACK/NACK and `/debug/syncz`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Watch {
+    pub resource: WatchedResource,
+    pub nonce_sent: String,
+    pub version_sent: String,
+    pub nonce_acked: String,
+    pub nonce_nacked: String,
+    /// Envoy's message of the last NACK; cleared by the next ACK.
+    pub last_error: String,
+    pub last_sent: Option<SystemTime>,
+    /// Delta only: what the proxy has, name -> resource version.
+    pub known: BTreeMap<String, String>,
+}
+
+/// What a request means, once applied to the watches.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Outcome {
+    /// First request for the type on this stream (or after our restart): respond.
+    Init,
+    /// ACK of the last response.
+    Ack,
+    /// Rejected by the proxy: logged and counted, never answered by resending.
+    Nack { code: i32, message: String },
+    /// Nonce of an older response: ignored.
+    ExpiredNonce { sent: String },
+    /// Empty names of a non-wildcard type: the watch is dropped.
+    Unsubscribe,
+    /// Delta subscription change without a nonce.
+    Subscription,
+}
+
+/// What to send back for a request.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Respond {
+    No,
+    /// Everything the watch covers.
+    All,
+    /// Only these newly subscribed names (delta).
+    Names(BTreeSet<String>),
+}
+
+fn new_watch(type_url: &str, names: BTreeSet<String>, wildcard: bool) -> Watch {
+    Watch {
+        resource: WatchedResource {
+            type_url: type_url.to_owned(),
+            names,
+            wildcard,
+        },
+        ..Default::default()
+    }
+}
+
+/// State-of-the-world rules, as Istio's `ShouldRespond`: NACKs are recorded and never answered
+/// (unless they carry newly added names), stale nonces are ignored, ACKs are answered only when
+/// the subscription grew (non-wildcard) or changed (wildcard).
+pub(crate) fn sotw_request(watched: &mut HashMap<String, Watch>, req: &DiscoveryRequest) -> (Outcome, Respond) {
+    let t = req.type_url.as_str();
+    let wildcard_type = is_wildcard_type(t);
+    let names: BTreeSet<String> = req
+        .resource_names
+        .iter()
+        .filter(|n| n.as_str() != "*")
+        .cloned()
+        .collect();
+    let wildcard = wildcard_type && (names.is_empty() || req.resource_names.iter().any(|n| n == "*"));
+    if let Some(err) = &req.error_detail {
+        let outcome = Outcome::Nack {
+            code: err.code,
+            message: err.message.clone(),
+        };
+        let Some(w) = watched.get_mut(t) else {
+            return (outcome, Respond::No);
+        };
+        w.last_error = err.message.clone();
+        w.nonce_nacked = req.response_nonce.clone();
+        let added = !wildcard_type && names.difference(&w.resource.names).next().is_some();
+        w.resource.names = names;
+        return (outcome, if added { Respond::All } else { Respond::No });
+    }
+    if names.is_empty() && !wildcard_type {
+        watched.remove(t);
+        return (Outcome::Unsubscribe, Respond::No);
+    }
+    let Some(w) = watched.get_mut(t).filter(|_| !req.response_nonce.is_empty()) else {
+        watched.insert(t.to_owned(), new_watch(t, names, wildcard));
+        return (Outcome::Init, Respond::All);
+    };
+    if req.response_nonce != w.nonce_sent {
+        return (
+            Outcome::ExpiredNonce {
+                sent: w.nonce_sent.clone(),
+            },
+            Respond::No,
+        );
+    }
+    w.nonce_acked = req.response_nonce.clone();
+    w.nonce_nacked.clear();
+    w.last_error.clear();
+    let added = names.difference(&w.resource.names).next().is_some();
+    let changed = added || names != w.resource.names || wildcard != w.resource.wildcard;
+    w.resource.names = names;
+    w.resource.wildcard = wildcard;
+    let respond = if wildcard_type { changed } else { added };
+    (Outcome::Ack, if respond { Respond::All } else { Respond::No })
+}
+
+/// Delta rules, as Istio's `shouldRespondDelta`, except that subscription changes are applied
+/// whatever the nonce (they are deltas of the client's state and would be lost otherwise).
+pub(crate) fn delta_request(watched: &mut HashMap<String, Watch>, req: &DeltaDiscoveryRequest) -> (Outcome, Respond) {
+    let t = req.type_url.as_str();
+    let wildcard_type = is_wildcard_type(t);
+    let Some(w) = watched.get_mut(t) else {
+        if let Some(err) = &req.error_detail {
+            return (
+                Outcome::Nack {
+                    code: err.code,
+                    message: err.message.clone(),
+                },
+                Respond::No,
+            );
+        }
+        let names: BTreeSet<String> = req
+            .resource_names_subscribe
+            .iter()
+            .filter(|n| n.as_str() != "*")
+            .cloned()
+            .collect();
+        let wildcard = (wildcard_type && req.resource_names_subscribe.is_empty())
+            || req.resource_names_subscribe.iter().any(|n| n == "*");
+        let mut watch = new_watch(t, names, wildcard);
+        watch.known = req
+            .initial_resource_versions
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        watched.insert(t.to_owned(), watch);
+        return (Outcome::Init, Respond::All);
+    };
+    let outcome = if let Some(err) = &req.error_detail {
+        w.last_error = err.message.clone();
+        w.nonce_nacked = req.response_nonce.clone();
+        Outcome::Nack {
+            code: err.code,
+            message: err.message.clone(),
+        }
+    } else if req.response_nonce.is_empty() {
+        Outcome::Subscription
+    } else if req.response_nonce != w.nonce_sent {
+        Outcome::ExpiredNonce {
+            sent: w.nonce_sent.clone(),
+        }
+    } else {
+        w.nonce_acked = req.response_nonce.clone();
+        w.nonce_nacked.clear();
+        w.last_error.clear();
+        Outcome::Ack
+    };
+    let mut added = BTreeSet::new();
+    let mut wildcard_on = false;
+    for n in &req.resource_names_subscribe {
+        if n == "*" {
+            wildcard_on |= !w.resource.wildcard;
+            w.resource.wildcard = true;
+        } else if w.resource.names.insert(n.clone()) {
+            added.insert(n.clone());
+        }
+    }
+    for n in &req.resource_names_unsubscribe {
+        if n == "*" {
+            w.resource.wildcard = false;
+            let names = &w.resource.names;
+            w.known.retain(|k, _| names.contains(k));
+        } else {
+            w.resource.names.remove(n);
+            if !w.resource.wildcard {
+                w.known.remove(n);
+            }
+        }
+    }
+    let respond = if wildcard_on {
+        Respond::All
+    } else if !w.resource.wildcard && !added.is_empty() {
+        Respond::Names(added)
+    } else {
+        Respond::No
+    };
+    (outcome, respond)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xds_api::envoy_types::pb::google::rpc::Status;
+
+    fn sotw(t: &str, names: &[&str], nonce: &str) -> DiscoveryRequest {
+        DiscoveryRequest {
+            type_url: t.into(),
+            resource_names: names.iter().map(|s| s.to_string()).collect(),
+            response_nonce: nonce.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn sotw_init_ack_nack_and_expired() {
+        let mut w = HashMap::new();
+        assert_eq!(
+            sotw_request(&mut w, &sotw(type_url::CLUSTER, &[], "")),
+            (Outcome::Init, Respond::All)
+        );
+        assert!(w[type_url::CLUSTER].resource.wildcard);
+        w.get_mut(type_url::CLUSTER).unwrap().nonce_sent = "n1".into();
+        assert_eq!(
+            sotw_request(&mut w, &sotw(type_url::CLUSTER, &[], "n1")),
+            (Outcome::Ack, Respond::No)
+        );
+        assert_eq!(w[type_url::CLUSTER].nonce_acked, "n1");
+        let (o, r) = sotw_request(&mut w, &sotw(type_url::CLUSTER, &[], "n0"));
+        assert_eq!((o, r), (Outcome::ExpiredNonce { sent: "n1".into() }, Respond::No));
+        let mut nack = sotw(type_url::CLUSTER, &[], "n1");
+        nack.error_detail = Some(Status {
+            code: 13,
+            message: "bad cluster".into(),
+            details: vec![],
+        });
+        let (o, r) = sotw_request(&mut w, &nack);
+        assert_eq!(
+            (o, r),
+            (
+                Outcome::Nack {
+                    code: 13,
+                    message: "bad cluster".into()
+                },
+                Respond::No
+            )
+        );
+        assert_eq!(w[type_url::CLUSTER].last_error, "bad cluster");
+    }
+
+    #[test]
+    fn sotw_eds_answers_only_added_names_and_unsubscribes_on_empty() {
+        let mut w = HashMap::new();
+        sotw_request(&mut w, &sotw(type_url::ENDPOINT, &["a"], ""));
+        w.get_mut(type_url::ENDPOINT).unwrap().nonce_sent = "1".into();
+        assert_eq!(
+            sotw_request(&mut w, &sotw(type_url::ENDPOINT, &["a", "b"], "1")).1,
+            Respond::All
+        );
+        assert_eq!(
+            sotw_request(&mut w, &sotw(type_url::ENDPOINT, &["b"], "1")).1,
+            Respond::No
+        );
+        assert_eq!(w[type_url::ENDPOINT].resource.names, BTreeSet::from(["b".to_string()]));
+        assert_eq!(
+            sotw_request(&mut w, &sotw(type_url::ENDPOINT, &[], "1")).0,
+            Outcome::Unsubscribe
+        );
+        assert!(!w.contains_key(type_url::ENDPOINT));
+    }
+
+    #[test]
+    fn sotw_nonce_after_restart_is_a_new_watch() {
+        let mut w = HashMap::new();
+        assert_eq!(
+            sotw_request(&mut w, &sotw(type_url::LISTENER, &[], "old")).0,
+            Outcome::Init
+        );
+    }
+
+    #[test]
+    fn delta_wildcard_subscribe_unsubscribe() {
+        let mut w = HashMap::new();
+        let mut init = DeltaDiscoveryRequest {
+            type_url: type_url::CLUSTER.into(),
+            ..Default::default()
+        };
+        init.initial_resource_versions.insert("c1".into(), "v1".into());
+        assert_eq!(delta_request(&mut w, &init), (Outcome::Init, Respond::All));
+        assert!(w[type_url::CLUSTER].resource.wildcard);
+        assert_eq!(w[type_url::CLUSTER].known.get("c1").map(String::as_str), Some("v1"));
+
+        let eds = DeltaDiscoveryRequest {
+            type_url: type_url::ENDPOINT.into(),
+            resource_names_subscribe: vec!["a".into()],
+            ..Default::default()
+        };
+        assert_eq!(delta_request(&mut w, &eds).1, Respond::All);
+        assert!(!w[type_url::ENDPOINT].resource.wildcard);
+        let more = DeltaDiscoveryRequest {
+            type_url: type_url::ENDPOINT.into(),
+            resource_names_subscribe: vec!["a".into(), "b".into()],
+            resource_names_unsubscribe: vec!["x".into()],
+            ..Default::default()
+        };
+        let (o, r) = delta_request(&mut w, &more);
+        assert_eq!(
+            (o, r),
+            (Outcome::Subscription, Respond::Names(BTreeSet::from(["b".to_string()])))
+        );
+        w.get_mut(type_url::ENDPOINT)
+            .unwrap()
+            .known
+            .insert("a".into(), "h".into());
+        let less = DeltaDiscoveryRequest {
+            type_url: type_url::ENDPOINT.into(),
+            resource_names_unsubscribe: vec!["a".into()],
+            response_nonce: "stale".into(),
+            ..Default::default()
+        };
+        assert!(matches!(
+            delta_request(&mut w, &less),
+            (Outcome::ExpiredNonce { .. }, Respond::No)
+        ));
+        assert!(!w[type_url::ENDPOINT].known.contains_key("a"));
+        assert_eq!(w[type_url::ENDPOINT].resource.names, BTreeSet::from(["b".to_string()]));
+    }
+}

@@ -1,0 +1,141 @@
+//! The push path: debouncing of config updates into snapshot builds, and a proxy that never
+//! reads its stream not holding up pushes to others.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use test_support::ads::AdsClient;
+use xds_api::envoy::service::discovery::v3::DiscoveryRequest;
+use xds_api::type_url;
+use xds_server::{PushRequest, ServerOptions, reason};
+
+fn builds(ts: &TestServer) -> Vec<(tokio::time::Instant, PushRequest)> {
+    ts.builds.lock().unwrap().clone()
+}
+
+#[tokio::test(start_paused = true)]
+async fn burst_is_merged_into_one_build_and_max_is_respected() {
+    let ts = server(Mesh::basic(), ServerOptions::default()).await;
+    assert_eq!(builds(&ts).len(), 1, "the initial snapshot");
+    assert_eq!(builds(&ts)[0].1.reason.get(reason::GLOBAL), Some(&1));
+
+    let t0 = tokio::time::Instant::now();
+    for _ in 0..10 {
+        ts.server.config_update(PushRequest::config_update([]));
+        ts.server.config_update(PushRequest::endpoints([]));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let b = builds(&ts);
+    assert_eq!(b.len(), 2, "one build for the whole burst");
+    let (at, req) = &b[1];
+    assert_eq!(
+        *at - t0,
+        Duration::from_millis(280),
+        "100ms after the last event at 180ms"
+    );
+    assert!(req.full);
+    assert_eq!(req.reason.get(reason::CONFIG), Some(&10));
+    assert_eq!(req.reason.get(reason::ENDPOINT), Some(&10));
+    assert_eq!(ts.server.current_snapshot().unwrap().version(), "v2");
+    assert_eq!(ts.server.push_status().version, "v2");
+
+    // Never quiet: pushed at debounce_max (10s) anyway.
+    let t1 = tokio::time::Instant::now();
+    for _ in 0..400 {
+        ts.server.config_update(PushRequest::config_update([]));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let b = builds(&ts);
+    assert!(b.len() >= 3);
+    assert_eq!(b[2].0 - t1, Duration::from_secs(10));
+    assert_eq!(ts.metric("pilot_debounce_time_count"), Some(2.0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn eds_only_updates_skip_debounce_when_disabled() {
+    let opts = ServerOptions {
+        enable_eds_debounce: false,
+        ..ServerOptions::default()
+    };
+    let ts = server(Mesh::basic(), opts).await;
+    let t0 = tokio::time::Instant::now();
+    ts.server.config_update(PushRequest::endpoints([]));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let b = builds(&ts);
+    assert_eq!(b.len(), 2);
+    assert_eq!(b[1].0, t0);
+    assert!(!b[1].1.full);
+}
+
+/// A proxy that subscribes to everything and then never reads: its responses (megabytes each)
+/// fill its stream, and its task blocks. Pushes to the other proxy go on, even with a push
+/// throttle of one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_that_never_reads_does_not_block_others() {
+    let mesh = Mesh {
+        padding: 1 << 20,
+        ..Mesh::basic()
+    };
+    let opts = ServerOptions {
+        push_throttle: 1,
+        ..fast_options()
+    };
+    let ts = serve(mesh, opts).await;
+
+    let mut slow = AdsClient::connect(
+        ts.addr,
+        "sidecar~10.1.0.2~slow.default~default.svc.cluster.local",
+        metadata(),
+    )
+    .await
+    .unwrap();
+    for (t, names) in [
+        (type_url::CLUSTER, vec![]),
+        (type_url::ENDPOINT, vec![A.to_string(), B.to_string(), C.to_string()]),
+        (type_url::LISTENER, vec![]),
+        (type_url::ROUTE, vec!["80".to_string()]),
+    ] {
+        slow.send_raw(DiscoveryRequest {
+            type_url: t.into(),
+            resource_names: names,
+            ..Default::default()
+        })
+        .unwrap();
+    }
+
+    let mut fast = AdsClient::connect(ts.addr, NODE, metadata()).await.unwrap();
+    fast.handshake(None).await.unwrap();
+    for i in 0..4 {
+        ts.set_mesh(|m| m.padding += 1);
+        ts.server.config_update(PushRequest::config_update([]));
+        let want = format!("v{}", i + 2);
+        for t in [
+            type_url::CLUSTER,
+            type_url::ENDPOINT,
+            type_url::LISTENER,
+            type_url::ROUTE,
+        ] {
+            let r = tokio::time::timeout(Duration::from_secs(10), fast.expect_type(t))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(r.version(), want);
+            fast.ack().unwrap();
+        }
+    }
+    // The slow proxy is still connected and got at most what fits in its stream.
+    let conns = ts.server.connections();
+    let slow_status = conns
+        .iter()
+        .find(|c| c.connection_id.starts_with("slow.default-"))
+        .unwrap();
+    assert!(
+        slow_status.watched.values().all(|w| w.version_sent != "v5"),
+        "{slow_status:?}"
+    );
+    drop(slow);
+}
