@@ -12,9 +12,9 @@ use common::{NODE_ID, gateway_yaml, services_yaml, virtual_service_yaml, workloa
 use serde_json::json;
 use test_support::ads::{AdsClient, delta::DeltaAdsClient};
 use test_support::discovery::{Discovery, DiscoveryOptions};
+use xds_api::envoy::config::core::v3::address::Address as AddressKind;
 use xds_api::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use xds_api::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
-use xds_api::envoy::config::core::v3::address::Address as AddressKind;
 use xds_api::type_url;
 
 const V1: &str = "outbound|9080|v1|reviews.default.svc.cluster.local";
@@ -25,8 +25,14 @@ async fn start() -> anyhow::Result<(tempfile::TempDir, Discovery)> {
     let p = dir.path();
     std::fs::write(p.join("gateway.yaml"), gateway_yaml(18080))?;
     std::fs::write(p.join("services.yaml"), services_yaml(19083, 19084))?;
-    std::fs::write(p.join("reviews-v1.yaml"), workload_entry_yaml("reviews-v1", "v1", 19081))?;
-    std::fs::write(p.join("reviews-v2.yaml"), workload_entry_yaml("reviews-v2", "v2", 19082))?;
+    std::fs::write(
+        p.join("reviews-v1.yaml"),
+        workload_entry_yaml("reviews-v1", "v1", 19081),
+    )?;
+    std::fs::write(
+        p.join("reviews-v2.yaml"),
+        workload_entry_yaml("reviews-v2", "v2", 19082),
+    )?;
     std::fs::write(p.join("virtual-service.yaml"), virtual_service_yaml(75))?;
     let d = Discovery::start(p, DiscoveryOptions::default()).await?;
     Ok((dir, d))
@@ -61,7 +67,12 @@ async fn router_gets_gateway_config_and_debug_endpoints_show_it() -> anyhow::Res
     let mut client = AdsClient::connect(d.grpc_addr, NODE_ID, metadata()).await?;
     let hs = client.handshake(None).await?;
     let clusters = hs.clusters.expect("clusters").names;
-    for want in [V1, V2, "outbound|9080||reviews.default.svc.cluster.local", "BlackHoleCluster"] {
+    for want in [
+        V1,
+        V2,
+        "outbound|9080||reviews.default.svc.cluster.local",
+        "BlackHoleCluster",
+    ] {
         assert!(clusters.iter().any(|c| c == want), "missing {want} in {clusters:?}");
     }
     assert_eq!(hs.listeners.expect("listeners").names, vec!["0.0.0.0_18080"]);
@@ -77,7 +88,12 @@ async fn router_gets_gateway_config_and_debug_endpoints_show_it() -> anyhow::Res
     let syncz: serde_json::Value = serde_json::from_str(&syncz)?;
     assert_eq!(syncz[0]["cds_status"], "SYNCED", "{syncz}");
     assert_eq!(syncz[0]["lds_status"], "SYNCED", "{syncz}");
-    let (status, dump) = d.get("/debug/config_dump?proxyID=istio-ingressgateway-e2e.istio-system", false).await?;
+    let (status, dump) = d
+        .get(
+            "/debug/config_dump?proxyID=istio-ingressgateway-e2e.istio-system",
+            false,
+        )
+        .await?;
     assert_eq!(status, 200, "{dump}");
     let dump: serde_json::Value = serde_json::from_str(&dump)?;
     let text = dump.to_string();
@@ -97,7 +113,11 @@ async fn router_gets_gateway_config_and_debug_endpoints_show_it() -> anyhow::Res
     assert_eq!(d.metric("pilot_virt_services").await?, 1.0);
     assert!(d.metric("pilot_xds_pushes").await? >= 4.0);
     let (_, metrics) = d.get("/metrics", true).await?;
-    for name in ["pilot_xds_push_time", "pilot_proxy_convergence_time", "pilot_debounce_time"] {
+    for name in [
+        "pilot_xds_push_time",
+        "pilot_proxy_convergence_time",
+        "pilot_debounce_time",
+    ] {
         assert!(metrics.contains(name), "{name} missing from /metrics");
     }
     let (status, version) = d.get("/version", true).await?;
@@ -127,8 +147,14 @@ async fn endpoint_only_change_pushes_only_eds() -> anyhow::Result<()> {
     let (dir, d) = start().await?;
     let mut client = AdsClient::connect(d.grpc_addr, NODE_ID, metadata()).await?;
     client.handshake(None).await?;
-    std::fs::write(dir.path().join("reviews-v2.yaml"), workload_entry_yaml("reviews-v2", "v2", 19099))?;
-    let r = client.expect_type(type_url::ENDPOINT).await.map_err(|e| e.context(d.logs()))?;
+    std::fs::write(
+        dir.path().join("reviews-v2.yaml"),
+        workload_entry_yaml("reviews-v2", "v2", 19099),
+    )?;
+    let r = client
+        .expect_type(type_url::ENDPOINT)
+        .await
+        .map_err(|e| e.context(d.logs()))?;
     client.ack()?;
     let claims = r.decode::<ClusterLoadAssignment>()?;
     let v2 = claims.iter().find(|c| c.cluster_name == V2).expect("v2 endpoints");
@@ -173,7 +199,10 @@ async fn delta_client_gets_wildcard_clusters_and_updates() -> anyhow::Result<()>
     // Removing the DestinationRule removes the subset clusters.
     std::fs::write(
         dir.path().join("services.yaml"),
-        services_yaml(19083, 19084).split("---\napiVersion: networking.istio.io/v1\nkind: DestinationRule").next().unwrap_or_default(),
+        services_yaml(19083, 19084)
+            .split("---\napiVersion: networking.istio.io/v1\nkind: DestinationRule")
+            .next()
+            .unwrap_or_default(),
     )?;
     let r = client.recv_ack().await.map_err(|e| e.context(d.logs()))?;
     assert!(r.removed().iter().any(|n| n == V1), "removed {:?}", r.removed());

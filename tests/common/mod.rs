@@ -53,26 +53,7 @@ impl GatewayMesh {
         let dir = tempfile::tempdir()?;
         write_mesh_config(dir.path(), gateway_port, &backends)?;
         let discovery = Discovery::start(dir.path(), DiscoveryOptions::default()).await?;
-        let metadata = json!({
-            "NAMESPACE": "istio-system",
-            "LABELS": {"istio": "ingressgateway", "app": "istio-ingressgateway"},
-            "CLUSTER_ID": "Kubernetes",
-            "ISTIO_VERSION": "1.28.0",
-        });
-        let mut bootstrap = AdsBootstrap::new(
-            NODE_ID,
-            "istio-ingressgateway.istio-system",
-            metadata,
-            discovery.grpc_addr,
-        );
-        if ads == Ads::Delta {
-            bootstrap = bootstrap.delta();
-        }
-        let envoy = Envoy::start(bootstrap.build()).await?;
-        envoy
-            .wait_ready(Duration::from_secs(20))
-            .await
-            .with_context(|| discovery.logs())?;
+        let envoy = start_gateway_envoy(&discovery, ads).await?;
         let mesh = GatewayMesh {
             dir,
             backends,
@@ -328,4 +309,30 @@ fn write_mesh_config(dir: &Path, gateway_port: u16, backends: &BTreeMap<&'static
     )?;
     std::fs::write(dir.join("virtual-service.yaml"), virtual_service_yaml(75))?;
     Ok(())
+}
+
+/// A real Envoy as the ingress gateway (node `NODE_ID`, labels `istio=ingressgateway`) on
+/// `discovery`'s ADS, once it is LIVE.
+pub async fn start_gateway_envoy(discovery: &Discovery, ads: Ads) -> anyhow::Result<Envoy> {
+    let metadata = json!({
+        "NAMESPACE": "istio-system",
+        "LABELS": {"istio": "ingressgateway", "app": "istio-ingressgateway"},
+        "CLUSTER_ID": "Kubernetes",
+        "ISTIO_VERSION": "1.28.0",
+    });
+    let mut bootstrap = AdsBootstrap::new(
+        NODE_ID,
+        "istio-ingressgateway.istio-system",
+        metadata,
+        discovery.grpc_addr,
+    );
+    if ads == Ads::Delta {
+        bootstrap = bootstrap.delta();
+    }
+    let envoy = Envoy::start(bootstrap.build()).await?;
+    envoy
+        .wait_ready(Duration::from_secs(20))
+        .await
+        .with_context(|| discovery.logs())?;
+    Ok(envoy)
 }

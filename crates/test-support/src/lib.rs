@@ -8,3 +8,4 @@ pub mod bootstrap;
 pub mod discovery;
 pub mod envoy;
 pub mod ports;
+pub mod tls;

@@ -1,0 +1,257 @@
+//! End-to-end: HTTPS on an Istio Gateway with a real Envoy fed by a real pilot-discovery. A SIMPLE
+//! server terminates TLS with certificate files issued by a test CA and serves only its SNI; an HTTP
+//! server with `httpsRedirect` answers 301 to https; a VirtualService change moves HTTPS traffic
+//! without a restart. Envoy accepts everything (update_rejected 0, no NACKs counted by pilot).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use common::{Ads, GatewayMesh, HOST, services_yaml, start_gateway_envoy, virtual_service_yaml, workload_entry_yaml};
+use test_support::backend::{Backend, HttpResponse};
+use test_support::discovery::{Discovery, DiscoveryOptions};
+use test_support::ports::free_port;
+use test_support::tls::{CertFiles, HttpsClient, IssuedCert, TestCa};
+
+/// The gateway of `common` with an HTTPS server on `https_port` terminating TLS with `files`, and
+/// an HTTP server on `http_port` that only redirects to https.
+fn tls_gateway_yaml(https_port: u16, http_port: u16, files: &CertFiles) -> String {
+    format!(
+        r#"apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {{name: bookinfo-gateway, namespace: default}}
+spec:
+  selector: {{istio: ingressgateway}}
+  servers:
+  - port: {{number: {https_port}, name: https, protocol: HTTPS}}
+    name: bookinfo-https
+    hosts: ["{HOST}"]
+    tls:
+      mode: SIMPLE
+      serverCertificate: {cert:?}
+      privateKey: {key:?}
+  - port: {{number: {http_port}, name: http, protocol: HTTP}}
+    hosts: ["{HOST}"]
+    tls: {{httpsRedirect: true}}
+"#,
+        cert = files.cert.display().to_string(),
+        key = files.key.display().to_string(),
+    )
+}
+
+/// `common`'s mesh (its `gateway_port` is the redirecting HTTP server) plus the HTTPS side.
+struct TlsMesh {
+    mesh: GatewayMesh,
+    https_addr: SocketAddr,
+    client: HttpsClient,
+    server_cert: IssuedCert,
+    _certs: tempfile::TempDir,
+}
+
+impl TlsMesh {
+    async fn start() -> anyhow::Result<TlsMesh> {
+        let ca = TestCa::new("pilot-rs e2e root")?;
+        let server_cert = ca.issue_server(&[HOST])?;
+        let certs = tempfile::tempdir()?;
+        let files = server_cert.write(certs.path(), "bookinfo")?;
+
+        let mut backends = BTreeMap::new();
+        for name in ["reviews-v1", "reviews-v2", "ratings", "slow"] {
+            backends.insert(name, Backend::start(name).await?);
+        }
+        let (https_port, http_port) = (free_port(), free_port());
+        let dir = tempfile::tempdir()?;
+        let write = |file: &str, yaml: String| std::fs::write(dir.path().join(file), yaml);
+        write("gateway.yaml", tls_gateway_yaml(https_port, http_port, &files))?;
+        write(
+            "services.yaml",
+            services_yaml(backends["ratings"].port(), backends["slow"].port()),
+        )?;
+        for (name, version) in [("reviews-v1", "v1"), ("reviews-v2", "v2")] {
+            write(
+                &format!("{name}.yaml"),
+                workload_entry_yaml(name, version, backends[name].port()),
+            )?;
+        }
+        // All of /reviews to v1 first.
+        write("virtual-service.yaml", virtual_service_yaml(100))?;
+
+        let discovery = Discovery::start(dir.path(), DiscoveryOptions::default()).await?;
+        let envoy = start_gateway_envoy(&discovery, Ads::Sotw).await?;
+        let tls = TlsMesh {
+            mesh: GatewayMesh {
+                dir,
+                backends,
+                discovery,
+                envoy,
+                gateway_port: http_port,
+            },
+            https_addr: SocketAddr::from(([127, 0, 0, 1], https_port)),
+            client: HttpsClient::trusting(&ca)?,
+            server_cert,
+            _certs: certs,
+        };
+        tls.wait_for_backend("reviews-v1", 1).await?;
+        Ok(tls)
+    }
+
+    /// GET `path` for `bookinfo.example.com` over TLS (SNI and Host both the gateway host).
+    async fn get(&self, path: &str, headers: &[(&str, &str)]) -> anyhow::Result<HttpResponse> {
+        self.client.get(self.https_addr, HOST, HOST, path, headers).await
+    }
+
+    /// Polls HTTPS /reviews until `n` answers in a row come from `backend`.
+    async fn wait_for_backend(&self, backend: &str, n: usize) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let mut in_a_row = 0;
+        while in_a_row < n {
+            let answer = self.get("/reviews", &[]).await;
+            let who = match &answer {
+                Ok(r) if r.status == 200 => r.json().ok().and_then(|v| v["backend"].as_str().map(str::to_owned)),
+                _ => None,
+            };
+            if who.as_deref() == Some(backend) {
+                in_a_row += 1;
+                continue;
+            }
+            in_a_row = 0;
+            if Instant::now() > deadline {
+                bail!(
+                    "https /reviews not routed to {backend} within 15s; last: {answer:?}\n--- pilot-discovery log ---\n{}\n--- envoy log ---\n{}",
+                    self.mesh.discovery.logs(),
+                    self.mesh.envoy.log_tail()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
+    /// Envoy's count of connections to the HTTPS listener that matched no filter chain.
+    async fn no_filter_chain_match(&self) -> anyhow::Result<u64> {
+        let stat = format!("listener.0.0.0.0_{}.no_filter_chain_match", self.https_addr.port());
+        Ok(self.mesh.envoy.stats().await?.get(&stat).copied().unwrap_or(0))
+    }
+}
+
+#[tokio::test]
+async fn https_server_terminates_tls_for_its_sni_and_http_redirects() -> anyhow::Result<()> {
+    let tls = TlsMesh::start().await?;
+
+    // Envoy serves the certificate from the files, negotiates HTTP/1.1 and routes to the backend.
+    let stream = tls.client.connect(tls.https_addr, HOST).await?;
+    let session = stream.get_ref().1;
+    assert_eq!(
+        session.peer_certificates().unwrap_or_default(),
+        std::slice::from_ref(&tls.server_cert.cert_der)
+    );
+    assert_eq!(session.alpn_protocol(), Some(&b"http/1.1"[..]));
+    drop(stream);
+    let r = tls.get("/reviews", &[("x-test", "tls")]).await?;
+    assert_eq!(r.status, 200, "{r:?}");
+    let echo = r.json()?;
+    assert_eq!(echo["backend"], "reviews-v1");
+    assert_eq!(echo["path"], "/reviews");
+    let seen = tls
+        .mesh
+        .backend("reviews-v1")
+        .last()
+        .context("reviews-v1 got the request")?;
+    assert_eq!(seen.host, HOST);
+    assert_eq!(seen.header("x-test"), Some("tls"));
+    assert_eq!(seen.header("x-forwarded-proto"), Some("https"), "{seen:?}");
+    // The other routes of the VirtualService apply on the HTTPS server too.
+    let r = tls.get("/ratings/7", &[]).await?;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(
+        tls.mesh
+            .backend("ratings")
+            .last()
+            .context("ratings got the request")?
+            .path,
+        "/v1/ratings/7"
+    );
+
+    // An SNI the server does not list matches no filter chain: no certificate, no handshake.
+    let before = tls.no_filter_chain_match().await?;
+    let err = tls
+        .client
+        .connect(tls.https_addr, "other.example.com")
+        .await
+        .err()
+        .context("a handshake for other.example.com succeeded")?;
+    let err = format!("{err:#}");
+    assert!(
+        !err.contains("invalid peer certificate"),
+        "Envoy served a certificate: {err}"
+    );
+    tls.mesh
+        .envoy
+        .wait_for_stat(
+            &format!("listener.0.0.0.0_{}.no_filter_chain_match", tls.https_addr.port()),
+            |v| v > before,
+            Duration::from_secs(5),
+        )
+        .await?;
+
+    // Plaintext on the HTTP server is redirected to https, and never reaches a backend.
+    let requests_before = tls.mesh.backend("reviews-v1").count();
+    let r = tls.mesh.get("/reviews?x=1", &[]).await?;
+    assert_eq!(r.status, 301, "{r:?}");
+    assert_eq!(r.header("location"), Some("https://bookinfo.example.com/reviews?x=1"));
+    assert_eq!(tls.mesh.backend("reviews-v1").count(), requests_before);
+
+    tls.mesh.assert_no_rejects().await
+}
+
+#[tokio::test]
+async fn https_traffic_follows_a_virtual_service_change() -> anyhow::Result<()> {
+    let tls = TlsMesh::start().await?;
+    for _ in 0..5 {
+        let r = tls.get("/reviews", &[]).await?;
+        assert_eq!(r.json()?["backend"], "reviews-v1", "{r:?}");
+    }
+    let listeners_before = tls
+        .mesh
+        .envoy
+        .stats()
+        .await?
+        .get("listener_manager.listener_modified")
+        .copied();
+
+    // All of /reviews to v2 now.
+    tls.mesh.write("virtual-service.yaml", &virtual_service_yaml(0))?;
+    tls.wait_for_backend("reviews-v2", 10).await?;
+    for _ in 0..20 {
+        let r = tls.get("/reviews", &[]).await?;
+        assert_eq!(r.json()?["backend"], "reviews-v2", "{r:?}");
+    }
+    // The header route still wins over the split, on TLS as on plaintext.
+    let r = tls.get("/reviews", &[("end-user", "jason")]).await?;
+    assert_eq!(r.json()?["backend"], "reviews-v2");
+
+    // Same Envoy, same TLS listener: only the routes changed.
+    assert!(tls.mesh.envoy.exit_status().is_none(), "envoy exited");
+    let stats = tls.mesh.envoy.stats().await?;
+    let https_rds_updates: u64 = stats
+        .iter()
+        .filter(|(k, _)| k.starts_with("http.bookinfo-https.rds.") && k.ends_with("update_success"))
+        .map(|(_, v)| *v)
+        .sum();
+    ensure!(
+        https_rds_updates >= 2,
+        "expected a second RDS update on the HTTPS chain; stats: {:?}",
+        stats.iter().filter(|(k, _)| k.contains(".rds.")).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        stats.get("listener_manager.listener_modified").copied(),
+        listeners_before,
+        "a route change must not replace the listeners"
+    );
+    // The redirect server is untouched.
+    assert_eq!(tls.mesh.get("/reviews", &[]).await?.status, 301);
+    tls.mesh.assert_no_rejects().await
+}
