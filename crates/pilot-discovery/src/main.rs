@@ -10,6 +10,7 @@ mod logging;
 mod metrics;
 mod pipeline;
 mod request;
+mod secure;
 mod server;
 mod settings;
 mod validate;

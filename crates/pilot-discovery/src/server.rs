@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use model::MeshConfig;
@@ -39,6 +40,14 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     let secure_grpc_addr = parse_listen_addr("secureGrpcAddr", &args.secure_grpc_addr)?;
     let http_addr = parse_listen_addr("httpAddr", &args.http_addr)?;
     let monitoring_addr = parse_listen_addr("monitoringAddr", &args.monitoring_addr)?;
+    let max_connection_age = model::duration::parse(&args.keepalive_max_server_connection_age)
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "--keepaliveMaxServerConnectionAge: {:?} is not a positive duration (e.g. 30m)",
+                args.keepalive_max_server_connection_age
+            )
+        })?;
     let mesh = Arc::new(load_mesh_config(&args.mesh_config)?);
     tracing::info!(?settings, domain = %args.domain, cluster_id = %args.cluster_id, "starting pilot-discovery");
 
@@ -91,8 +100,9 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     if let Some(addr) = grpc_addr {
         let listener = bind(addr, "grpcAddr").await?;
         let svc = server.ads_service();
+        let mut builder = grpc_server(max_connection_age);
         tasks.spawn(async move {
-            tonic::transport::Server::builder()
+            builder
                 .add_service(svc)
                 .serve_with_incoming(TcpListenerStream::new(listener))
                 .await
@@ -101,7 +111,9 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         tracing::info!(%addr, "xDS (plaintext) listening");
     }
     if let Some(addr) = secure_grpc_addr {
-        tracing::warn!(%addr, "--secureGrpcAddr: TLS xDS needs the mesh CA, which is not in this release; not listening");
+        let secure = crate::secure::SecureGrpc::init(addr, &mesh, &settings.pod_namespace, |k| std::env::var(k).ok())?;
+        let listener = bind(addr, "secureGrpcAddr").await?;
+        tasks.spawn(secure.serve(grpc_server(max_connection_age), listener, server.ads_service()));
     }
     for (addr, flag, router) in [
         (http_addr, "httpAddr", debug_router(state.clone())),
@@ -149,6 +161,17 @@ fn event_name(e: &config_sources::ConfigEvent) -> &'static str {
         config_sources::ConfigEvent::Updated { .. } => "updated",
         config_sources::ConfigEvent::Deleted(_) => "deleted",
     }
+}
+
+/// A gRPC server with istiod's keepalive settings: a ping every 30s answered within 10s, and a
+/// maximum connection age (`--keepaliveMaxServerConnectionAge`) with 10s grace, after which
+/// proxies reconnect and spread over the replicas.
+fn grpc_server(max_connection_age: Duration) -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .max_connection_age(max_connection_age)
+        .max_connection_age_grace(Duration::from_secs(10))
 }
 
 async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<TcpListener> {

@@ -53,8 +53,6 @@ impl Discovery {
             .arg(http_addr.to_string())
             .arg("--monitoringAddr")
             .arg(monitoring_addr.to_string())
-            .arg("--secureGrpcAddr")
-            .arg("")
             .args(&opts.args)
             .env("PILOT_DEBOUNCE_AFTER", "20ms")
             .envs(opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -62,6 +60,10 @@ impl Discovery {
             .stdout(log.try_clone()?)
             .stderr(log)
             .kill_on_drop(true);
+        // No TLS port unless the test asks for one.
+        if !opts.args.iter().any(|a| a.starts_with("--secureGrpcAddr")) {
+            cmd.args(["--secureGrpcAddr", ""]);
+        }
         let child = cmd.spawn().with_context(|| format!("starting {}", bin.display()))?;
         let mut d = Discovery {
             child,

@@ -1,0 +1,156 @@
+//! The real `pilot-discovery discovery` binary with `--secureGrpcAddr`: xDS over TLS with the
+//! mesh root from `ROOT_CA_DIR`, the same root after a restart, and startup errors that name the
+//! flag and the file and exit non-zero.
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use xds_api::envoy::config::cluster::v3::Cluster;
+use xds_api::envoy::config::core::v3::Node;
+use xds_api::envoy::service::discovery::v3::DiscoveryRequest;
+use xds_api::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use xds_api::type_url;
+
+const NODE_ID: &str = "router~127.0.0.1~gw.istio-system~istio-system.svc.cluster.local";
+
+/// pilot-discovery with only the secure gRPC port, in `work` (its working directory).
+fn command(work: &Path, ca_dir: &Path, secure_addr: &str) -> Command {
+    let config_dir = work.join("config");
+    std::fs::create_dir_all(&config_dir).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pilot-discovery"));
+    cmd.arg("discovery")
+        .arg("--configDir")
+        .arg(&config_dir)
+        .args(["--grpcAddr", "", "--httpAddr", "", "--monitoringAddr", ""])
+        .args(["--secureGrpcAddr", secure_addr])
+        .env("ROOT_CA_DIR", ca_dir)
+        .current_dir(work)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn tls_channel(addr: SocketAddr, root_pem: &str) -> anyhow::Result<Channel> {
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(root_pem))
+        .domain_name("istiod.istio-system.svc");
+    Ok(Endpoint::from_shared(format!("https://{addr}"))?
+        .tls_config(tls)?
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await?)
+}
+
+/// Waits until the process serves TLS that `root-cert.pem` of `ca_dir` verifies.
+async fn wait_serving(child: &mut Child, addr: SocketAddr, ca_dir: &Path) -> Channel {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("pilot-discovery exited with {status} before serving");
+        }
+        if let Ok(root) = std::fs::read_to_string(ca_dir.join("root-cert.pem"))
+            && let Ok(ch) = tls_channel(addr, &root).await
+        {
+            return ch;
+        }
+        assert!(Instant::now() < deadline, "no TLS xDS on {addr} after 30s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Cluster names of the first CDS response to a router.
+async fn cds(channel: Channel) -> Vec<String> {
+    let mut client = AggregatedDiscoveryServiceClient::new(channel);
+    let (tx, rx) = mpsc::unbounded_channel();
+    tx.send(DiscoveryRequest {
+        node: Some(Node {
+            id: NODE_ID.into(),
+            ..Default::default()
+        }),
+        type_url: type_url::CLUSTER.into(),
+        ..Default::default()
+    })
+    .unwrap();
+    let mut inbound = client
+        .stream_aggregated_resources(UnboundedReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let resp = tokio::time::timeout(Duration::from_secs(10), inbound.message())
+        .await
+        .expect("a CDS response within 10s")
+        .unwrap()
+        .expect("stream open");
+    assert_eq!(resp.type_url, type_url::CLUSTER);
+    resp.resources
+        .iter()
+        .map(|a| <Cluster as prost::Message>::decode(a.value.as_slice()).unwrap().name)
+        .collect()
+}
+
+#[tokio::test]
+async fn tls_xds_with_a_root_that_survives_restarts() {
+    let work = tempfile::tempdir().unwrap();
+    let ca_dir = work.path().join("cacerts");
+    let addr: SocketAddr = ([127, 0, 0, 1], test_support::ports::free_port()).into();
+
+    let mut first = command(work.path(), &ca_dir, &addr.to_string()).spawn().unwrap();
+    let channel = wait_serving(&mut first, addr, &ca_dir).await;
+    assert!(cds(channel).await.iter().any(|c| c == "BlackHoleCluster"));
+    let root = std::fs::read_to_string(ca_dir.join("root-cert.pem")).unwrap();
+    assert!(ca_dir.join("istio-generated").exists());
+    first.kill().await.unwrap();
+
+    let mut second = command(work.path(), &ca_dir, &addr.to_string()).spawn().unwrap();
+    let channel = wait_serving(&mut second, addr, &ca_dir).await;
+    assert_eq!(std::fs::read_to_string(ca_dir.join("root-cert.pem")).unwrap(), root);
+    // A client that kept the first start's root still trusts the restarted istiod.
+    drop(channel);
+    let channel = tls_channel(addr, &root).await.unwrap();
+    assert!(cds(channel).await.iter().any(|c| c == "BlackHoleCluster"));
+}
+
+async fn failed_start(cmd: &mut Command) -> String {
+    let out = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+        .await
+        .expect("pilot-discovery exits")
+        .unwrap();
+    assert!(!out.status.success(), "pilot-discovery should fail");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn port_in_use_names_the_flag() {
+    let work = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let stderr = failed_start(&mut command(work.path(), &work.path().join("cacerts"), &addr)).await;
+    assert!(
+        stderr.contains("--secureGrpcAddr") && stderr.contains("port in use"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn incomplete_ca_dir_names_the_dir_and_missing_files() {
+    let work = tempfile::tempdir().unwrap();
+    let ca_dir = work.path().join("cacerts");
+    std::fs::create_dir_all(&ca_dir).unwrap();
+    std::fs::write(ca_dir.join("ca-key.pem"), "not a key").unwrap();
+    let stderr = failed_start(&mut command(work.path(), &ca_dir, "127.0.0.1:0")).await;
+    let dir = ca_dir.display().to_string();
+    assert!(stderr.contains("--secureGrpcAddr") && stderr.contains(&dir), "{stderr}");
+    assert!(
+        stderr.contains("ca-cert.pem, root-cert.pem, cert-chain.pem"),
+        "{stderr}"
+    );
+}
