@@ -77,15 +77,10 @@ async fn version() -> String {
 }
 
 async fn metrics(State(s): State<AppState>) -> Response {
-    let mut out = String::new();
-    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &s.registry) {
-        return (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics: {e}\n")).into_response();
+    match monitoring::render(&s.registry) {
+        Ok(text) => ([(header::CONTENT_TYPE, monitoring::TEXT_CONTENT_TYPE)], text).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics: {e}\n")).into_response(),
     }
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-        crate::exposition::istio_text(&out),
-    )
-        .into_response()
 }
 
 /// Istio's adsz: every connected proxy and what it watches.

@@ -4,7 +4,6 @@
 
 mod args;
 mod clock;
-mod exposition;
 mod http;
 mod logging;
 mod metrics;

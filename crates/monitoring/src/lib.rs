@@ -1,10 +1,24 @@
-//! Istio's metric exposition. prometheus-client writes OpenMetrics, where a counter's samples are
+//! Istio's metric exposition, shared by pilot-discovery and pilot-agent. prometheus-client writes OpenMetrics, where a counter's samples are
 //! `<name>_total`; istiod exports counters without that suffix (its OpenTelemetry exporter runs
 //! with `WithoutCounterSuffixes` to stay compatible with OpenCensus-era dashboards), so
 //! `pilot_xds_pushes{type="cds"}` is what Istio users query. This rewrites OpenMetrics text into
 //! the Prometheus text format with Istio's names.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashSet;
+
+use prometheus_client::registry::Registry;
+
+/// Content type of [`render`]'s output: the Prometheus text format.
+pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// A registry in the Prometheus text format with Istio's metric names.
+pub fn render(registry: &Registry) -> Result<String, std::fmt::Error> {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, registry)?;
+    Ok(istio_text(&out))
+}
 
 pub fn istio_text(openmetrics: &str) -> String {
     let counters: HashSet<&str> = openmetrics
@@ -15,6 +29,11 @@ pub fn istio_text(openmetrics: &str) -> String {
     let mut out = String::with_capacity(openmetrics.len());
     for line in openmetrics.lines() {
         if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix("# TYPE ").and_then(|l| l.strip_suffix(" unknown")) {
+            // OpenMetrics' `unknown` is the text format's `untyped`.
+            out.push_str(&format!("# TYPE {name} untyped\n"));
             continue;
         }
         let rewritten = if line.starts_with('#') {
