@@ -293,7 +293,11 @@ spec:
     )
 }
 
-fn write_mesh_config(dir: &Path, gateway_port: u16, backends: &BTreeMap<&'static str, Backend>) -> anyhow::Result<()> {
+pub fn write_mesh_config(
+    dir: &Path,
+    gateway_port: u16,
+    backends: &BTreeMap<&'static str, Backend>,
+) -> anyhow::Result<()> {
     std::fs::write(dir.join("gateway.yaml"), gateway_yaml(gateway_port))?;
     std::fs::write(
         dir.join("services.yaml"),

@@ -70,4 +70,12 @@ mod tests {
         assert!(!text.contains("# EOF"));
         assert!(!text.contains("_total{"));
     }
+
+    #[test]
+    fn unknown_type_is_untyped_and_units_are_dropped() {
+        assert_eq!(
+            istio_text("# TYPE a unknown\n# UNIT a seconds\na 1\n# EOF\n"),
+            "# TYPE a untyped\na 1\n"
+        );
+    }
 }

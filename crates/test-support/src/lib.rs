@@ -2,6 +2,7 @@
 //! every response, real Envoy processes on loopback, and loopback HTTP backends.
 #![forbid(unsafe_code)]
 pub mod ads;
+pub mod agent;
 pub mod backend;
 pub mod bin;
 pub mod bootstrap;

@@ -1,0 +1,267 @@
+//! Builds the [`AgentConfig`] in Istio's order: pod files, the effective ProxyConfig, the proxy's
+//! identity (node ID, IPs, domain), then agent settings and the node metadata that carries them.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::env::{Env, Files, Vars, xds_headers};
+use super::metadata::{self, TypedMetadata};
+use super::{
+    AgentConfig, AgentPaths, BOOTSTRAP_FILE, ConfigError, DnsConfig, DrainConfig, LogConfig, POD_ANNOTATIONS_PATH,
+    POD_LABELS_PATH, ProxyArgs, WORKLOAD_IDENTITY_DIR, proxy_config,
+};
+
+/// Istio's `math.MaxInt32`: no global downstream connection limit.
+const UNLIMITED_CONNECTIONS: u32 = i32::MAX as u32;
+
+pub(super) fn build(args: &ProxyArgs, env: &dyn Env, files: &dyn Files) -> Result<AgentConfig, ConfigError> {
+    let pod_labels_path = PathBuf::from(POD_LABELS_PATH);
+    let pod_annotations_path = PathBuf::from(POD_ANNOTATIONS_PATH);
+    let annotations = read_pod_info(files, &pod_annotations_path)?.unwrap_or_default();
+    let pod_labels = read_pod_info(files, &pod_labels_path)?;
+
+    let vars = Vars::new(env);
+    let (mesh_config, mut proxy) = proxy_config::construct(&args.mesh_config, &vars, files, &annotations)?;
+    // From here on, settings an injector would have put in env may also come from proxyMetadata.
+    let vars = Vars::new(env).with_proxy_metadata(&proxy.proxy_metadata);
+
+    // Concurrency: ProxyConfig, else ISTIO_CPU_LIMIT, and the legacy flag wins when set.
+    if proxy.concurrency.is_none() {
+        let cpu_limit = vars.u32("ISTIO_CPU_LIMIT", 0)?;
+        if cpu_limit > 0 {
+            proxy.concurrency = Some(cpu_limit);
+        }
+    }
+    if args.concurrency != 0 {
+        proxy.concurrency = Some(args.concurrency);
+    }
+    if proxy.service_cluster.is_empty() {
+        proxy.service_cluster = args.service_cluster.clone();
+    }
+
+    let pod_name = vars
+        .get("POD_NAME")
+        .or_else(|| vars.get("HOSTNAME"))
+        .ok_or(ConfigError::MissingEnv {
+            var: "POD_NAME",
+            hint: "the workload's name; Kubernetes sets it from metadata.name",
+        })?;
+    let pod_namespace = vars.get("POD_NAMESPACE").ok_or(ConfigError::MissingEnv {
+        var: "POD_NAMESPACE",
+        hint: "the workload's namespace; Kubernetes sets it from metadata.namespace",
+    })?;
+    for (var, value) in [("POD_NAME", &pod_name), ("POD_NAMESPACE", &pod_namespace)] {
+        if value.contains('~') || value.contains(char::is_whitespace) {
+            return Err(ConfigError::env(
+                var,
+                value,
+                "must not contain '~' or spaces (it is part of the node ID)",
+            ));
+        }
+    }
+    let instance_ips = match vars.ip("INSTANCE_IP")? {
+        Some(ip) => vec![ip],
+        None => vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
+    };
+    let domain = if args.domain.is_empty() {
+        format!("{pod_namespace}.svc.cluster.local")
+    } else {
+        args.domain.clone()
+    };
+    let node_id = format!(
+        "{}~{}~{pod_name}.{pod_namespace}~{domain}",
+        args.proxy_type.as_str(),
+        instance_ips[0]
+    );
+
+    let drain = DrainConfig {
+        drain_duration: duration_field("drainDuration", &proxy.drain_duration)?,
+        termination_drain_duration: duration_field("terminationDrainDuration", &proxy.termination_drain_duration)?,
+        minimum_drain_duration: vars.duration("MINIMUM_DRAIN_DURATION", Duration::from_secs(5))?,
+        exit_on_zero_active_connections: vars.bool("EXIT_ON_ZERO_ACTIVE_CONNECTIONS", false)?,
+    };
+    let dns = DnsConfig {
+        capture: vars.bool("ISTIO_META_DNS_CAPTURE", false)?,
+        auto_allocate: vars.bool("ISTIO_META_DNS_AUTO_ALLOCATE", false)?,
+        at_gateway: vars.bool("ISTIO_META_ENABLE_DNS_SERVER", false)?,
+        proxy_addr: vars.string("DNS_PROXY_ADDR", "localhost:15053"),
+        forward_parallel: vars.bool("DNS_FORWARD_PARALLEL", false)?,
+    };
+    if !proxy_config::has_port(&dns.proxy_addr) {
+        return Err(ConfigError::env("DNS_PROXY_ADDR", &dns.proxy_addr, "not host:port"));
+    }
+
+    let config_path = PathBuf::from(&proxy.config_path);
+    let workload_identity_socket_file = vars.string("WORKLOAD_IDENTITY_SOCKET_FILE", "socket");
+    if workload_identity_socket_file.contains('/') {
+        return Err(ConfigError::env(
+            "WORKLOAD_IDENTITY_SOCKET_FILE",
+            &workload_identity_socket_file,
+            "must be a file name, not a path",
+        ));
+    }
+    let custom_config_file = Some(proxy.custom_config_file.clone())
+        .filter(|f| !f.is_empty())
+        .map(PathBuf::from);
+    let template_file = match vars.get("ISTIO_BOOTSTRAP") {
+        Some(over) => Some(PathBuf::from(over)),
+        None => args.template_file.clone(),
+    };
+    if let Some(t) = &template_file
+        && t.as_os_str().is_empty()
+    {
+        return Err(ConfigError::Flag {
+            flag: "templateFile",
+            value: String::new(),
+            reason: "empty path".into(),
+        });
+    }
+    let paths = AgentPaths {
+        bootstrap: config_path.join(BOOTSTRAP_FILE),
+        xds_uds: vars
+            .get("XDS_UDS_PATH")
+            .map_or_else(|| config_path.join("XDS"), PathBuf::from),
+        sds_uds: vars.get("SDS_UDS_PATH").map_or_else(
+            || Path::new(WORKLOAD_IDENTITY_DIR).join(&workload_identity_socket_file),
+            PathBuf::from,
+        ),
+        config_path,
+        workload_identity_socket_file,
+        custom_config_file,
+        template_file,
+        mesh_config: args.mesh_config.clone(),
+        pod_labels: pod_labels_path,
+        pod_annotations: pod_annotations_path,
+    };
+
+    let static_labels = metadata::labels_from_env(&vars)?;
+    let mut labels = metadata::merge_labels(&static_labels, pod_labels);
+    let locality = metadata::locality(&mut labels);
+    let raw = metadata::raw_metadata(&vars, &proxy)?;
+    let workload_name = raw.get("WORKLOAD_NAME").and_then(|v| v.as_str()).unwrap_or_default();
+    let service_cluster = metadata::service_cluster(&proxy, &labels, workload_name, &pod_namespace);
+    let pilot_san = if proxy.control_plane_auth_policy == "MUTUAL_TLS" {
+        vec![metadata::pilot_san(&proxy.discovery_address)]
+    } else {
+        Vec::new()
+    };
+    let outlier_log_path = Some(args.outlier_log_path.clone()).filter(|p| !p.is_empty());
+    let envoy_status_port = vars.port("ENVOY_STATUS_PORT", 15021)?;
+    let envoy_prometheus_port = vars.port("ENVOY_PROMETHEUS_PORT", 15090)?;
+    let service_account = vars.get("SERVICE_ACCOUNT").unwrap_or_default();
+    let global_downstream_max_connections = global_downstream_max_connections(&proxy)?;
+
+    let metadata = TypedMetadata {
+        namespace: &pod_namespace,
+        pod_name: &pod_name,
+        service_account: &service_account,
+        labels: &labels,
+        static_labels: &static_labels,
+        annotations: &annotations,
+        instance_ips: &instance_ips,
+        proxy_config: &proxy,
+        pilot_san: &pilot_san,
+        outlier_log_path: outlier_log_path.as_deref(),
+        envoy_status_port,
+        envoy_prometheus_port,
+        sts_port: args.sts_port,
+        exit_on_zero_active_connections: drain.exit_on_zero_active_connections,
+        workload_identity_socket_file: &paths.workload_identity_socket_file,
+    }
+    .into_json(raw);
+
+    let discovery_address = proxy.discovery_address.clone();
+    Ok(AgentConfig {
+        node_type: args.proxy_type,
+        node_id,
+        service_cluster,
+        locality,
+        metadata,
+        service_account,
+        instance_ips,
+        domain,
+        cluster_id: vars.get("ISTIO_META_CLUSTER_ID").unwrap_or_default(),
+        trust_domain: vars
+            .get("TRUST_DOMAIN")
+            .unwrap_or_else(|| mesh_config.trust_domain.clone()),
+        labels,
+        annotations,
+        ca_address: vars.get("CA_ADDR").unwrap_or_else(|| discovery_address.clone()),
+        discovery_address,
+        pilot_san,
+        istiod_san: vars.get("ISTIOD_SAN"),
+        xds_root_ca: vars.get("XDS_ROOT_CA"),
+        xds_headers: xds_headers(&vars)?,
+        delta_xds: vars.bool("ISTIO_DELTA_XDS", true)?,
+        paths,
+        log: LogConfig {
+            proxy_log_level: args.proxy_log_level.clone(),
+            proxy_component_log_level: args.proxy_component_log_level.clone(),
+            output_level: args.log_output_level.clone(),
+            as_json: args.log_as_json,
+        },
+        concurrency: proxy.concurrency,
+        proxy_admin_port: proxy.proxy_admin_port,
+        status_port: proxy.status_port,
+        envoy_status_port,
+        envoy_prometheus_port,
+        sts_port: args.sts_port,
+        drain,
+        dns,
+        outlier_log_path,
+        global_downstream_max_connections,
+        pod_name,
+        pod_namespace,
+        mesh_config,
+        proxy_config: proxy,
+    })
+}
+
+fn read_pod_info(files: &dyn Files, path: &Path) -> Result<Option<BTreeMap<String, String>>, ConfigError> {
+    let text = files.read(path).map_err(|source| ConfigError::File {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    text.map(|t| metadata::parse_downward_api(&t))
+        .transpose()
+        .map_err(|reason| ConfigError::PodInfo {
+            path: path.to_path_buf(),
+            reason,
+        })
+}
+
+fn duration_field(field: &'static str, value: &str) -> Result<Duration, ConfigError> {
+    model::duration::parse(value).ok_or_else(|| ConfigError::ProxyConfig {
+        source_name: "effective ProxyConfig",
+        reason: format!("{field}: {value:?} is not a duration"),
+    })
+}
+
+/// Istio's precedence: `connectionSettings.globalDownstreamConnectionLimit`, then the
+/// `ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS` proxyMetadata, then the deprecated runtime value.
+fn global_downstream_max_connections(proxy: &model::mesh::ProxyConfig) -> Result<u32, ConfigError> {
+    let limit = proxy
+        .extra
+        .get("connectionSettings")
+        .and_then(|c| c.get("globalDownstreamConnectionLimit"))
+        .and_then(|v| v.as_u64().or_else(|| v.as_str()?.parse().ok()))
+        .filter(|v| *v > 0);
+    if let Some(limit) = limit {
+        return Ok(u32::try_from(limit).unwrap_or(UNLIMITED_CONNECTIONS));
+    }
+    if let Some(v) = proxy.proxy_metadata.get("ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS") {
+        return v.trim().parse().map_err(|_| ConfigError::ProxyConfig {
+            source_name: "effective ProxyConfig",
+            reason: format!("proxyMetadata.ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS: {v:?} is not a number"),
+        });
+    }
+    let runtime = proxy
+        .extra
+        .get("runtimeValues")
+        .and_then(|r| r.get("overload.global_downstream_max_connections"))
+        .and_then(|v| v.as_str())
+        .and_then(|v| v.trim().parse().ok());
+    Ok(runtime.unwrap_or(UNLIMITED_CONNECTIONS))
+}

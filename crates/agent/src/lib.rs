@@ -1,0 +1,14 @@
+//! pilot-agent: the agent beside every Envoy. It builds the node identity, writes Envoy's
+//! bootstrap, runs and drains Envoy, proxies xDS between Envoy (Unix socket) and pilot-discovery,
+//! and serves readiness and merged stats.
+#![forbid(unsafe_code)]
+
+pub mod bootstrap;
+pub mod cmd;
+pub mod config;
+pub mod envoy;
+pub mod logging;
+pub mod proxy;
+pub mod readiness;
+pub mod status;
+pub mod xds_proxy;
