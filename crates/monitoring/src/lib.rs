@@ -1,10 +1,15 @@
-//! Istio's metric exposition, shared by pilot-discovery and pilot-agent. prometheus-client writes OpenMetrics, where a counter's samples are
+//! Istio's telemetry conventions shared by pilot-discovery and pilot-agent: logging from
+//! `--log_output_level` ([`logging`]) and metric exposition.
+//!
+//! Metric exposition: prometheus-client writes OpenMetrics, where a counter's samples are
 //! `<name>_total`; istiod exports counters without that suffix (its OpenTelemetry exporter runs
 //! with `WithoutCounterSuffixes` to stay compatible with OpenCensus-era dashboards), so
 //! `pilot_xds_pushes{type="cds"}` is what Istio users query. This rewrites OpenMetrics text into
 //! the Prometheus text format with Istio's names.
 
 #![forbid(unsafe_code)]
+
+pub mod logging;
 
 use std::collections::HashSet;
 

@@ -3,7 +3,6 @@
 #![forbid(unsafe_code)]
 
 mod args;
-mod clock;
 mod http;
 mod logging;
 mod metrics;

@@ -117,7 +117,7 @@ impl SnapshotBuilder for Pipeline {
     fn build(&self, _req: &PushRequest) -> Arc<dyn PushSnapshot> {
         let state = self.state();
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
-        let version = format!("{}/{}", crate::clock::rfc3339(SystemTime::now()), seq);
+        let version = format!("{}/{}", xds_server::rfc3339(SystemTime::now()), seq);
         let push = PushContext::new(PushInput {
             mesh: self.mesh.clone(),
             domain: self.domain.clone(),

@@ -11,8 +11,9 @@ use tonic::Status;
 use xds_api::envoy::config::core::v3::Node;
 use xds_api::type_url;
 
+use crate::clock::rfc3339;
 use crate::server::DiscoveryServer;
-use crate::status::{ConnectionStatus, rfc3339};
+use crate::status::ConnectionStatus;
 use crate::watched::Watch;
 use crate::{GenerateError, Proxy, PushRequest, PushSnapshot, Resource, WatchedResource};
 

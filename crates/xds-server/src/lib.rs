@@ -5,6 +5,7 @@
 //! [`SnapshotBuilder`] builds once per debounced push (the push index plus the generators).
 #![forbid(unsafe_code)]
 
+mod clock;
 mod connection;
 mod debounce;
 mod delta;
@@ -17,6 +18,7 @@ mod watched;
 
 use std::sync::Arc;
 
+pub use clock::rfc3339;
 pub use model::Proxy;
 pub use push_request::{PushRequest, reason};
 pub use server::{AdsService, DiscoveryServer, ServerOptions};

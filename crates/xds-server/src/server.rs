@@ -21,10 +21,11 @@ use xds_api::envoy::service::discovery::v3::{
 };
 use xds_api::type_url;
 
+use crate::clock::rfc3339;
 use crate::connection::{Connection, Registration, lock};
 use crate::debounce::{self, DebounceOptions, Debounced};
 use crate::metrics::{Metrics, VersionLabel, code_name, type_label};
-use crate::status::{ConnectionStatus, PushStatus, rfc3339};
+use crate::status::{ConnectionStatus, PushStatus};
 use crate::watched::Outcome;
 use crate::{Proxy, PushRequest, PushSnapshot, SnapshotBuilder, reason};
 

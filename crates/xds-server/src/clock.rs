@@ -1,4 +1,5 @@
-//! Wall-clock formatting for push versions (`2026-11-21T19:00:00Z/7`), without a date crate.
+//! Wall-clock formatting for push versions (`2026-11-21T19:00:00Z/7`) and debug views, without a
+//! date crate.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
