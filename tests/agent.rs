@@ -235,3 +235,34 @@ async fn sigterm_under_load_finishes_requests_and_exits_zero() -> anyhow::Result
     assert!(mesh.agent.envoy_pids().is_empty(), "Envoy left running");
     Ok(())
 }
+
+#[tokio::test]
+async fn bad_environment_exits_2_before_starting_anything() -> anyhow::Result<()> {
+    let bin = test_support::bin::cargo_bin("agent", "pilot-agent")?;
+    let dir = tempfile::tempdir()?;
+    let run = |env: &[(&str, &str)]| {
+        std::process::Command::new(&bin)
+            .args(["proxy", "router"])
+            .current_dir(dir.path())
+            .env_clear()
+            .envs(env.iter().copied())
+            .output()
+    };
+    // No POD_NAMESPACE.
+    let out = run(&[("POD_NAME", "gw")])?;
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("POD_NAMESPACE"), "{out:?}");
+    // A malformed INSTANCE_IP and PROXY_CONFIG name the variable.
+    let out = run(&[("POD_NAME", "gw"), ("POD_NAMESPACE", "istio-system"), ("INSTANCE_IP", "10.1.2")])?;
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("INSTANCE_IP"), "{out:?}");
+    let out = run(&[("POD_NAME", "gw"), ("POD_NAMESPACE", "istio-system"), ("PROXY_CONFIG", "{not yaml: [")])?;
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("PROXY_CONFIG"), "{out:?}");
+    // An unknown flag.
+    let out = std::process::Command::new(&bin).args(["proxy", "router", "--bogus"]).output()?;
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    // Nothing was written.
+    assert!(!dir.path().join("etc/istio/proxy/envoy-rev.json").exists());
+    Ok(())
+}
