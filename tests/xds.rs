@@ -186,6 +186,7 @@ async fn malformed_node_id_is_refused_with_a_reason() -> anyhow::Result<()> {
     let status = client.recv_status().await?;
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(status.message().contains("gateway~not-an-ip"), "{}", status.message());
+    assert_eq!(d.metric("pilot_xds_invalid_node").await?, 1.0);
     Ok(())
 }
 

@@ -109,6 +109,37 @@ impl Connection {
     }
 }
 
+/// Reads a stream's first request and registers its proxy, as both ADS flavours start. A node that
+/// cannot be parsed is refused with `InvalidArgument` naming what is wrong (counted in
+/// `pilot_xds_invalid_node`). `None` when the stream ended or was refused.
+pub(crate) async fn accept<Req, Resp>(
+    server: &Arc<DiscoveryServer>,
+    inbound: &mut tonic::Streaming<Req>,
+    out: &tokio::sync::mpsc::Sender<Result<Resp, Status>>,
+    peer: String,
+    delta: bool,
+    node: impl Fn(&Req) -> Option<&Node>,
+) -> Option<(Req, Registration)> {
+    use futures::StreamExt;
+    let first = match inbound.next().await {
+        Some(Ok(req)) => req,
+        Some(Err(e)) => {
+            tracing::debug!("ADS: {peer} terminated before its first request: {e}");
+            return None;
+        }
+        None => return None,
+    };
+    match parse_node(node(&first)) {
+        Ok(proxy) => Some((first, server.register(proxy, peer, delta))),
+        Err(status) => {
+            tracing::warn!("ADS: {peer} refused: {}", status.message());
+            server.metrics.invalid_nodes.inc();
+            let _ = out.send(Err(status)).await;
+            None
+        }
+    }
+}
+
 /// Parses the node of the first request, refusing it with `InvalidArgument` naming what is wrong.
 pub(crate) fn parse_node(node: Option<&Node>) -> Result<Proxy, Status> {
     let Some(node) = node.filter(|n| !n.id.is_empty()) else {

@@ -12,7 +12,7 @@ use tonic::{Status, Streaming};
 use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource as PbResource};
 use xds_api::type_url;
 
-use crate::connection::{Connection, Generated, generate, lock, log_generate_error, parse_node};
+use crate::connection::{Connection, Generated, accept, generate, lock, log_generate_error};
 use crate::server::{Closed, DiscoveryServer};
 use crate::watched::{Respond, WatchedResource, delta_request};
 use crate::{PushRequest, PushSnapshot, reason};
@@ -26,23 +26,13 @@ pub(crate) async fn serve(
     out: DeltaSender,
     peer: String,
 ) {
-    let first = match inbound.next().await {
-        Some(Ok(req)) => req,
-        Some(Err(e)) => {
-            tracing::debug!("ADS: {peer} terminated before its first delta request: {e}");
-            return;
-        }
-        None => return,
+    let Some((first, registration)) = accept(&server, &mut inbound, &out, peer, true, |r: &DeltaDiscoveryRequest| {
+        r.node.as_ref()
+    })
+    .await
+    else {
+        return;
     };
-    let proxy = match parse_node(first.node.as_ref()) {
-        Ok(p) => p,
-        Err(status) => {
-            tracing::warn!("ADS: {peer} refused: {}", status.message());
-            let _ = out.send(Err(status)).await;
-            return;
-        }
-    };
-    let registration = server.register(proxy, peer, true);
     let conn = registration.conn.clone();
     let mut stream = DeltaStream {
         server,

@@ -53,6 +53,8 @@ pub(crate) struct Metrics {
     pub rds_reject: Family<RejectLabels, Gauge>,
     pub total_rejects: Family<TypeLabel, Counter>,
     pub expired_nonce: Family<TypeLabel, Counter>,
+    /// Streams refused for a malformed node ID or metadata.
+    pub invalid_nodes: Counter,
 }
 
 pub(crate) fn type_label(type_url: &str) -> TypeLabel {
@@ -76,6 +78,7 @@ impl Metrics {
             rds_reject: Family::default(),
             total_rejects: Family::default(),
             expired_nonce: Family::default(),
+            invalid_nodes: Counter::default(),
         };
         registry.register(
             "pilot_xds",
@@ -120,6 +123,11 @@ impl Metrics {
             "pilot_total_xds_rejects",
             "Total number of XDS responses from pilot rejected by proxy.",
             m.total_rejects.clone(),
+        );
+        registry.register(
+            "pilot_xds_invalid_node",
+            "Total number of xDS streams refused for a malformed node ID or node metadata.",
+            m.invalid_nodes.clone(),
         );
         registry.register(
             "pilot_xds_expired_nonce",

@@ -11,7 +11,7 @@ use tonic::{Status, Streaming};
 use xds_api::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use xds_api::type_url;
 
-use crate::connection::{Connection, Generated, generate, lock, log_generate_error, parse_node};
+use crate::connection::{Connection, Generated, accept, generate, lock, log_generate_error};
 use crate::server::{Closed, DiscoveryServer};
 use crate::watched::{Respond, sotw_request};
 use crate::{PushRequest, PushSnapshot, reason};
@@ -25,23 +25,13 @@ pub(crate) async fn serve(
     out: SotwSender,
     peer: String,
 ) {
-    let first = match inbound.next().await {
-        Some(Ok(req)) => req,
-        Some(Err(e)) => {
-            tracing::debug!("ADS: {peer} terminated before its first request: {e}");
-            return;
-        }
-        None => return,
+    let Some((first, registration)) = accept(&server, &mut inbound, &out, peer, false, |r: &DiscoveryRequest| {
+        r.node.as_ref()
+    })
+    .await
+    else {
+        return;
     };
-    let proxy = match parse_node(first.node.as_ref()) {
-        Ok(p) => p,
-        Err(status) => {
-            tracing::warn!("ADS: {peer} refused: {}", status.message());
-            let _ = out.send(Err(status)).await;
-            return;
-        }
-    };
-    let registration = server.register(proxy, peer, false);
     let conn = registration.conn.clone();
     let mut stream = SotwStream {
         server,
