@@ -251,16 +251,29 @@ async fn bad_environment_exits_2_before_starting_anything() -> anyhow::Result<()
     // No POD_NAMESPACE.
     let out = run(&[("POD_NAME", "gw")])?;
     assert_eq!(out.status.code(), Some(2), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("POD_NAMESPACE"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("POD_NAMESPACE"),
+        "{out:?}"
+    );
     // A malformed INSTANCE_IP and PROXY_CONFIG name the variable.
-    let out = run(&[("POD_NAME", "gw"), ("POD_NAMESPACE", "istio-system"), ("INSTANCE_IP", "10.1.2")])?;
+    let out = run(&[
+        ("POD_NAME", "gw"),
+        ("POD_NAMESPACE", "istio-system"),
+        ("INSTANCE_IP", "10.1.2"),
+    ])?;
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("INSTANCE_IP"), "{out:?}");
-    let out = run(&[("POD_NAME", "gw"), ("POD_NAMESPACE", "istio-system"), ("PROXY_CONFIG", "{not yaml: [")])?;
+    let out = run(&[
+        ("POD_NAME", "gw"),
+        ("POD_NAMESPACE", "istio-system"),
+        ("PROXY_CONFIG", "{not yaml: ["),
+    ])?;
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("PROXY_CONFIG"), "{out:?}");
     // An unknown flag.
-    let out = std::process::Command::new(&bin).args(["proxy", "router", "--bogus"]).output()?;
+    let out = std::process::Command::new(&bin)
+        .args(["proxy", "router", "--bogus"])
+        .output()?;
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     // Nothing was written.
     assert!(!dir.path().join("etc/istio/proxy/envoy-rev.json").exists());

@@ -2,13 +2,14 @@
 //! test; see docs/perf.md): time from `pilot-agent proxy` start to `/healthz/ready` 200, the
 //! agent's RSS with Envoy connected, and the latency the xDS proxy adds per forwarded message.
 //! Prints a table, then the figures as one JSON line (`--json`: only that line).
-//! Flags: `--runs N` (5), `--messages M` (2000), `--clusters C` (100).
+//! Flags: `--runs N` (5), `--messages M` (2000), `--clusters C` (100), `--nagle` (the fake
+//! pilot-discovery leaves Nagle's algorithm on, as tonic's `serve_with_incoming` does).
 
 #[path = "common/mod.rs"]
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,6 +24,7 @@ use test_support::discovery::{Discovery, DiscoveryOptions};
 use test_support::envoy::workspace_root;
 use test_support::ports::free_port;
 use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
 use tonic::transport::{Endpoint, Server};
 use tonic::{Request, Response, Status, Streaming};
@@ -51,6 +53,7 @@ struct Args {
     messages: usize,
     clusters: usize,
     json_only: bool,
+    nagle: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -59,6 +62,7 @@ fn parse_args() -> anyhow::Result<Args> {
         messages: 2000,
         clusters: 100,
         json_only: false,
+        nagle: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -71,7 +75,8 @@ fn parse_args() -> anyhow::Result<Args> {
             "--messages" => args.messages = number("--messages")?.max(1),
             "--clusters" => args.clusters = number("--clusters")?,
             "--json" => args.json_only = true,
-            other => bail!("unknown flag {other} (flags: --runs N --messages M --clusters C --json)"),
+            "--nagle" => args.nagle = true,
+            other => bail!("unknown flag {other} (flags: --runs N --messages M --clusters C --json --nagle)"),
         }
     }
     Ok(args)
@@ -126,10 +131,14 @@ fn rerun_with_release_binaries() -> anyhow::Result<Option<ExitCode>> {
 
 async fn measure(args: &Args) -> anyhow::Result<Value> {
     let profile = if cfg!(debug_assertions) { "debug" } else { "release" };
+    // Other builds on a shared machine show up here; read before the runs.
+    let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load = loadavg.split_whitespace().next().and_then(|l| l.parse::<f64>().ok());
     let startup = measure_startup(args.runs).await?;
-    let xds = measure_xds(args.messages, args.clusters).await?;
+    let xds = measure_xds(args.messages, args.clusters, args.nagle).await?;
     Ok(json!({
         "profile": profile,
+        "loadavg_1m_before": load,
         "cores": std::thread::available_parallelism().map(usize::from).unwrap_or(0),
         "startup": startup,
         "xds": xds,
@@ -150,17 +159,14 @@ async fn measure_startup(runs: usize) -> anyhow::Result<Value> {
     let (mut ready_ms, mut rss, mut hwm, mut envoy_rss) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..runs {
         let mut agent = Agent::start(AgentOptions::ingress_gateway(discovery.grpc_addr)).await?;
-        // `wait_ready` starts its clock right after the spawn and polls every 20ms.
-        ready_ms.push(agent.wait_ready(Duration::from_secs(30)).await?.as_secs_f64() * 1e3);
-        wait_routed(&agent, gateway_port).await?;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let (agent_rss, agent_hwm) = memory_kib(agent.pid().context("pilot-agent exited")?)?;
-        rss.push(agent_rss as f64);
-        hwm.push(agent_hwm as f64);
-        let envoys = agent.envoy_pids();
-        anyhow::ensure!(envoys.len() == 1, "expected one Envoy, found {envoys:?}");
-        envoy_rss.push(memory_kib(envoys[0])?.0 as f64);
+        let run = startup_run(&mut agent, gateway_port).await;
+        // Also on failure: a killed agent would leave its Envoy running.
         stop(&mut agent).await?;
+        let (ready, agent_rss, agent_hwm, envoy) = run?;
+        ready_ms.push(ready);
+        rss.push(agent_rss);
+        hwm.push(agent_hwm);
+        envoy_rss.push(envoy);
     }
     Ok(json!({
         "runs": runs,
@@ -169,6 +175,19 @@ async fn measure_startup(runs: usize) -> anyhow::Result<Value> {
         "agent_hwm_kib": spread(&hwm),
         "envoy_rss_kib": spread(&envoy_rss),
     }))
+}
+
+/// One agent's time to ready (ms), and its RSS, its peak RSS and its Envoy's RSS (KiB) once routing.
+async fn startup_run(agent: &mut Agent, gateway_port: u16) -> anyhow::Result<(f64, f64, f64, f64)> {
+    // `wait_ready` starts its clock right after the spawn and polls every 20ms.
+    let ready = agent.wait_ready(Duration::from_secs(30)).await?;
+    wait_routed(agent, gateway_port).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (rss, hwm) = memory_kib(agent.pid().context("pilot-agent exited")?)?;
+    let envoys = agent.envoy_pids();
+    anyhow::ensure!(envoys.len() == 1, "expected one Envoy, found {envoys:?}");
+    let envoy = memory_kib(envoys[0])?.0;
+    Ok((ready.as_secs_f64() * 1e3, rss as f64, hwm as f64, envoy as f64))
 }
 
 /// Until the gateway answers /reviews: Envoy has its listeners, routes and clusters.
@@ -192,11 +211,11 @@ async fn stop(agent: &mut Agent) -> anyhow::Result<()> {
     if let Some(pid) = agent.pid() {
         Agent::signal(pid, "TERM")?;
     }
-    agent.wait_exit(Duration::from_secs(20)).await?;
+    let exited = agent.wait_exit(Duration::from_secs(20)).await;
     for pid in agent.envoy_pids() {
         Agent::signal(pid, "KILL")?;
     }
-    Ok(())
+    exited.map(drop)
 }
 
 /// `VmRSS` and `VmHWM` (peak RSS) of a process, in KiB.
@@ -353,10 +372,13 @@ async fn path_latencies(
     ))
 }
 
-async fn measure_xds(messages: usize, clusters: usize) -> anyhow::Result<Value> {
+async fn measure_xds(messages: usize, clusters: usize, nagle: bool) -> anyhow::Result<Value> {
     let payload: Vec<Any> = (0..clusters).map(|i| xds_api::pack(&cluster(i))).collect();
     let payload_bytes: usize = payload.iter().map(|a| a.value.len() + a.type_url.len()).sum();
-    let total = messages + WARM_UP;
+    // Two blocks per path, in the order direct, agent, agent, direct, so that drift in the
+    // machine's load (2 cores, shared) falls on both alike.
+    let block = messages.div_ceil(2);
+    let total = block + WARM_UP;
     let stamps = Arc::new(Mutex::new(Stamps::default()));
     let service = FakePilot {
         payload: Arc::new(payload),
@@ -375,34 +397,48 @@ async fn measure_xds(messages: usize, clusters: usize) -> anyhow::Result<Value> 
         .add_service(AggregatedDiscoveryServiceServer::new(service).max_decoding_message_size(usize::MAX));
     pilot_rt.spawn(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
-        server.serve_with_incoming(TcpListenerStream::new(listener)).await?;
+        // tonic ignores `tcp_nodelay` for a given listener: set it per connection (`--nagle`: not).
+        let incoming = TcpListenerStream::new(listener).map(move |conn| {
+            if let Ok(conn) = &conn {
+                let _ = conn.set_nodelay(!nagle);
+            }
+            conn
+        });
+        server.serve_with_incoming(incoming).await?;
         anyhow::Ok(())
     });
     let dir = tempfile::tempdir()?;
     let uds = dir.path().join("etc/istio/proxy/XDS");
     let proxy = XdsProxy::start(XdsProxyConfig::new(&uds, addr.to_string()), &mut Registry::default()).await?;
-    let direct = path_latencies(Endpoint::from_shared(format!("http://{addr}"))?, total, &stamps).await?;
-    let proxied = path_latencies(uds_endpoint(&uds)?, total, &stamps).await?;
+    let (mut direct, mut proxied) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
+    for via_agent in [false, true, true, false] {
+        let endpoint = match via_agent {
+            true => Endpoint::from_shared(format!("unix://{}", uds.display()))?,
+            false => Endpoint::from_shared(format!("http://{addr}"))?,
+        };
+        let (down, up) = path_latencies(endpoint, total, &stamps).await?;
+        let path = if via_agent { &mut proxied } else { &mut direct };
+        path.0.extend(down);
+        path.1.extend(up);
+    }
     proxy.shutdown().await;
     pilot_rt.shutdown_background();
     let figures = |(down, up): &(Vec<f64>, Vec<f64>)| json!({"down_us": percentiles(down), "up_us": percentiles(up)});
     let (direct, proxied) = (figures(&direct), figures(&proxied));
     let added = |dir: &str| {
         let pick = |v: &Value, p: &str| v[dir][p].as_f64().unwrap_or(f64::NAN);
-        json!({"p50": pick(&proxied, "p50") - pick(&direct, "p50"), "p99": pick(&proxied, "p99") - pick(&direct, "p99")})
+        let diff = |p: &str| round(pick(&proxied, p) - pick(&direct, p));
+        json!({"p50": diff("p50"), "p99": diff("p99")})
     };
     Ok(json!({
-        "messages": messages,
+        "messages": 2 * block,
+        "upstream_nodelay": !nagle,
         "clusters_per_response": clusters,
         "payload_bytes": payload_bytes,
         "direct": direct,
         "via_agent": proxied,
         "added_us": {"down": added("down_us"), "up": added("up_us")},
     }))
-}
-
-fn uds_endpoint(path: &Path) -> anyhow::Result<Endpoint> {
-    Ok(Endpoint::from_shared(format!("unix://{}", path.display()))?)
 }
 
 /// An outbound EDS cluster shaped like Istio's: ADS EDS config, circuit breakers, service metadata.
@@ -477,14 +513,20 @@ fn sorted(v: &[f64]) -> Vec<f64> {
     v
 }
 
+/// To 0.1 of the unit: the clock's precision is not the measurement's.
+fn round(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
 fn spread(v: &[f64]) -> Value {
     let s = sorted(v);
-    json!({"min": rank(&s, 0.0), "median": rank(&s, 50.0), "max": rank(&s, 100.0), "all": v})
+    let all: Vec<f64> = v.iter().copied().map(round).collect();
+    json!({"min": round(rank(&s, 0.0)), "median": round(rank(&s, 50.0)), "max": round(rank(&s, 100.0)), "all": all})
 }
 
 fn percentiles(v: &[f64]) -> Value {
     let s = sorted(v);
-    json!({"p50": rank(&s, 50.0), "p99": rank(&s, 99.0), "max": rank(&s, 100.0)})
+    json!({"p50": round(rank(&s, 50.0)), "p99": round(rank(&s, 99.0)), "max": round(rank(&s, 100.0))})
 }
 
 fn print_table(f: &Value) {
@@ -493,9 +535,10 @@ fn print_table(f: &Value) {
     let x = &f["xds"];
     let mib = |v: &Value| num(v) / 1024.0;
     println!(
-        "pilot-agent figures ({} binaries, {} cores)",
+        "pilot-agent figures ({} binaries, {} cores, 1-minute load average {} before the runs)",
         f["profile"].as_str().unwrap_or("?"),
-        f["cores"]
+        f["cores"],
+        f["loadavg_1m_before"]
     );
     println!("{:<44} {:>10} {:>10} {:>10}", "figure", "min", "median", "max");
     let row = |name: &str, v: &Value, scale: &dyn Fn(&Value) -> f64| {

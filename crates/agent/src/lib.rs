@@ -7,6 +7,7 @@ pub mod bootstrap;
 pub mod cmd;
 pub mod config;
 pub mod envoy;
+pub mod iptables;
 pub mod logging;
 pub mod proxy;
 pub mod readiness;

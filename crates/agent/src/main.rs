@@ -28,6 +28,8 @@ enum Command {
     Wait(wait::WaitArgs),
     /// Make an HTTP request to Envoy's admin API.
     Request(request::RequestArgs),
+    /// Set up Istio's iptables traffic capture (nat table) for a sidecar.
+    IstioIptables(Box<agent::iptables::IptablesArgs>),
     /// Print build information.
     Version {
         #[arg(short, long)]
@@ -50,6 +52,7 @@ fn main() -> ExitCode {
         Command::Wait(args) => block_on(wait::run(args)),
         Command::Request(args) => block_on(request::run(args)),
         Command::Proxy(args) => proxy(*args),
+        Command::IstioIptables(args) => agent::iptables::run(*args),
     }
 }
 

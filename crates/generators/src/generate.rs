@@ -99,6 +99,8 @@ pub struct CdsKey {
     labels: BTreeMap<String, String>,
     ipv6_only: bool,
     locality: String,
+    /// Target ports of the proxy's service instances: sidecars get one inbound cluster each.
+    inbound_ports: Vec<u16>,
 }
 
 /// Encoded CDS responses of one push, per proxy class.
@@ -111,6 +113,7 @@ fn clusters(push: &PushContext, proxy: &Proxy) -> Arc<Vec<GeneratedResource>> {
         labels: proxy.labels.clone(),
         ipv6_only: !proxy.ip_addresses.is_empty() && proxy.ip_addresses.iter().all(|ip| ip.is_ipv6()),
         locality: proxy.locality.to_string(),
+        inbound_ports: crate::cds::inbound::inbound_ports(proxy, push),
     };
     push.caches().get::<CdsCache>().get_or_build(key, || {
         Arc::new(

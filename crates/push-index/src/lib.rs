@@ -3,22 +3,25 @@
 //! It is made of small per-kind indexes so a change can rebuild only the ones it touches
 //! (`PushContext::rebuild`).
 //!
-//! Sidecar scoping (the `Sidecar` resource narrowing what a proxy sees) is not applied yet: every
-//! lookup below goes through the proxy's namespace only, which is where a `SidecarScope` will
-//! plug in (`services_for_proxy`, `virtual_services_for_mesh`, `destination_rule`).
+//! Sidecar scoping: the `Sidecar` resource that applies to a proxy (`sidecar_scope`) narrows
+//! `services_for_proxy`, `virtual_services_for_mesh` and `destination_rule`; without one, lookups
+//! go through the proxy's namespace (`exportTo`) only.
 #![forbid(unsafe_code)]
 
 mod cache;
 mod destination_rules;
 mod gateways;
+mod instances;
 mod services;
+mod sidecar_scope;
 mod virtual_services;
 
 #[cfg(test)]
 mod tests;
 
 use std::cmp::Ordering;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use model::service::Endpoints;
 use model::{Config, ConfigKind, MeshConfig, Proxy, Service};
@@ -26,8 +29,13 @@ use model::{Config, ConfigKind, MeshConfig, Proxy, Service};
 pub use cache::PushCaches;
 pub use destination_rules::{DestinationRuleIndex, MergedDestinationRule};
 pub use gateways::GatewayIndex;
+pub use instances::ServiceInstance;
 pub use services::ServiceIndex;
+pub use sidecar_scope::SidecarScope;
 pub use virtual_services::{MESH_GATEWAY, VirtualServiceIndex, resolve_gateway_name, resolve_short_names};
+
+/// A proxy's namespace and labels: all that decides its Sidecar scope.
+type ScopeKey = (String, BTreeMap<String, String>);
 
 /// Everything a push is built from.
 #[derive(Debug, Clone)]
@@ -54,6 +62,8 @@ pub struct PushContext {
     virtual_services: Arc<VirtualServiceIndex>,
     gateways: Arc<GatewayIndex>,
     caches: PushCaches,
+    /// Sidecar scopes by (proxy namespace, proxy labels), computed on first use.
+    sidecar_scopes: Mutex<HashMap<ScopeKey, Arc<SidecarScope>>>,
 }
 
 /// Istio orders configs by creation time, breaking ties by name then namespace. Our configs carry
@@ -88,6 +98,7 @@ impl PushContext {
             virtual_services,
             gateways,
             caches: PushCaches::default(),
+            sidecar_scopes: Mutex::default(),
         }
     }
 
@@ -129,6 +140,7 @@ impl PushContext {
             virtual_services,
             gateways,
             caches: PushCaches::default(),
+            sidecar_scopes: Mutex::default(),
         }
     }
 
@@ -159,8 +171,33 @@ impl PushContext {
     }
 
     /// Services visible to the proxy's namespace (`exportTo`), one per hostname, sorted by hostname.
+    /// A Sidecar resource applying to the proxy narrows them to its egress hosts.
     pub fn services_for_proxy(&self, proxy: &Proxy) -> Vec<Arc<Service>> {
-        self.services_for_namespace(&proxy.config_namespace).as_ref().clone()
+        let visible = self.services_for_namespace(&proxy.config_namespace);
+        let scope = self.sidecar_scope(proxy);
+        if scope.is_default() {
+            return visible.as_ref().clone();
+        }
+        visible
+            .iter()
+            .filter(|s| scope.imports(s.namespace(), &s.hostname))
+            .cloned()
+            .collect()
+    }
+
+    /// The `SidecarScope` of the proxy (Istio's `proxy.SidecarScope`), shared per namespace and labels.
+    pub fn sidecar_scope(&self, proxy: &Proxy) -> Arc<SidecarScope> {
+        let key = (proxy.config_namespace.clone(), proxy.labels.clone());
+        let mut cache = self.sidecar_scopes.lock().unwrap_or_else(PoisonError::into_inner);
+        cache
+            .entry(key)
+            .or_insert_with(|| Arc::new(SidecarScope::for_proxy(&self.configs, &self.mesh, proxy)))
+            .clone()
+    }
+
+    /// Whether the proxy's outbound traffic policy is `REGISTRY_ONLY` (its Sidecar's, else the mesh's).
+    pub fn registry_only(&self, proxy: &Proxy) -> bool {
+        self.sidecar_scope(proxy).registry_only(&self.mesh)
     }
 
     /// As `services_for_proxy`, shared: computed once per namespace and push.
@@ -186,7 +223,14 @@ impl PushContext {
     /// The DestinationRule for a service as seen from the proxy, in Istio's lookup order: the
     /// proxy's namespace, the service's namespace, then the root namespace; most specific host;
     /// `exportTo` respected; rules with a workload selector matching the proxy first.
+    /// A service outside the proxy's Sidecar egress hosts has no rule, as Istio's `SidecarScope`.
     pub fn destination_rule(&self, proxy: &Proxy, service: &Service) -> Option<Arc<MergedDestinationRule>> {
+        if !self
+            .sidecar_scope(proxy)
+            .imports(service.namespace(), &service.hostname)
+        {
+            return None;
+        }
         self.destination_rules.lookup(
             &proxy.config_namespace,
             &proxy.labels,
@@ -213,8 +257,19 @@ impl PushContext {
     }
 
     /// VirtualServices that apply to sidecars (no gateways, or `mesh` among them), visible to the proxy.
+    /// A Sidecar resource keeps those with a host among its egress hosts (Istio's `SelectVirtualServices`).
     pub fn virtual_services_for_mesh(&self, proxy: &Proxy) -> Vec<Arc<Config>> {
-        self.virtual_services.for_gateway(&proxy.config_namespace, MESH_GATEWAY)
+        let all = self.virtual_services.for_gateway(&proxy.config_namespace, MESH_GATEWAY);
+        let scope = self.sidecar_scope(proxy);
+        if scope.is_default() {
+            return all;
+        }
+        all.into_iter()
+            .filter(|c| match &c.spec {
+                model::ConfigSpec::VirtualService(vs) => scope.imports_any(&c.meta.namespace, &vs.hosts),
+                _ => false,
+            })
+            .collect()
     }
 
     /// A delegate VirtualService (no hosts) by namespace and name, resolved.

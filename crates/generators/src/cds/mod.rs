@@ -3,6 +3,7 @@
 //! per DestinationRule subset (`outbound|9080|v1|reviews...`), plus `BlackHoleCluster` and, for
 //! sidecars, `PassthroughCluster`. Traffic policy is applied in `traffic_policy`, TLS in `tls`.
 
+pub mod inbound;
 mod tls;
 mod traffic_policy;
 mod wrapper;
@@ -48,6 +49,7 @@ pub fn build_clusters(proxy: &Proxy, push: &PushContext) -> Vec<Cluster> {
     if !proxy.is_router() {
         // Gateways have no original-destination listeners, so no passthrough cluster.
         out.push(passthrough_cluster(push));
+        out.extend(inbound::build_inbound_clusters(proxy, push));
     }
     let mut seen = HashSet::new();
     out.retain(|c| {

@@ -72,7 +72,8 @@ fn service_with_subsets_gets_one_cluster_per_subset_with_the_rule_applied() {
             "outbound|9080|v1|reviews.default.svc.cluster.local",
             "outbound|9080|v2|reviews.default.svc.cluster.local",
             "BlackHoleCluster",
-            "PassthroughCluster"
+            "PassthroughCluster",
+            "InboundPassthroughCluster"
         ]
     );
     for c in &clusters[..3] {

@@ -276,7 +276,8 @@ fn generate_shares_encoded_resources_between_equal_proxies() {
         [
             "outbound|9080||reviews.default.svc.cluster.local",
             "BlackHoleCluster",
-            "PassthroughCluster"
+            "PassthroughCluster",
+            "InboundPassthroughCluster"
         ]
     );
     assert!(matches!(

@@ -1,9 +1,11 @@
-//! LDS: listeners for a proxy. Routers (gateways) get Istio's gateway listeners; sidecar
-//! listeners (inbound, outbound, virtual) are a later issue and return nothing yet.
+//! LDS: listeners for a proxy. Routers (gateways) get Istio's gateway listeners; sidecars get
+//! virtualOutbound, virtualInbound and per-port outbound listeners (`sidecar`, `sidecar_inbound`).
 
 pub mod gateway;
 pub mod hcm;
 pub mod merged_gateway;
+pub mod sidecar;
+pub mod sidecar_inbound;
 pub mod tls;
 
 use model::Proxy;
@@ -14,6 +16,9 @@ use crate::route::PushView;
 
 /// All listeners of `proxy` for this push.
 pub fn build_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listener> {
+    if !proxy.is_router() {
+        return sidecar::build_sidecar_listeners(proxy, push);
+    }
     build_listeners_from(proxy, push)
 }
 
@@ -29,5 +34,7 @@ pub fn build_listeners_from<P: PushView>(proxy: &Proxy, push: &P) -> Vec<Listene
 
 #[cfg(test)]
 mod envoy_tests;
+#[cfg(test)]
+mod sidecar_tests;
 #[cfg(test)]
 mod tests;

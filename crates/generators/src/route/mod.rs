@@ -194,10 +194,10 @@ fn source_match<P: PushView>(ctx: &RouteContext<'_, P>, m: Option<&HttpMatchRequ
         return true;
     };
     if !m.gateways.is_empty() {
+        // `mesh` stands for the sidecars; other names resolve against the VirtualService's namespace.
         return m
             .gateways
             .iter()
-            .filter(|g| *g != MESH_GATEWAY)
             .map(|g| resolve_gateway_name(g, &ctx.config.meta.namespace))
             .any(|g| ctx.gateway_names.contains(&g));
     }

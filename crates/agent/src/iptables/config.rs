@@ -1,0 +1,299 @@
+//! `pilot-agent istio-iptables` flags (Istio's tools/istio-iptables names and short letters) and
+//! their validation into a typed `Config`; every error names the flag an operator must fix.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use thiserror::Error;
+
+/// Istio's flags. Lists are comma separated, as Istio's.
+#[derive(Debug, Clone, clap::Args)]
+pub struct IptablesArgs {
+    /// Envoy port to which redirect all TCP traffic.
+    #[arg(short = 'p', long = "envoy-port", default_value = "15001")]
+    pub proxy_port: String,
+    /// Port to which all inbound TCP traffic to the pod/VM should be redirected.
+    #[arg(short = 'z', long = "inbound-capture-port", default_value = "15006")]
+    pub inbound_capture_port: String,
+    /// Envoy port on which the tunnel (HBONE) listens; never captured.
+    #[arg(short = 'e', long = "inbound-tunnel-port", default_value = "15008")]
+    pub inbound_tunnel_port: String,
+    /// User ID(s) of the proxy, whose traffic is not redirected.
+    #[arg(short = 'u', long = "proxy-uid", default_value = "1337")]
+    pub proxy_uid: String,
+    /// Group ID(s) of the proxy, whose traffic is not redirected.
+    #[arg(short = 'g', long = "proxy-gid", default_value = "1337")]
+    pub proxy_gid: String,
+    /// Inbound interception mode: REDIRECT (TPROXY is not supported here).
+    #[arg(short = 'm', long = "istio-inbound-interception-mode", default_value = "REDIRECT")]
+    pub inbound_interception_mode: String,
+    /// Inbound ports to redirect to Envoy ("*" for all); empty disables inbound capture.
+    #[arg(short = 'b', long = "istio-inbound-ports", default_value = "")]
+    pub inbound_ports_include: String,
+    /// Inbound ports excluded from redirection (only with `-b '*'`).
+    #[arg(short = 'd', long = "istio-local-exclude-ports", default_value = "")]
+    pub inbound_ports_exclude: String,
+    /// Outbound ports always redirected to Envoy.
+    #[arg(short = 'q', long = "istio-local-outbound-ports-include", default_value = "")]
+    pub outbound_ports_include: String,
+    /// Outbound ports excluded from redirection.
+    #[arg(short = 'o', long = "istio-local-outbound-ports-exclude", default_value = "")]
+    pub outbound_ports_exclude: String,
+    /// Outbound CIDRs to redirect to Envoy ("*" for all).
+    #[arg(short = 'i', long = "istio-service-cidr", default_value = "")]
+    pub outbound_ip_ranges_include: String,
+    /// Outbound CIDRs excluded from redirection.
+    #[arg(short = 'x', long = "istio-service-exclude-cidr", default_value = "")]
+    pub outbound_ip_ranges_exclude: String,
+    /// Virtual interfaces whose inbound traffic is treated as outbound.
+    #[arg(short = 'k', long = "kube-virt-interfaces", default_value = "")]
+    pub kube_virt_interfaces: String,
+    /// Interfaces excluded from all capture.
+    #[arg(short = 'c', long = "exclude-interfaces", default_value = "")]
+    pub exclude_interfaces: String,
+    /// Groups whose outbound traffic is captured ("*" for all).
+    #[arg(long = "capture-outbound-owner-groups", default_value = "*")]
+    pub owner_groups_include: String,
+    /// Groups whose outbound traffic is not captured (overrides the include list).
+    #[arg(long = "capture-outbound-owner-groups-exclude", default_value = "")]
+    pub owner_groups_exclude: String,
+    /// Loopback CIDR of the host, used to recognise app-to-itself traffic.
+    #[arg(long = "host-ipv4-loopback-cidr", default_value = "127.0.0.1/32")]
+    pub host_ipv4_loopback_cidr: String,
+    /// Redirect DNS (port 53) to the agent's DNS proxy on 15053.
+    #[arg(long = "redirect-dns", default_value_t = false)]
+    pub redirect_dns: bool,
+    /// With --redirect-dns, capture DNS to every server, not only those in /etc/resolv.conf.
+    #[arg(long = "capture-all-dns", default_value_t = false)]
+    pub capture_all_dns: bool,
+    /// Drop packets in INVALID conntrack state (mangle table).
+    #[arg(long = "drop-invalid", default_value_t = false)]
+    pub drop_invalid: bool,
+    /// Print the rules instead of applying them (`--dry-run=false` applies).
+    #[arg(short = 'n', long = "dry-run", num_args = 0..=1, default_missing_value = "true", default_value = "false",
+          action = clap::ArgAction::Set)]
+    pub dry_run: bool,
+    /// Only remove Istio's chains and jumps, then exit.
+    #[arg(long = "cleanup-only", default_value_t = false)]
+    pub cleanup_only: bool,
+    /// iptables flavour to run: "legacy", "nft" or empty for the `iptables-restore` on PATH.
+    #[arg(long = "iptables-version", default_value = "")]
+    pub iptables_version: String,
+}
+
+/// A flag value that cannot be used; the message names the flag.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("invalid port {value:?} in {flag} (expected 1-65535)")]
+    Port { flag: &'static str, value: String },
+    #[error("invalid CIDR {value:?} in {flag} (expected e.g. 10.0.0.0/8 or '*')")]
+    Cidr { flag: &'static str, value: String },
+    #[error("'*' is not allowed in {flag}")]
+    Wildcard { flag: &'static str },
+    #[error("invalid value {value:?} in {flag}")]
+    Name { flag: &'static str, value: String },
+    #[error("inbound interception mode {0:?} is not supported (hint: use REDIRECT; TPROXY is not implemented)")]
+    Mode(String),
+    #[error("unknown --iptables-version {0:?} (expected legacy, nft or empty)")]
+    Version(String),
+}
+
+/// An IPv4 network as given by the operator (not masked, as Istio prints it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    pub addr: Ipv4Addr,
+    pub prefix: u8,
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+/// Istio's `NetworkRange` for IPv4: either everything or a list (IPv6 entries are dropped).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NetworkRange {
+    pub is_wildcard: bool,
+    pub cidrs: Vec<Cidr>,
+}
+
+impl NetworkRange {
+    /// Istio's `HasLoopBackIP`: an explicit loopback include disables the app-to-itself RETURN.
+    pub fn has_loopback(&self) -> bool {
+        self.cidrs.iter().any(|c| c.addr.is_loopback())
+    }
+}
+
+/// Validated capture configuration (IPv4 nat table).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub proxy_port: u16,
+    pub inbound_capture_port: u16,
+    pub inbound_tunnel_port: u16,
+    pub proxy_uids: Vec<String>,
+    pub proxy_gids: Vec<String>,
+    /// `None`: no inbound capture; `Some(empty)`: all ports ("*"); otherwise the listed ports.
+    pub inbound_ports_include: Option<Vec<u16>>,
+    pub inbound_ports_exclude: Vec<u16>,
+    pub outbound_ports_include: Vec<u16>,
+    pub outbound_ports_exclude: Vec<u16>,
+    pub outbound_ip_ranges_include: NetworkRange,
+    pub outbound_ip_ranges_exclude: NetworkRange,
+    pub kube_virt_interfaces: Vec<String>,
+    pub exclude_interfaces: Vec<String>,
+    pub owner_groups_include: Vec<String>,
+    pub owner_groups_exclude: Vec<String>,
+    pub host_ipv4_loopback_cidr: Cidr,
+    pub redirect_dns: bool,
+    pub capture_all_dns: bool,
+    pub dns_servers_v4: Vec<Ipv4Addr>,
+    pub drop_invalid: bool,
+}
+
+/// Istio's `split`: comma separated, blanks dropped.
+pub fn split(s: &str) -> impl Iterator<Item = &str> {
+    s.split(',').map(str::trim).filter(|p| !p.is_empty())
+}
+
+fn port(flag: &'static str, value: &str) -> Result<u16, ConfigError> {
+    match value.trim().parse::<u16>() {
+        Ok(p) if p != 0 => Ok(p),
+        _ => Err(ConfigError::Port {
+            flag,
+            value: value.into(),
+        }),
+    }
+}
+
+fn ports(flag: &'static str, value: &str) -> Result<Vec<u16>, ConfigError> {
+    split(value).map(|p| port(flag, p)).collect()
+}
+
+fn names(flag: &'static str, value: &str) -> Result<Vec<String>, ConfigError> {
+    split(value)
+        .map(|n| {
+            if n.chars().all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c)) {
+                Ok(n.to_string())
+            } else {
+                Err(ConfigError::Name { flag, value: n.into() })
+            }
+        })
+        .collect()
+}
+
+/// Parses "a.b.c.d/n" or a bare address (/32 or /128).
+fn cidr(flag: &'static str, value: &str) -> Result<Option<Cidr>, ConfigError> {
+    let bad = || ConfigError::Cidr {
+        flag,
+        value: value.into(),
+    };
+    let (addr, prefix) = match value.split_once('/') {
+        Some((a, p)) => (a, Some(p.parse::<u8>().map_err(|_| bad())?)),
+        None => (value, None),
+    };
+    match addr.parse::<IpAddr>().map_err(|_| bad())? {
+        IpAddr::V4(addr) => {
+            let prefix = prefix.unwrap_or(32);
+            if prefix > 32 {
+                return Err(bad());
+            }
+            Ok(Some(Cidr { addr, prefix }))
+        }
+        // IPv6 ranges belong to the ip6tables rule set, which is not generated here.
+        IpAddr::V6(_) if prefix.unwrap_or(128) <= 128 => Ok(None),
+        IpAddr::V6(_) => Err(bad()),
+    }
+}
+
+fn network_range(flag: &'static str, value: &str) -> Result<NetworkRange, ConfigError> {
+    if value.trim() == "*" {
+        return Ok(NetworkRange {
+            is_wildcard: true,
+            cidrs: Vec::new(),
+        });
+    }
+    let mut cidrs = Vec::new();
+    for part in split(value) {
+        if let Some(c) = cidr(flag, part)? {
+            cidrs.push(c);
+        }
+    }
+    Ok(NetworkRange {
+        is_wildcard: false,
+        cidrs,
+    })
+}
+
+impl Config {
+    /// Validates the flags; `dns_servers_v4` come from the caller (Istio reads /etc/resolv.conf).
+    pub fn from_args(args: &IptablesArgs, dns_servers_v4: Vec<Ipv4Addr>) -> Result<Self, ConfigError> {
+        if !args.inbound_interception_mode.eq_ignore_ascii_case("REDIRECT") {
+            return Err(ConfigError::Mode(args.inbound_interception_mode.clone()));
+        }
+        if !["", "legacy", "nft"].contains(&args.iptables_version.as_str()) {
+            return Err(ConfigError::Version(args.iptables_version.clone()));
+        }
+        let inbound_ports_include = match args.inbound_ports_include.trim() {
+            "" => None,
+            "*" => Some(Vec::new()),
+            list => Some(ports("--istio-inbound-ports (-b)", list)?),
+        };
+        let outbound_ip_ranges_exclude =
+            network_range("--istio-service-exclude-cidr (-x)", &args.outbound_ip_ranges_exclude)?;
+        if outbound_ip_ranges_exclude.is_wildcard {
+            return Err(ConfigError::Wildcard {
+                flag: "--istio-service-exclude-cidr (-x)",
+            });
+        }
+        let loopback_flag = "--host-ipv4-loopback-cidr";
+        let host_ipv4_loopback_cidr =
+            cidr(loopback_flag, args.host_ipv4_loopback_cidr.trim())?.ok_or_else(|| ConfigError::Cidr {
+                flag: loopback_flag,
+                value: args.host_ipv4_loopback_cidr.clone(),
+            })?;
+        let (owner_groups_include, owner_groups_exclude) = match args.owner_groups_exclude.trim() {
+            "" if args.owner_groups_include.trim() == "*" => (vec!["*".to_string()], Vec::new()),
+            "" => (
+                names("--capture-outbound-owner-groups", &args.owner_groups_include)?,
+                Vec::new(),
+            ),
+            ex => (Vec::new(), names("--capture-outbound-owner-groups-exclude", ex)?),
+        };
+        Ok(Self {
+            proxy_port: port("--envoy-port (-p)", &args.proxy_port)?,
+            inbound_capture_port: port("--inbound-capture-port (-z)", &args.inbound_capture_port)?,
+            inbound_tunnel_port: port("--inbound-tunnel-port (-e)", &args.inbound_tunnel_port)?,
+            proxy_uids: names("--proxy-uid (-u)", &args.proxy_uid)?,
+            proxy_gids: names("--proxy-gid (-g)", &args.proxy_gid)?,
+            inbound_ports_include,
+            inbound_ports_exclude: ports("--istio-local-exclude-ports (-d)", &args.inbound_ports_exclude)?,
+            outbound_ports_include: ports(
+                "--istio-local-outbound-ports-include (-q)",
+                &args.outbound_ports_include,
+            )?,
+            outbound_ports_exclude: ports(
+                "--istio-local-outbound-ports-exclude (-o)",
+                &args.outbound_ports_exclude,
+            )?,
+            outbound_ip_ranges_include: network_range("--istio-service-cidr (-i)", &args.outbound_ip_ranges_include)?,
+            outbound_ip_ranges_exclude,
+            kube_virt_interfaces: names("--kube-virt-interfaces (-k)", &args.kube_virt_interfaces)?,
+            exclude_interfaces: names("--exclude-interfaces (-c)", &args.exclude_interfaces)?,
+            owner_groups_include,
+            owner_groups_exclude,
+            host_ipv4_loopback_cidr,
+            redirect_dns: args.redirect_dns,
+            capture_all_dns: args.capture_all_dns,
+            dns_servers_v4,
+            drop_invalid: args.drop_invalid,
+        })
+    }
+}
+
+/// The IPv4 nameservers of a resolv.conf, as Istio's DNS capture uses them.
+pub fn resolv_conf_servers_v4(text: &str) -> Vec<Ipv4Addr> {
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .filter_map(|rest| rest.trim().parse::<Ipv4Addr>().ok())
+        .collect()
+}

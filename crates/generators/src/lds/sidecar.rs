@@ -1,0 +1,288 @@
+//! Sidecar listeners, as Istio's `buildSidecarListeners` (`listener.go`, `listener_builder.go`):
+//! `virtualOutbound` (0.0.0.0:15001, original destination, passthrough or blackhole by
+//! `outboundTrafficPolicy`), `virtualInbound` (0.0.0.0:15006, see `sidecar_inbound`), and one
+//! outbound listener per visible service port with `bind_to_port: false`: HTTP ports share
+//! `0.0.0.0_<port>` (RDS `<port>`), TCP ports get `<vip>_<port>` with a tcp_proxy, ports of unknown
+//! protocol get HTTP/TCP protocol sniffing chains behind an http_inspector.
+
+use model::{MeshConfig, Protocol, Proxy, Service};
+use push_index::PushContext;
+use xds_api::envoy::config::core::v3::{Address, SocketAddress, TrafficDirection, address, socket_address};
+use xds_api::envoy::config::listener::v3::{
+    Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, filter, listener_filter,
+};
+use xds_api::envoy::extensions::filters::listener::http_inspector::v3::HttpInspector;
+use xds_api::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;
+use xds_api::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
+use xds_api::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, http_connection_manager as hcm,
+};
+use xds_api::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
+use xds_api::pbwkt::{BoolValue, UInt32Value};
+
+use super::gateway::{TLS_INSPECTOR, WILDCARD_ADDRESS};
+use super::hcm::{HTTP_CONNECTION_MANAGER, access_logs, gateway_connection_manager};
+use crate::names::{self, TrafficDirection as Direction};
+
+pub const VIRTUAL_OUTBOUND_LISTENER: &str = "virtualOutbound";
+pub const VIRTUAL_INBOUND_LISTENER: &str = "virtualInbound";
+/// Istio's `ProxyOutboundListenPort` and `ProxyInboundListenPort`.
+pub const OUTBOUND_LISTEN_PORT: u32 = 15001;
+pub const INBOUND_LISTEN_PORT: u32 = 15006;
+pub const ORIGINAL_DST_FILTER: &str = "envoy.filters.listener.original_dst";
+pub const HTTP_INSPECTOR: &str = "envoy.filters.listener.http_inspector";
+pub const TCP_PROXY: &str = "envoy.filters.network.tcp_proxy";
+/// Istio's `plaintextHTTPALPNs`: what http_inspector reports for plaintext HTTP.
+pub const PLAINTEXT_HTTP_ALPNS: [&str; 3] = ["http/1.0", "http/1.1", "h2c"];
+
+/// All listeners of a sidecar: virtualOutbound, virtualInbound, then the outbound listeners.
+pub fn build_sidecar_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listener> {
+    let mut out = vec![
+        virtual_outbound_listener(push.mesh()),
+        super::sidecar_inbound::virtual_inbound_listener(proxy, push),
+    ];
+    out.extend(outbound_listeners(proxy, push));
+    out
+}
+
+/// `virtualOutbound`: takes every intercepted outbound connection and hands it to the listener of
+/// its original destination; what no listener claims goes to `PassthroughCluster` (`ALLOW_ANY`) or
+/// `BlackHoleCluster` (`REGISTRY_ONLY`). Connections to 15001 itself are blackholed (no loops).
+pub fn virtual_outbound_listener(mesh: &MeshConfig) -> Listener {
+    let catch_all = if mesh.outbound_traffic_policy.mode == "REGISTRY_ONLY" {
+        names::BLACK_HOLE_CLUSTER
+    } else {
+        names::PASSTHROUGH_CLUSTER
+    };
+    Listener {
+        name: VIRTUAL_OUTBOUND_LISTENER.into(),
+        address: Some(socket_address(WILDCARD_ADDRESS, OUTBOUND_LISTEN_PORT)),
+        use_original_dst: Some(BoolValue { value: true }),
+        traffic_direction: TrafficDirection::Outbound as i32,
+        filter_chains: vec![
+            FilterChain {
+                name: "virtualOutbound-blackhole".into(),
+                filter_chain_match: Some(destination_port_match(OUTBOUND_LISTEN_PORT)),
+                filters: vec![tcp_proxy_filter(
+                    mesh,
+                    names::BLACK_HOLE_CLUSTER,
+                    names::BLACK_HOLE_CLUSTER,
+                )],
+                ..Default::default()
+            },
+            FilterChain {
+                name: "virtualOutbound-catchall-tcp".into(),
+                filters: vec![tcp_proxy_filter(mesh, catch_all, catch_all)],
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    }
+}
+
+/// What an outbound listener serves.
+#[derive(Debug, Clone, PartialEq)]
+enum OutboundKind {
+    /// HTTP: the HCM with RDS `<port>`.
+    Http,
+    /// TCP: tcp_proxy to the service's cluster.
+    Tcp { cluster: String },
+    /// Unknown protocol: sniffed HTTP (RDS `<port>`), else tcp_proxy to the service's cluster.
+    Sniffed { cluster: String },
+}
+
+/// `buildSidecarOutboundListeners`: one listener per (bind, port); on a conflict the first service
+/// to claim a listener name keeps it, except that HTTP takes a wildcard port from TCP.
+fn outbound_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listener> {
+    let mut listeners: Vec<(String, String, u16, OutboundKind)> = Vec::new();
+    for service in push.services_for_namespace(&proxy.config_namespace).iter() {
+        for port in service.ports.iter().filter(|p| p.protocol != Protocol::Udp) {
+            let cluster = names::subset_key(Direction::Outbound, "", &service.hostname, port.port);
+            let (bind, kind) = match port.protocol {
+                p if p.is_http() => (WILDCARD_ADDRESS.to_owned(), OutboundKind::Http),
+                Protocol::Unsupported => (service_vip(service), OutboundKind::Sniffed { cluster }),
+                _ => (service_vip(service), OutboundKind::Tcp { cluster }),
+            };
+            let name = format!("{bind}_{}", port.port);
+            match listeners.iter_mut().find(|(n, ..)| *n == name) {
+                // HTTP wins a wildcard port over TCP services without VIP (which Envoy could not
+                // tell apart anyway), whatever the order of the services
+                Some(existing) if kind == OutboundKind::Http && matches!(existing.3, OutboundKind::Tcp { .. }) => {
+                    existing.3 = kind;
+                }
+                Some(existing) if existing.3 != kind => {
+                    tracing::debug!(
+                        proxy = proxy.id,
+                        listener = name,
+                        service = service.hostname,
+                        "outbound listener conflict: first service kept"
+                    );
+                }
+                Some(_) => {}
+                None => listeners.push((name, bind, port.port, kind)),
+            }
+        }
+    }
+    listeners
+        .into_iter()
+        .map(|(name, bind, port, kind)| outbound_listener(push.mesh(), proxy, name, &bind, port, kind))
+        .collect()
+}
+
+/// The service's first VIP when it is an IP address, else the wildcard (Istio's listener bind).
+fn service_vip(service: &Service) -> String {
+    service
+        .addresses
+        .iter()
+        .find(|a| a.parse::<std::net::IpAddr>().is_ok())
+        .cloned()
+        .unwrap_or_else(|| WILDCARD_ADDRESS.to_owned())
+}
+
+fn outbound_listener(
+    mesh: &MeshConfig,
+    proxy: &Proxy,
+    name: String,
+    bind: &str,
+    port: u16,
+    kind: OutboundKind,
+) -> Listener {
+    let stat_prefix = format!("outbound_{WILDCARD_ADDRESS}_{port}");
+    let http_chain = |filter_chain_match| FilterChain {
+        filter_chain_match,
+        filters: vec![hcm_filter(&sidecar_outbound_hcm(
+            mesh,
+            proxy,
+            &port.to_string(),
+            stat_prefix.clone(),
+        ))],
+        ..Default::default()
+    };
+    let (listener_filters, filter_chains) = match &kind {
+        OutboundKind::Http => (Vec::new(), vec![http_chain(None)]),
+        OutboundKind::Tcp { cluster } => (
+            Vec::new(),
+            vec![FilterChain {
+                filters: vec![tcp_proxy_filter(mesh, cluster, cluster)],
+                ..Default::default()
+            }],
+        ),
+        OutboundKind::Sniffed { cluster } => (
+            vec![http_inspector()],
+            vec![
+                http_chain(Some(FilterChainMatch {
+                    application_protocols: PLAINTEXT_HTTP_ALPNS.iter().map(|s| s.to_string()).collect(),
+                    ..Default::default()
+                })),
+                FilterChain {
+                    filters: vec![tcp_proxy_filter(mesh, cluster, cluster)],
+                    ..Default::default()
+                },
+            ],
+        ),
+    };
+    let sniffing = !listener_filters.is_empty();
+    let mut l = Listener {
+        name,
+        address: Some(socket_address(bind, u32::from(port))),
+        bind_to_port: Some(BoolValue { value: false }),
+        traffic_direction: TrafficDirection::Outbound as i32,
+        listener_filters,
+        filter_chains,
+        ..Default::default()
+    };
+    if sniffing {
+        set_protocol_detection_timeout(&mut l, mesh);
+    }
+    l
+}
+
+/// Istio's protocol detection settings: listener filters give up after
+/// `meshConfig.protocolDetectionTimeout` (0s: never) and the connection goes on undetected.
+pub(super) fn set_protocol_detection_timeout(l: &mut Listener, mesh: &MeshConfig) {
+    l.listener_filters_timeout = model::duration::parse(&mesh.protocol_detection_timeout)
+        .map(crate::cds::proto_duration)
+        .or(Some(xds_api::pbwkt::Duration::default()));
+    l.continue_on_listener_filters_timeout = true;
+}
+
+/// The sidecar's outbound HCM: the gateway HCM without gateway-only settings (no `server` header
+/// rewrite, no trusting of the remote address, client certificate details sanitized).
+pub fn sidecar_outbound_hcm(mesh: &MeshConfig, proxy: &Proxy, rds: &str, stat_prefix: String) -> HttpConnectionManager {
+    let mut h = gateway_connection_manager(mesh, proxy, rds, stat_prefix);
+    h.server_name = String::new();
+    h.server_header_transformation = hcm::ServerHeaderTransformation::Overwrite as i32;
+    h.use_remote_address = Some(BoolValue { value: false });
+    h.xff_num_trusted_hops = 0;
+    h.forward_client_cert_details = hcm::ForwardClientCertDetails::Sanitize as i32;
+    h.set_current_client_cert_details = None;
+    h
+}
+
+pub(super) fn hcm_filter(h: &HttpConnectionManager) -> Filter {
+    Filter {
+        name: HTTP_CONNECTION_MANAGER.into(),
+        config_type: Some(filter::ConfigType::TypedConfig(xds_api::pack(h))),
+    }
+}
+
+/// A tcp_proxy to `cluster`, with the mesh's access log.
+pub(super) fn tcp_proxy_filter(mesh: &MeshConfig, stat_prefix: &str, cluster: &str) -> Filter {
+    let proxy = TcpProxy {
+        stat_prefix: stat_prefix.to_owned(),
+        cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster.to_owned())),
+        access_log: access_logs(mesh),
+        ..Default::default()
+    };
+    Filter {
+        name: TCP_PROXY.into(),
+        config_type: Some(filter::ConfigType::TypedConfig(xds_api::pack(&proxy))),
+    }
+}
+
+pub(super) fn destination_port_match(port: u32) -> FilterChainMatch {
+    FilterChainMatch {
+        destination_port: Some(UInt32Value { value: port }),
+        ..Default::default()
+    }
+}
+
+pub(super) fn http_inspector() -> ListenerFilter {
+    ListenerFilter {
+        name: HTTP_INSPECTOR.into(),
+        config_type: Some(listener_filter::ConfigType::TypedConfig(xds_api::pack(
+            &HttpInspector::default(),
+        ))),
+        ..Default::default()
+    }
+}
+
+pub(super) fn original_dst() -> ListenerFilter {
+    ListenerFilter {
+        name: ORIGINAL_DST_FILTER.into(),
+        config_type: Some(listener_filter::ConfigType::TypedConfig(xds_api::pack(
+            &OriginalDst::default(),
+        ))),
+        ..Default::default()
+    }
+}
+
+pub(super) fn tls_inspector() -> ListenerFilter {
+    ListenerFilter {
+        name: TLS_INSPECTOR.into(),
+        config_type: Some(listener_filter::ConfigType::TypedConfig(xds_api::pack(
+            &TlsInspector::default(),
+        ))),
+        ..Default::default()
+    }
+}
+
+pub(super) fn socket_address(ip: &str, port: u32) -> Address {
+    Address {
+        address: Some(address::Address::SocketAddress(SocketAddress {
+            address: ip.to_owned(),
+            port_specifier: Some(socket_address::PortSpecifier::PortValue(port)),
+            ..Default::default()
+        })),
+    }
+}

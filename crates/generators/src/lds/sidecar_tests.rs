@@ -1,0 +1,339 @@
+//! Sidecar LDS behaviour ("inbound port P is handled by chain C to cluster X", "outbound host:port
+//! goes to listener L"), the golden file `lds_sidecar.json`, and the real Envoy's verdict on a
+//! sidecar's full LDS + CDS set.
+
+use prost::Message;
+use serde_json::{Value, json};
+use xds_api::envoy::config::bootstrap::v3::{Bootstrap, bootstrap::StaticResources};
+use xds_api::envoy::config::listener::v3::{FilterChain, Listener, filter};
+use xds_api::envoy::config::route::v3::{route, route_action};
+use xds_api::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, http_connection_manager as hcm,
+};
+use xds_api::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
+
+use super::build_listeners;
+use super::sidecar::{HTTP_INSPECTOR, ORIGINAL_DST_FILTER};
+use crate::testing::{assert_golden, envoy_binary, push, push_with_mesh, reviews, service_entry, sidecar};
+
+/// The proxy (10.0.0.9) runs `ratings` (HTTP 9080 → 8080, TCP 9090, unknown 7070); it sees
+/// `reviews` (HTTP 9080), `mysql` (TCP 3306, VIP 240.0.0.10), `legacy` (TCP 9080, no VIP) and
+/// `cache` (unknown protocol 6379, VIP 240.0.0.11).
+fn mesh() -> Vec<Value> {
+    vec![
+        reviews(),
+        service_entry(
+            "ratings",
+            "default",
+            json!({"hosts": ["ratings.default.svc.cluster.local"], "location": "MESH_INTERNAL", "resolution": "STATIC",
+                "ports": [{"number": 9080, "name": "http", "protocol": "HTTP", "targetPort": 8080},
+                          {"number": 9090, "name": "tcp", "protocol": "TCP"},
+                          {"number": 7070, "name": "sniffed"}],
+                "endpoints": [{"address": "10.0.0.9"}, {"address": "10.0.0.20"}]}),
+        ),
+        service_entry(
+            "mysql",
+            "default",
+            json!({"hosts": ["mysql.default.svc.cluster.local"], "addresses": ["240.0.0.10"], "location": "MESH_INTERNAL",
+                "resolution": "STATIC", "ports": [{"number": 3306, "name": "tcp", "protocol": "TCP"}],
+                "endpoints": [{"address": "10.3.0.1"}]}),
+        ),
+        service_entry(
+            "legacy",
+            "default",
+            json!({"hosts": ["legacy.default.svc.cluster.local"], "location": "MESH_INTERNAL",
+                "resolution": "STATIC", "ports": [{"number": 9080, "name": "tcp", "protocol": "TCP"},
+                                                  {"number": 5000, "name": "tcp-other", "protocol": "TCP"}],
+                "endpoints": [{"address": "10.4.0.1"}]}),
+        ),
+        service_entry(
+            "cache",
+            "default",
+            json!({"hosts": ["cache.default.svc.cluster.local"], "addresses": ["240.0.0.11"], "location": "MESH_INTERNAL",
+                "resolution": "STATIC", "ports": [{"number": 6379, "name": "cache"}],
+                "endpoints": [{"address": "10.5.0.1"}]}),
+        ),
+    ]
+}
+
+fn listener<'a>(ls: &'a [Listener], name: &str) -> &'a Listener {
+    ls.iter().find(|l| l.name == name).unwrap_or_else(|| {
+        panic!(
+            "no listener {name} in {:?}",
+            ls.iter().map(|l| &l.name).collect::<Vec<_>>()
+        )
+    })
+}
+
+/// The chain Envoy picks for a connection to `port` (`alpn` from http_inspector, if any):
+/// destination port first, then application protocols, as Envoy's filter chain matching.
+fn chain_for<'a>(l: &'a Listener, port: u32, alpn: Option<&str>) -> &'a FilterChain {
+    let matches_alpn = |c: &FilterChain| {
+        let protocols = c.filter_chain_match.as_ref().map(|m| &m.application_protocols);
+        protocols.is_none_or(|p| p.is_empty() || alpn.is_some_and(|a| p.iter().any(|x| x == a)))
+    };
+    let dport = |c: &FilterChain| {
+        c.filter_chain_match
+            .as_ref()
+            .and_then(|m| m.destination_port.as_ref())
+            .map(|p| p.value)
+    };
+    let by_port: Vec<_> = l.filter_chains.iter().filter(|c| dport(c) == Some(port)).collect();
+    let candidates = if by_port.is_empty() {
+        l.filter_chains.iter().filter(|c| dport(c).is_none()).collect()
+    } else {
+        by_port
+    };
+    let alpn_specific = candidates.iter().find(|c| {
+        c.filter_chain_match
+            .as_ref()
+            .is_some_and(|m| !m.application_protocols.is_empty())
+            && matches_alpn(c)
+    });
+    alpn_specific
+        .or_else(|| candidates.iter().find(|c| matches_alpn(c)))
+        .copied()
+        .unwrap_or_else(|| panic!("no chain of {} for port {port}", l.name))
+}
+
+fn hcm_of(c: &FilterChain) -> Option<HttpConnectionManager> {
+    let f = c
+        .filters
+        .iter()
+        .find(|f| f.name == super::hcm::HTTP_CONNECTION_MANAGER)?;
+    let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
+        return None;
+    };
+    Some(HttpConnectionManager::decode(any.value.as_slice()).unwrap())
+}
+
+fn tcp_cluster(c: &FilterChain) -> Option<String> {
+    let f = c.filters.iter().find(|f| f.name == super::sidecar::TCP_PROXY)?;
+    let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
+        return None;
+    };
+    match TcpProxy::decode(any.value.as_slice()).unwrap().cluster_specifier {
+        Some(tcp_proxy::ClusterSpecifier::Cluster(c)) => Some(c),
+        _ => None,
+    }
+}
+
+fn rds_name(c: &FilterChain) -> Option<String> {
+    match hcm_of(c)?.route_specifier {
+        Some(hcm::RouteSpecifier::Rds(r)) => Some(r.route_config_name),
+        _ => None,
+    }
+}
+
+/// The cluster an inline route configuration sends everything to.
+fn inline_route_cluster(c: &FilterChain) -> Option<String> {
+    let Some(hcm::RouteSpecifier::RouteConfig(rc)) = hcm_of(c)?.route_specifier else {
+        return None;
+    };
+    let r = rc.virtual_hosts.first()?.routes.first()?;
+    match &r.action {
+        Some(route::Action::Route(a)) => match &a.cluster_specifier {
+            Some(route_action::ClusterSpecifier::Cluster(c)) => Some(c.clone()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+#[test]
+fn outbound_http_port_goes_to_the_shared_wildcard_listener_with_rds_named_after_the_port() {
+    let ls = build_listeners(&sidecar("default"), &push(mesh()));
+    let l = listener(&ls, "0.0.0.0_9080");
+    assert_eq!(l.bind_to_port.as_ref().map(|b| b.value), Some(false));
+    assert_eq!(
+        l.filter_chains.len(),
+        1,
+        "legacy's TCP 9080 without VIP conflicts and is dropped"
+    );
+    let chain = chain_for(l, 9080, None);
+    assert_eq!(rds_name(chain).as_deref(), Some("9080"));
+    let h = hcm_of(chain).unwrap();
+    assert_eq!(h.stat_prefix, "outbound_0.0.0.0_9080");
+    assert_eq!(h.use_remote_address.map(|b| b.value), Some(false));
+}
+
+#[test]
+fn outbound_tcp_ports_get_a_vip_listener_or_the_wildcard_one_without_vip() {
+    let ls = build_listeners(&sidecar("default"), &push(mesh()));
+    let mysql = listener(&ls, "240.0.0.10_3306");
+    assert_eq!(mysql.bind_to_port.as_ref().map(|b| b.value), Some(false));
+    assert_eq!(
+        tcp_cluster(chain_for(mysql, 3306, None)).as_deref(),
+        Some("outbound|3306||mysql.default.svc.cluster.local")
+    );
+    let legacy = listener(&ls, "0.0.0.0_5000");
+    assert_eq!(
+        tcp_cluster(chain_for(legacy, 5000, None)).as_deref(),
+        Some("outbound|5000||legacy.default.svc.cluster.local")
+    );
+}
+
+#[test]
+fn unknown_protocol_ports_are_sniffed_into_http_or_tcp() {
+    let ls = build_listeners(&sidecar("default"), &push(mesh()));
+    let l = listener(&ls, "240.0.0.11_6379");
+    assert!(l.listener_filters.iter().any(|f| f.name == HTTP_INSPECTOR));
+    assert_eq!(rds_name(chain_for(l, 6379, Some("http/1.1"))).as_deref(), Some("6379"));
+    assert_eq!(
+        tcp_cluster(chain_for(l, 6379, None)).as_deref(),
+        Some("outbound|6379||cache.default.svc.cluster.local")
+    );
+}
+
+#[test]
+fn virtual_outbound_passes_unknown_destinations_through_or_blackholes_them() {
+    let ls = build_listeners(&sidecar("default"), &push(mesh()));
+    let vo = listener(&ls, "virtualOutbound");
+    assert_eq!(vo.use_original_dst.map(|b| b.value), Some(true));
+    assert_eq!(
+        tcp_cluster(chain_for(vo, 12345, None)).as_deref(),
+        Some("PassthroughCluster")
+    );
+    assert_eq!(
+        tcp_cluster(chain_for(vo, 15001, None)).as_deref(),
+        Some("BlackHoleCluster")
+    );
+
+    let mut registry_only = model::MeshConfig::default();
+    registry_only.outbound_traffic_policy.mode = "REGISTRY_ONLY".into();
+    let ls = build_listeners(&sidecar("default"), &push_with_mesh(registry_only, mesh()));
+    let vo = listener(&ls, "virtualOutbound");
+    assert_eq!(
+        tcp_cluster(chain_for(vo, 12345, None)).as_deref(),
+        Some("BlackHoleCluster")
+    );
+}
+
+#[test]
+fn virtual_inbound_sends_each_instance_port_to_its_inbound_cluster_and_others_through() {
+    let ls = build_listeners(&sidecar("default"), &push(mesh()));
+    let vi = listener(&ls, "virtualInbound");
+    assert!(vi.listener_filters.iter().any(|f| f.name == ORIGINAL_DST_FILTER));
+    // HTTP service port 9080 targets 8080: HCM with an inline route to inbound|8080||
+    let http = chain_for(vi, 8080, None);
+    assert_eq!(inline_route_cluster(http).as_deref(), Some("inbound|8080||"));
+    assert_eq!(hcm_of(http).unwrap().stat_prefix, "inbound_0.0.0.0_8080");
+    assert_eq!(
+        tcp_cluster(chain_for(vi, 9090, None)).as_deref(),
+        Some("inbound|9090||")
+    );
+    // unknown protocol: sniffed
+    assert_eq!(
+        inline_route_cluster(chain_for(vi, 7070, Some("h2c"))).as_deref(),
+        Some("inbound|7070||")
+    );
+    assert_eq!(
+        tcp_cluster(chain_for(vi, 7070, None)).as_deref(),
+        Some("inbound|7070||")
+    );
+    // any other port: passthrough
+    assert_eq!(
+        tcp_cluster(chain_for(vi, 3000, None)).as_deref(),
+        Some("InboundPassthroughCluster")
+    );
+    assert_eq!(
+        inline_route_cluster(chain_for(vi, 3000, Some("http/1.1"))).as_deref(),
+        Some("InboundPassthroughCluster")
+    );
+}
+
+#[test]
+fn routers_keep_gateway_listeners_only() {
+    let gateway = crate::testing::proxy("router", "istio-system", json!({"istio": "ingressgateway"}));
+    let ls = build_listeners(&gateway, &push(mesh()));
+    assert!(ls.iter().all(|l| !l.name.starts_with("virtual")), "{ls:?}");
+}
+
+#[test]
+fn lds_sidecar_golden() {
+    let ls = build_listeners(&sidecar("default"), &push(mesh()));
+    let rendered: Vec<Value> = ls.iter().map(|l| xds_api::json::message_to_json(l).unwrap()).collect();
+    assert_golden("lds_sidecar.json", &serde_json::to_string_pretty(&rendered).unwrap());
+}
+
+#[test]
+fn envoy_accepts_a_sidecars_listeners_and_clusters() {
+    let Some(envoy) = envoy_binary() else {
+        eprintln!("skipping envoy_accepts_a_sidecars_listeners_and_clusters: no Envoy binary (set ENVOY_BIN)");
+        return;
+    };
+    let p = push(mesh());
+    let proxy = sidecar("default");
+    let mut listeners = build_listeners(&proxy, &p);
+    // validate mode does not fetch RDS: serve each `<port>` as an inline route to PassthroughCluster
+    for chain in listeners.iter_mut().flat_map(|l| l.filter_chains.iter_mut()) {
+        for f in &mut chain.filters {
+            let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
+                continue;
+            };
+            if f.name != super::hcm::HTTP_CONNECTION_MANAGER {
+                continue;
+            }
+            let mut h = HttpConnectionManager::decode(any.value.as_slice()).unwrap();
+            if let Some(hcm::RouteSpecifier::Rds(rds)) = &h.route_specifier {
+                h.route_specifier = Some(hcm::RouteSpecifier::RouteConfig(stub_route(&rds.route_config_name)));
+                f.config_type = Some(filter::ConfigType::TypedConfig(xds_api::pack(&h)));
+            }
+        }
+    }
+    let mut clusters = crate::cds::build_clusters(&proxy, &p);
+    assert!(
+        clusters.iter().any(|c| c.name == "inbound|8080||"),
+        "inbound clusters present"
+    );
+    let n = listeners.len();
+    // EDS clusters need a node and an ADS source: a static xds-grpc cluster (HTTP/2) stands in
+    let mut bootstrap: Bootstrap = xds_api::json::json_to_message(&json!({
+        "node": {"id": "sidecar~10.0.0.9~p.default~default.svc.cluster.local", "cluster": "test"},
+        "dynamicResources": {"adsConfig": {"apiType": "GRPC", "transportApiVersion": "V3",
+            "grpcServices": [{"envoyGrpc": {"clusterName": "xds-grpc"}}]}},
+        "staticResources": {"clusters": [{"name": "xds-grpc", "type": "STATIC", "connectTimeout": "1s",
+            "typedExtensionProtocolOptions": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicitHttpConfig": {"http2ProtocolOptions": {}}}},
+            "loadAssignment": {"clusterName": "xds-grpc", "endpoints": [{"lbEndpoints": [{"endpoint": {"address":
+                {"socketAddress": {"address": "127.0.0.1", "portValue": 15010}}}}]}]}}]}
+    }))
+    .unwrap();
+    let statics = bootstrap.static_resources.get_or_insert_with(StaticResources::default);
+    clusters.append(&mut statics.clusters);
+    statics.clusters = clusters;
+    statics.listeners = listeners;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bootstrap.pb");
+    std::fs::write(&path, bootstrap.encode_to_vec()).unwrap();
+    let out = std::process::Command::new(envoy)
+        .args([
+            "--mode",
+            "validate",
+            "--disable-hot-restart",
+            "--log-level",
+            "info",
+            "-c",
+        ])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "envoy rejected the sidecar config:\n{log}");
+    assert!(
+        log.contains(&format!("loading {n} listener(s)")),
+        "listeners not loaded:\n{log}"
+    );
+}
+
+/// A route configuration `name` that validates its clusters and sends everything to PassthroughCluster.
+fn stub_route(name: &str) -> xds_api::envoy::config::route::v3::RouteConfiguration {
+    let rc = json!({"name": name, "validateClusters": true, "virtualHosts": [{"name": "all", "domains": ["*"],
+        "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "PassthroughCluster"}}]}]});
+    xds_api::json::json_to_message(&rc).unwrap()
+}

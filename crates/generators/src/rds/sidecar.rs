@@ -1,0 +1,389 @@
+//! Sidecar outbound route configurations, as Istio's `buildSidecarOutboundHTTPRouteConfig`: the
+//! route name is the listener port (`9080`); each visible service with an HTTP port there gets a
+//! virtual host (`<fqdn>:<port>`, domains from `generateVirtualHostDomains`) whose routes come
+//! from the mesh VirtualService naming it, else one default route to `outbound|<port>||<fqdn>`;
+//! VirtualService hosts that are no service get their own virtual host; last, the catch-all
+//! `allow_any` (PassthroughCluster) or `block_all` (502) virtual host.
+//!
+//! A `<host>:<port>` name gives that host's virtual hosts only, with no catch-all.
+//!
+//! Not yet: egress listener ports of the Sidecar resource (hosts are the union of all listeners).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use model::networking::{Destination, PortSelector};
+use model::service::Resolution;
+use model::{Config, Protocol, Proxy, Service};
+use push_index::PushContext;
+use xds_api::envoy::config::route::v3::{
+    Decorator, DirectResponseAction, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route::Action,
+    route_action, route_match::PathSpecifier,
+};
+use xds_api::pbwkt::{BoolValue, Duration, UInt32Value};
+
+use super::empty_route_config;
+use crate::names::{PASSTHROUGH_CLUSTER, TrafficDirection, subset_key};
+use crate::route::{self, MESH_GATEWAY, PushView, RouteContext, hash, policy};
+
+/// Istio's `DefaultMaxDirectResponseBodySizeBytes`.
+const MAX_DIRECT_RESPONSE_BODY_SIZE_BYTES: u32 = 1024 * 1024;
+/// Istio's `util.PassthroughRouteName`: the catch-all under ALLOW_ANY.
+pub const PASSTHROUGH_ROUTE_NAME: &str = "allow_any";
+/// Istio's `util.BlackHoleRouteName`: the catch-all under REGISTRY_ONLY.
+pub const BLACK_HOLE_ROUTE_NAME: &str = "block_all";
+/// Istio's `DefaultRouteName`.
+const DEFAULT_ROUTE_NAME: &str = "default";
+
+/// What sidecar route building reads from a push beyond `PushView`.
+pub trait SidecarPushView: PushView {
+    /// Services the proxy sees (`exportTo` and its Sidecar resource), sorted by hostname.
+    fn services_for_proxy(&self, proxy: &Proxy) -> Vec<Arc<Service>>;
+    /// VirtualServices for the mesh (no gateways, or `mesh`) that the proxy sees, in Istio's order.
+    fn virtual_services_for_mesh(&self, proxy: &Proxy) -> Vec<Arc<Config>>;
+    /// Whether unknown hosts are refused (`REGISTRY_ONLY`), from the Sidecar or the mesh config.
+    fn registry_only(&self, proxy: &Proxy) -> bool;
+}
+
+impl SidecarPushView for PushContext {
+    fn services_for_proxy(&self, proxy: &Proxy) -> Vec<Arc<Service>> {
+        PushContext::services_for_proxy(self, proxy)
+    }
+
+    fn virtual_services_for_mesh(&self, proxy: &Proxy) -> Vec<Arc<Config>> {
+        PushContext::virtual_services_for_mesh(self, proxy)
+    }
+
+    fn registry_only(&self, proxy: &Proxy) -> bool {
+        PushContext::registry_only(self, proxy)
+    }
+}
+
+/// The route configuration `route_name` of a sidecar proxy.
+pub fn build_sidecar_outbound_http_route_config<P: SidecarPushView>(
+    proxy: &Proxy,
+    push: &P,
+    route_name: &str,
+) -> RouteConfiguration {
+    let Some((only_host, port)) = parse_route_name(route_name) else {
+        tracing::debug!(proxy = %proxy.id, route = route_name, "sidecar route name is neither a port nor host:port; empty configuration");
+        return empty_route_config(route_name);
+    };
+    // a `host:port` name serves that host only (Istio's sniffed listeners), with no catch-all
+    let wanted = |h: &str| only_host.is_none_or(|only| h == only || model::host::subset_of(only, h));
+    let services: Vec<Arc<Service>> = push
+        .services_for_proxy(proxy)
+        .into_iter()
+        .filter(|s| {
+            only_host.is_none_or(|only| s.hostname == only)
+                && s.ports
+                    .iter()
+                    .any(|p| p.port == port && (p.protocol.is_http() || p.protocol == Protocol::Unsupported))
+        })
+        .collect();
+    let virtual_services = push.virtual_services_for_mesh(proxy);
+    let mut used = HashSet::new();
+    let mut virtual_hosts = Vec::new();
+    let mut services_with_vs: HashSet<&str> = HashSet::new();
+
+    for vs_config in &virtual_services {
+        let Some(vs) = route::virtual_service(vs_config) else {
+            continue;
+        };
+        let ns = &vs_config.meta.namespace;
+        let vs_hosts: Vec<String> = vs
+            .hosts
+            .iter()
+            .map(|h| model::host::resolve_short_name(h, ns, push.domain()).to_ascii_lowercase())
+            .filter(|h| wanted(h))
+            .collect();
+        // Istio's separateVSHostsAndServices: hosts naming services, else the hosts themselves
+        let mut own_services: Vec<&Arc<Service>> = Vec::new();
+        let mut plain_hosts: Vec<&str> = Vec::new();
+        for h in &vs_hosts {
+            let matching: Vec<&Arc<Service>> = services
+                .iter()
+                .filter(|s| s.hostname == *h || (model::host::is_wildcard(h) && model::host::subset_of(&s.hostname, h)))
+                .collect();
+            if matching.is_empty() {
+                plain_hosts.push(h);
+            }
+            for s in matching {
+                if owning_virtual_service(&virtual_services, &s.hostname, push.domain())
+                    .is_some_and(|o| Arc::ptr_eq(o, vs_config))
+                    && services_with_vs.insert(s.hostname.as_str())
+                {
+                    own_services.push(s);
+                }
+            }
+        }
+        // Istio builds vhosts for hosts that are no service only with services, or on port 80
+        if own_services.is_empty() && port != 80 {
+            continue;
+        }
+        let gateway_names = [MESH_GATEWAY.to_owned()];
+        let ctx = RouteContext::new(push, proxy, vs_config, u32::from(port), &gateway_names, false);
+        let routes = route::build_http_routes_for_virtual_service(&ctx);
+        if routes.is_empty() {
+            tracing::debug!(vs = %vs_config.key(), route = route_name, "no routes of this VirtualService for the port");
+            continue;
+        }
+        for h in plain_hosts {
+            push_vhost(
+                &mut virtual_hosts,
+                &mut used,
+                domain_name(h, port),
+                vec![h.to_owned()],
+                &routes,
+            );
+        }
+        for s in own_services {
+            let domains = generate_virtual_host_domains(s, proxy);
+            push_vhost(
+                &mut virtual_hosts,
+                &mut used,
+                domain_name(&s.hostname, port),
+                domains,
+                &routes,
+            );
+        }
+    }
+    for s in services
+        .iter()
+        .filter(|s| !services_with_vs.contains(s.hostname.as_str()))
+    {
+        let routes = [default_route(proxy, push, s, port)];
+        let domains = generate_virtual_host_domains(s, proxy);
+        push_vhost(
+            &mut virtual_hosts,
+            &mut used,
+            domain_name(&s.hostname, port),
+            domains,
+            &routes,
+        );
+    }
+    virtual_hosts.sort_by(|a, b| a.name.cmp(&b.name));
+    if only_host.is_none() && !used.contains("*") {
+        virtual_hosts.push(catch_all_virtual_host(push.registry_only(proxy)));
+    }
+    RouteConfiguration {
+        name: route_name.to_owned(),
+        virtual_hosts,
+        validate_clusters: Some(BoolValue { value: false }),
+        ignore_port_in_host_matching: true,
+        max_direct_response_body_size_bytes: Some(UInt32Value {
+            value: MAX_DIRECT_RESPONSE_BODY_SIZE_BYTES,
+        }),
+        ..Default::default()
+    }
+}
+
+/// A sidecar route name: `<port>`, or `<host>:<port>` (then `Some(host)`).
+fn parse_route_name(name: &str) -> Option<(Option<&str>, u16)> {
+    if let Ok(port) = name.parse() {
+        return Some((None, port));
+    }
+    let (host, port) = name.rsplit_once(':')?;
+    let host = Some(host).filter(|h| !h.is_empty())?;
+    Some((Some(host), port.parse().ok()?))
+}
+
+/// The VirtualService whose routes a service gets: the first naming its hostname exactly, else
+/// the one with the most specific wildcard host matching it (Istio's `mostSpecificWildcardVsIndex`).
+fn owning_virtual_service<'a>(vses: &'a [Arc<Config>], hostname: &str, domain: &str) -> Option<&'a Arc<Config>> {
+    let hosts = |c: &Config| -> Vec<String> {
+        route::virtual_service(c).map_or_else(Vec::new, |vs| {
+            vs.hosts
+                .iter()
+                .map(|h| model::host::resolve_short_name(h, &c.meta.namespace, domain).to_ascii_lowercase())
+                .collect()
+        })
+    };
+    if let Some(exact) = vses.iter().find(|c| hosts(c).iter().any(|h| h == hostname)) {
+        return Some(exact);
+    }
+    let mut best: Option<(usize, &Arc<Config>)> = None;
+    for c in vses {
+        for h in hosts(c) {
+            if model::host::is_wildcard(&h)
+                && model::host::subset_of(hostname, &h)
+                && best.is_none_or(|(len, _)| h.len() > len)
+            {
+                best = Some((h.len(), c));
+            }
+        }
+    }
+    best.map(|(_, c)| c)
+}
+
+/// Adds a virtual host with the domains no earlier one claimed (Envoy refuses duplicates); none
+/// left means no virtual host, as Istio's `dedupeDomains`. A name already taken is skipped.
+fn push_vhost(
+    out: &mut Vec<VirtualHost>,
+    used: &mut HashSet<String>,
+    name: String,
+    domains: Vec<String>,
+    routes: &[Route],
+) {
+    if out.iter().any(|v| v.name == name) {
+        tracing::debug!(vhost = name, "duplicate virtual host; the first wins");
+        return;
+    }
+    let domains: Vec<String> = domains.into_iter().filter(|d| used.insert(d.clone())).collect();
+    if domains.is_empty() {
+        return;
+    }
+    out.push(VirtualHost {
+        name,
+        domains,
+        routes: route::sort_vhost_routes(routes.to_vec()),
+        include_request_attempt_count: true,
+        ..Default::default()
+    });
+}
+
+/// Istio's `generateVirtualHostDomains` for sidecars (ports ignored in host matching): the FQDN,
+/// its Kubernetes short forms (`GenerateAltVirtualHosts`), `*.`-forms of headless Kubernetes
+/// services, and the service addresses.
+pub fn generate_virtual_host_domains(service: &Service, proxy: &Proxy) -> Vec<String> {
+    let mut domains = vec![service.hostname.clone()];
+    domains.extend(generate_alt_virtual_hosts(&service.hostname, &proxy.dns_domain));
+    if service.resolution == Resolution::Passthrough && service.attributes.service_registry == "Kubernetes" {
+        let wildcards: Vec<String> = domains.iter().map(|d| format!("*.{d}")).collect();
+        domains.extend(wildcards);
+    }
+    for a in &service.addresses {
+        if a == "0.0.0.0" || a == "::" || a.is_empty() {
+            continue;
+        }
+        let a = a.split('/').next().unwrap_or(a);
+        domains.push(if a.contains(':') {
+            format!("[{a}]")
+        } else {
+            a.to_owned()
+        });
+    }
+    domains
+}
+
+/// Istio's `GenerateAltVirtualHosts` for a proxy whose DNS domain is `<ns>.svc.<suffix>`: a
+/// Kubernetes service of the same namespace is also `name`, `name.ns.svc` and `name.ns`; of
+/// another namespace `name.ns.svc` and `name.ns`; other hosts get no short forms.
+pub fn generate_alt_virtual_hosts(hostname: &str, proxy_domain: &str) -> Vec<String> {
+    let Some(proxy_svc) = proxy_domain.find(".svc.") else {
+        return Vec::new();
+    };
+    // the shared suffix after the namespace: `svc.cluster.local`
+    let suffix = &proxy_domain[proxy_svc + 1..];
+    let Some(ih) = hostname.find(".svc.") else {
+        return Vec::new();
+    };
+    if !hostname.ends_with(suffix) {
+        return Vec::new();
+    }
+    let Some(dot) = hostname.find('.') else {
+        return Vec::new();
+    };
+    if dot + 1 > ih {
+        return Vec::new();
+    }
+    let name_ns = &hostname[..ih];
+    let mut out = Vec::with_capacity(3);
+    if hostname[dot + 1..ih] == proxy_domain[..proxy_svc] {
+        out.push(hostname[..dot].to_owned());
+    }
+    out.push(format!("{name_ns}.svc"));
+    out.push(name_ns.to_owned());
+    out
+}
+
+/// `util.DomainName`: `host:port`.
+fn domain_name(host: &str, port: u16) -> String {
+    format!("{host}:{port}")
+}
+
+/// Istio's `BuildDefaultHTTPOutboundRoute`: `/` to the service's cluster, no timeout, default
+/// retries, and the hash policy of the DestinationRule's consistent hash for the port (`hashByService`).
+fn default_route<P: PushView>(proxy: &Proxy, push: &P, service: &Service, port: u16) -> Route {
+    let hostname = service.hostname.as_str();
+    let destination = Destination {
+        host: hostname.to_owned(),
+        subset: String::new(),
+        port: Some(PortSelector { number: port.into() }),
+    };
+    let hash_policy: Vec<_> = push
+        .with_destination_rule(proxy, service, |dr| {
+            hash::consistent_hash_for_destination(dr, &destination)
+        })
+        .flatten()
+        .and_then(|h| hash::hash_policy(&h))
+        .into_iter()
+        .collect();
+    let no_timeout = Duration::default();
+    #[allow(deprecated)]
+    let action = RouteAction {
+        cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(subset_key(
+            TrafficDirection::Outbound,
+            "",
+            hostname,
+            port,
+        ))),
+        timeout: Some(no_timeout),
+        max_grpc_timeout: Some(no_timeout),
+        retry_policy: policy::retry_policy(None, !hash_policy.is_empty()),
+        hash_policy,
+        ..Default::default()
+    };
+    Route {
+        name: DEFAULT_ROUTE_NAME.into(),
+        r#match: Some(prefix_match()),
+        action: Some(Action::Route(action)),
+        decorator: Some(Decorator {
+            operation: format!("{hostname}:{port}/*"),
+            propagate: None,
+        }),
+        ..Default::default()
+    }
+}
+
+fn prefix_match() -> RouteMatch {
+    RouteMatch {
+        path_specifier: Some(PathSpecifier::Prefix("/".into())),
+        ..Default::default()
+    }
+}
+
+/// Istio's `BuildCatchAllVirtualHost`: `allow_any` to PassthroughCluster, or `block_all` (502).
+pub fn catch_all_virtual_host(registry_only: bool) -> VirtualHost {
+    let (name, action) = if registry_only {
+        (
+            BLACK_HOLE_ROUTE_NAME,
+            Action::DirectResponse(DirectResponseAction {
+                status: 502,
+                ..Default::default()
+            }),
+        )
+    } else {
+        let no_timeout = Duration::default();
+        #[allow(deprecated)]
+        let action = RouteAction {
+            cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(PASSTHROUGH_CLUSTER.into())),
+            timeout: Some(no_timeout),
+            max_grpc_timeout: Some(no_timeout),
+            ..Default::default()
+        };
+        (PASSTHROUGH_ROUTE_NAME, Action::Route(action))
+    };
+    VirtualHost {
+        name: name.into(),
+        domains: vec!["*".into()],
+        routes: vec![Route {
+            name: name.into(),
+            r#match: Some(prefix_match()),
+            action: Some(action),
+            ..Default::default()
+        }],
+        include_request_attempt_count: true,
+        ..Default::default()
+    }
+}
