@@ -242,11 +242,12 @@ struct FakePilot {
     stamps: Arc<Mutex<Stamps>>,
 }
 
-/// Upstream's clock readings for one stream, by sequence number (the response nonce).
+/// One side's clock readings on one stream, by sequence number (the response nonce): when each
+/// response and each ACK passed this side (the fake: sent, received; the client: received, sent).
 #[derive(Default)]
 struct Stamps {
-    sent: Vec<Instant>,
-    acked: Vec<Instant>,
+    responses: Vec<Instant>,
+    acks: Vec<Instant>,
 }
 
 #[tonic::async_trait]
@@ -284,7 +285,7 @@ async fn push_on_ack(
         let at = Instant::now();
         let lock = || stamps.lock().unwrap_or_else(|e| e.into_inner());
         if !req.response_nonce.is_empty() {
-            lock().acked.push(at);
+            lock().acks.push(at);
         }
         if next == total {
             continue;
@@ -296,7 +297,7 @@ async fn push_on_ack(
             resources: payload.to_vec(),
             ..Default::default()
         };
-        lock().sent.push(Instant::now());
+        lock().responses.push(Instant::now());
         if tx.send(Ok(resp)).is_err() {
             return;
         }
@@ -326,7 +327,7 @@ async fn envoy_stream(endpoint: Endpoint, total: usize, stamps: &Mutex<Stamps>) 
     let mut mine = Stamps::default();
     for seq in 0..total {
         let resp = responses.message().await?.context("the stream ended early")?;
-        mine.sent.push(Instant::now()); // here: when the response arrived
+        mine.responses.push(Instant::now());
         anyhow::ensure!(
             resp.nonce == seq.to_string(),
             "response {} out of order (expected {seq})",
@@ -338,12 +339,12 @@ async fn envoy_stream(endpoint: Endpoint, total: usize, stamps: &Mutex<Stamps>) 
             type_url: resp.type_url,
             ..Default::default()
         };
-        mine.acked.push(Instant::now()); // here: when the ACK left
+        mine.acks.push(Instant::now());
         tx.send(ack)?;
     }
     // Keep the stream open until the upstream has seen the last ACK.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while stamps.lock().unwrap_or_else(|e| e.into_inner()).acked.len() < total {
+    while stamps.lock().unwrap_or_else(|e| e.into_inner()).acks.len() < total {
         anyhow::ensure!(Instant::now() < deadline, "the upstream never saw the last ACK");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -367,8 +368,8 @@ async fn path_latencies(
             .collect()
     };
     Ok((
-        micros(&upstream.sent, &envoy.sent),
-        micros(&envoy.acked, &upstream.acked),
+        micros(&upstream.responses, &envoy.responses),
+        micros(&envoy.acks, &upstream.acks),
     ))
 }
 

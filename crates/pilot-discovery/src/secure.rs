@@ -15,7 +15,6 @@ use anyhow::Context;
 use ca::{CertificateAuthority, IssuedCert};
 use model::MeshConfig;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Identity, ServerTlsConfig};
 use xds_api::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use xds_server::AdsService;
@@ -175,7 +174,7 @@ impl SecureGrpc {
              trusts the mesh root can fetch config"
         );
         server
-            .serve_with_incoming(TcpListenerStream::new(listener))
+            .serve_with_incoming(crate::server::incoming(listener))
             .await
             .with_context(|| format!("--secureGrpcAddr {addr}: gRPC server"))
     }

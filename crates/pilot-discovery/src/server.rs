@@ -104,7 +104,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         tasks.spawn(async move {
             builder
                 .add_service(svc)
-                .serve_with_incoming(TcpListenerStream::new(listener))
+                .serve_with_incoming(incoming(listener))
                 .await
                 .context("gRPC server")
         });
@@ -172,6 +172,22 @@ fn grpc_server(max_connection_age: Duration) -> tonic::transport::Server {
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .max_connection_age(max_connection_age)
         .max_connection_age_grace(Duration::from_secs(10))
+}
+
+/// Accepted connections with Nagle's algorithm off: tonic's `serve_with_incoming` does not apply
+/// its `tcp_nodelay` setting, and with Nagle on a 30 KiB response waits ~40 ms for delayed ACKs.
+pub(crate) fn incoming(
+    listener: TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> + Send + 'static {
+    use futures::StreamExt;
+    TcpListenerStream::new(listener).map(|conn| {
+        if let Ok(stream) = &conn
+            && let Err(e) = stream.set_nodelay(true)
+        {
+            tracing::debug!("set TCP_NODELAY: {e}");
+        }
+        conn
+    })
 }
 
 async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<TcpListener> {

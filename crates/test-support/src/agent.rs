@@ -197,3 +197,15 @@ impl Agent {
         self.dir.path()
     }
 }
+
+impl Drop for Agent {
+    /// The agent is killed with SIGKILL, which leaves it no chance to stop Envoy: stop its Envoys
+    /// here so tests leave no process behind.
+    fn drop(&mut self) {
+        let envoys = self.envoy_pids();
+        let _ = self.child.start_kill();
+        for pid in envoys {
+            let _ = Agent::signal(pid, "KILL");
+        }
+    }
+}
