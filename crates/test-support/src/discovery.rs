@@ -31,13 +31,17 @@ pub struct DiscoveryOptions {
     pub args: Vec<String>,
     /// Fixed gRPC port (e.g. to restart on the same address); free port if None.
     pub grpc_port: Option<u16>,
+    /// Address the gRPC (xDS) port listens on; 127.0.0.1 if None. A `netns::Network`'s host
+    /// address lets sidecars in its pods reach it.
+    pub grpc_ip: Option<std::net::IpAddr>,
 }
 
 impl Discovery {
     /// Starts pilot-discovery on `config_dir` and waits for `/ready`.
     pub async fn start(config_dir: &Path, opts: DiscoveryOptions) -> anyhow::Result<Discovery> {
         let bin = cargo_bin("pilot-discovery", "pilot-discovery")?;
-        let grpc_addr: SocketAddr = ([127, 0, 0, 1], opts.grpc_port.unwrap_or_else(free_port)).into();
+        let grpc_ip = opts.grpc_ip.unwrap_or(std::net::Ipv4Addr::LOCALHOST.into());
+        let grpc_addr = SocketAddr::new(grpc_ip, opts.grpc_port.unwrap_or_else(free_port));
         let http_addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let monitoring_addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let log_dir = tempfile::tempdir()?;
@@ -120,6 +124,11 @@ impl Discovery {
     pub async fn metric(&self, name: &str) -> anyhow::Result<f64> {
         let (_, text) = self.get("/metrics", true).await?;
         Ok(sum_metric(&text, name))
+    }
+
+    /// The process ID, while the process runs (for reading `/proc/<pid>`).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
     }
 
     pub fn logs(&self) -> String {

@@ -8,5 +8,6 @@ pub mod bin;
 pub mod bootstrap;
 pub mod discovery;
 pub mod envoy;
+pub mod netns;
 pub mod ports;
 pub mod tls;

@@ -1,0 +1,172 @@
+//! What runs in a test pod: an HTTP app, Istio's iptables capture, `pilot-agent proxy sidecar`,
+//! and requests and Envoy stats read from inside the pod.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use serde_json::json;
+
+use super::{ADMIN_PORT, Pod, STATUS_PORT};
+use crate::bin::cargo_bin;
+use crate::envoy::envoy_bin;
+
+impl Pod {
+    /// An HTTP app on 0.0.0.0:`port` answering every GET with `{"backend": <name>, "host": ...}`.
+    pub fn start_app(&mut self, port: u16) -> anyhow::Result<()> {
+        let script = format!(
+            r#"import json, socketserver, http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({{"backend": "{name}", "host": self.headers.get("host", "")}}).encode()
+        self.send_response(200); self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body))); self.end_headers(); self.wfile.write(body)
+    def log_message(self, *a): pass
+socketserver.TCPServer.allow_reuse_address = True
+socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
+"#,
+            name = self.name
+        );
+        self.spawn("app.log", &["python3", "-c", &script], &[])?;
+        Ok(())
+    }
+
+    /// Applies Istio's capture in the pod with the injector's flags (`-i '*' -b '*' -d
+    /// 15090,15021,15020`), excluding uid 0 instead of 1337 (see the module doc).
+    pub fn capture(&self) -> anyhow::Result<()> {
+        let bin = cargo_bin("agent", "pilot-agent")?;
+        let bin = bin.to_string_lossy();
+        let out = self.exec(&[
+            &bin,
+            "istio-iptables",
+            "-u",
+            "0",
+            "-i",
+            "*",
+            "-b",
+            "*",
+            "-d",
+            "15090,15021,15020",
+            "--dry-run=false",
+        ])?;
+        if !out.status.success() {
+            bail!("istio-iptables failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    }
+
+    /// Starts `pilot-agent proxy sidecar` in the pod for `namespace` with `labels`, talking to
+    /// pilot-discovery at `discovery`, and waits for `/healthz/ready`.
+    pub fn start_sidecar(
+        &mut self,
+        discovery: SocketAddr,
+        namespace: &str,
+        labels: &serde_json::Value,
+    ) -> anyhow::Result<()> {
+        let bin = cargo_bin("agent", "pilot-agent")?;
+        let dir = self.dir.path().to_path_buf();
+        let proxy_config = json!({
+            "discoveryAddress": discovery.to_string(),
+            "proxyAdminPort": ADMIN_PORT,
+            "statusPort": STATUS_PORT,
+            "binaryPath": envoy_bin()?,
+            "configPath": dir.join("etc/istio/proxy"),
+            "drainDuration": "1s",
+            "terminationDrainDuration": "1s",
+            "controlPlaneAuthPolicy": "NONE",
+            "concurrency": 1,
+            // Istio's bootstrap keeps only the stats it needs; tests read these too.
+            "proxyStatsMatcher": {"inclusionPrefixes": [
+                "cluster.inbound", "cluster.outbound", "cluster.BlackHoleCluster", "cluster.PassthroughCluster",
+                "listener.",
+            ]},
+        });
+        let env: Vec<(String, String)> = [
+            ("POD_NAME", self.name.clone()),
+            ("POD_NAMESPACE", namespace.to_owned()),
+            ("INSTANCE_IP", self.ip.to_string()),
+            ("SERVICE_ACCOUNT", "default".to_owned()),
+            ("ISTIO_META_CLUSTER_ID", "Kubernetes".to_owned()),
+            ("ISTIO_METAJSON_LABELS", labels.to_string()),
+            ("PROXY_CONFIG", proxy_config.to_string()),
+            ("XDS_UDS_PATH", dir.join("XDS").to_string_lossy().into_owned()),
+            ("SDS_UDS_PATH", dir.join("SDS").to_string_lossy().into_owned()),
+            ("ENVOY_STATUS_PORT", "15021".to_owned()),
+            ("ENVOY_PROMETHEUS_PORT", "15090".to_owned()),
+            ("ISTIO_DELTA_XDS", "true".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        self.spawn("pilot-agent.log", &[&bin.to_string_lossy(), "proxy", "sidecar"], &env)?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let url = format!("http://127.0.0.1:{STATUS_PORT}/healthz/ready");
+        loop {
+            if self.curl_root(&url).is_ok_and(|(code, _)| code == 200) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("sidecar in {} not ready:\n{}", self.name, self.log("pilot-agent.log"));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `curl` in the pod as root (not captured): (status, body).
+    pub fn curl_root(&self, url: &str) -> anyhow::Result<(u16, String)> {
+        self.curl(&[], url)
+    }
+
+    /// `curl` in the pod as `nobody` (captured by the sidecar, as an app's request): (status, body).
+    pub fn curl_app(&self, url: &str, headers: &[&str]) -> anyhow::Result<(u16, String)> {
+        let pre = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"];
+        self.curl_with(&pre, headers, url)
+    }
+
+    fn curl(&self, pre: &[&str], url: &str) -> anyhow::Result<(u16, String)> {
+        self.curl_with(pre, &[], url)
+    }
+
+    fn curl_with(&self, pre: &[&str], headers: &[&str], url: &str) -> anyhow::Result<(u16, String)> {
+        let mut args: Vec<&str> = pre.to_vec();
+        args.extend(["curl", "-s", "-m", "5", "-w", "\n%{http_code}"]);
+        for h in headers {
+            args.extend(["-H", h]);
+        }
+        args.push(url);
+        let out = self.exec(&args)?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        Ok((code.trim().parse().unwrap_or(0), body.to_owned()))
+    }
+
+    /// The sum of Envoy's `cluster.<cluster>.<stat>` in the pod, whether or not the cluster's stat
+    /// name carries Istio's `;` suffix (`alt_stat_name`).
+    pub fn cluster_stat(&self, cluster: &str, stat: &str) -> anyhow::Result<u64> {
+        let names = [
+            format!("cluster.{cluster}.{stat}"),
+            format!("cluster.{cluster};.{stat}"),
+        ];
+        Ok(self
+            .envoy_stats()?
+            .iter()
+            .filter(|(k, _)| names.contains(k))
+            .map(|(_, v)| v)
+            .sum())
+    }
+
+    /// Envoy's `/stats` in the pod as `name -> value` (counters and gauges).
+    pub fn envoy_stats(&self) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
+        let (code, body) = self.curl_root(&format!("http://127.0.0.1:{ADMIN_PORT}/stats"))?;
+        if code != 200 {
+            bail!("envoy /stats in {}: {code}", self.name);
+        }
+        Ok(body
+            .lines()
+            .filter_map(|l| {
+                let (k, v) = l.split_once(": ")?;
+                Some((k.to_owned(), v.trim().parse().ok()?))
+            })
+            .collect())
+    }
+}
