@@ -161,7 +161,7 @@ pub fn translate_fault(fault: &HttpFaultInjection) -> Option<HttpFault> {
     if let Some(abort) = &fault.abort {
         let error_type = match (&abort.http_status, &abort.grpc_status) {
             (Some(status), _) => Some(fault_abort::ErrorType::HttpStatus(*status as u32)),
-            (None, Some(code)) => grpc_status_code(code).map(fault_abort::ErrorType::GrpcStatus),
+            (None, Some(code)) => model::networking::grpc_status_code(code).map(fault_abort::ErrorType::GrpcStatus),
             _ => None,
         };
         match error_type {
@@ -176,30 +176,6 @@ pub fn translate_fault(fault: &HttpFaultInjection) -> Option<HttpFault> {
         }
     }
     (out.delay.is_some() || out.abort.is_some()).then_some(out)
-}
-
-/// gRPC status names as Istio's `grpc.SupportedGRPCStatus`.
-fn grpc_status_code(name: &str) -> Option<u32> {
-    const CODES: [&str; 17] = [
-        "OK",
-        "CANCELLED",
-        "UNKNOWN",
-        "INVALID_ARGUMENT",
-        "DEADLINE_EXCEEDED",
-        "NOT_FOUND",
-        "ALREADY_EXISTS",
-        "PERMISSION_DENIED",
-        "RESOURCE_EXHAUSTED",
-        "FAILED_PRECONDITION",
-        "ABORTED",
-        "OUT_OF_RANGE",
-        "UNIMPLEMENTED",
-        "INTERNAL",
-        "UNAVAILABLE",
-        "DATA_LOSS",
-        "UNAUTHENTICATED",
-    ];
-    CODES.iter().position(|c| *c == name).map(|i| i as u32)
 }
 
 /// `TranslateCORSPolicy`.

@@ -246,3 +246,29 @@ pub struct L4MatchAttributes {
     pub gateways: Vec<String>,
     pub source_namespace: String,
 }
+
+/// gRPC status names, indexed by code, as Istio's `grpc.SupportedGRPCStatus` (abort faults).
+pub const GRPC_STATUS_NAMES: [&str; 17] = [
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+];
+
+/// The code of a gRPC status name (`UNAVAILABLE` -> 14).
+pub fn grpc_status_code(name: &str) -> Option<u32> {
+    GRPC_STATUS_NAMES.iter().position(|c| *c == name).map(|i| i as u32)
+}

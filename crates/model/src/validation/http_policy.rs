@@ -6,27 +6,6 @@ use super::headers::validate_cors_header_name;
 use super::virtual_service::check_string_match;
 use crate::networking::{FaultAbort, HttpRoute};
 
-/// gRPC status names Istio accepts for abort faults.
-const GRPC_STATUS: &[&str] = &[
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-];
-
 /// Envoy `retry_on` policies Istio accepts besides HTTP status codes.
 const RETRY_ON: &[&str] = &[
     "5xx",
@@ -149,7 +128,7 @@ fn check_abort(errs: &mut Errors, path: &str, abort: &FaultAbort) {
         check_http_status(errs, &format!("{path}.httpStatus"), i64::from(status));
     }
     if let Some(status) = &abort.grpc_status
-        && !GRPC_STATUS.contains(&status.as_str())
+        && crate::networking::grpc_status_code(status).is_none()
     {
         errs.add(
             &format!("{path}.grpcStatus"),
