@@ -1,0 +1,219 @@
+//! The synthetic mesh: ServiceEntries, VirtualServices and DestinationRules written as YAML into a
+//! config directory for pilot-discovery's `--configDir`, and the sidecar node IDs of the proxies.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+/// Namespace of every generated resource and proxy.
+pub const NAMESPACE: &str = "load";
+
+/// Size of the synthetic mesh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MeshSpec {
+    pub services: usize,
+    pub endpoints: usize,
+    pub virtual_services: usize,
+    pub destination_rules: usize,
+}
+
+/// Hostname of service `i`.
+pub fn service_host(i: usize) -> String {
+    format!("svc-{i}.{NAMESPACE}.svc.cluster.local")
+}
+
+/// Address of endpoint `k` (counted over the whole mesh), in 10.128.0.0/9: config data only.
+pub fn endpoint_address(k: usize) -> String {
+    format!("10.{}.{}.{}", 128 + (k >> 16) % 128, (k >> 8) & 255, k & 255)
+}
+
+/// Node ID of sidecar proxy `n`: `sidecar~10.0.<i>.<j>~pod-<n>.load~load.svc.cluster.local`.
+pub fn sidecar_node_id(n: usize) -> String {
+    format!(
+        "sidecar~10.0.{}.{}~pod-{n}.{NAMESPACE}~{NAMESPACE}.svc.cluster.local",
+        n / 250,
+        n % 250 + 1
+    )
+}
+
+/// Node metadata of sidecar proxy `n`, as Istio's injector sets it.
+pub fn sidecar_metadata(n: usize) -> serde_json::Value {
+    serde_json::json!({
+        "NAMESPACE": NAMESPACE,
+        "ISTIO_VERSION": "1.28.0",
+        "CLUSTER_ID": "Kubernetes",
+        "LABELS": {"app": format!("pod-{}", n % 16)},
+        "POD_NAME": format!("pod-{n}"),
+    })
+}
+
+/// One ServiceEntry: one HTTP port 8080, STATIC, MESH_INTERNAL, `endpoints` inline endpoints;
+/// `shift` moves the addresses (endpoint churn).
+pub fn service_entry(i: usize, endpoints: usize, shift: usize) -> String {
+    let mut y = format!(
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: svc-{i}, namespace: {NAMESPACE}}}\n\
+         spec:\n  hosts: [{}]\n  location: MESH_INTERNAL\n  resolution: STATIC\n  \
+         ports: [{{number: 8080, name: http, protocol: HTTP}}]\n  endpoints:\n",
+        service_host(i)
+    );
+    for j in 0..endpoints {
+        let version = if j % 2 == 0 { "v1" } else { "v2" };
+        let _ = writeln!(
+            y,
+            "  - {{address: {}, labels: {{version: {version}}}}}",
+            endpoint_address(i * endpoints + j + shift)
+        );
+    }
+    y
+}
+
+/// VirtualService `i` for service `i`: a weighted split between subsets v1 and v2 with a route
+/// timeout; `generation` changes the timeout, so each generation is a different route.
+pub fn virtual_service(i: usize, generation: u64) -> String {
+    let host = service_host(i);
+    format!(
+        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: vs-{i}, namespace: {NAMESPACE}}}\n\
+         spec:\n  hosts: [{host}]\n  http:\n  - timeout: {}s\n    route:\n    \
+         - destination: {{host: {host}, subset: v1}}\n      weight: 90\n    \
+         - destination: {{host: {host}, subset: v2}}\n      weight: 10\n",
+        generation + 1
+    )
+}
+
+/// DestinationRule `i` for service `i` with subsets v1 and v2.
+pub fn destination_rule(i: usize) -> String {
+    format!(
+        "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: dr-{i}, namespace: {NAMESPACE}}}\n\
+         spec:\n  host: {}\n  subsets:\n  - name: v1\n    labels: {{version: v1}}\n  \
+         - name: v2\n    labels: {{version: v2}}\n",
+        service_host(i)
+    )
+}
+
+/// Path of VirtualService `i`'s file (one file each, so a change rewrites one file).
+pub fn virtual_service_path(dir: &Path, i: usize) -> PathBuf {
+    dir.join(format!("vs-{i}.yaml"))
+}
+
+/// Writes the whole mesh into `dir`.
+pub fn write_mesh(dir: &Path, spec: &MeshSpec) -> Result<()> {
+    write_service_entries(dir, spec, 0)?;
+    let rules = (0..spec.destination_rules)
+        .map(destination_rule)
+        .collect::<Vec<_>>()
+        .join("---\n");
+    write(&dir.join("destination-rules.yaml"), &rules)?;
+    for i in 0..spec.virtual_services {
+        write(&virtual_service_path(dir, i), &virtual_service(i, 0))?;
+    }
+    Ok(())
+}
+
+/// Moves service 0's endpoints to fresh addresses at `generation` (the endpoint-churn change).
+pub fn churn_endpoints(dir: &Path, spec: &MeshSpec, generation: usize) -> Result<()> {
+    write_service_entries(dir, spec, generation)
+}
+
+/// All ServiceEntries in one file; service 0's addresses are shifted by `generation` meshes.
+fn write_service_entries(dir: &Path, spec: &MeshSpec, generation: usize) -> Result<()> {
+    let total = spec.services * spec.endpoints;
+    let docs: Vec<String> = (0..spec.services)
+        .map(|i| service_entry(i, spec.endpoints, if i == 0 { generation * total } else { 0 }))
+        .collect();
+    write(&dir.join("service-entries.yaml"), &docs.join("---\n"))
+}
+
+/// Rewrites VirtualService `i` at `generation` (the config-change scenario's one change).
+pub fn change_virtual_service(dir: &Path, i: usize, generation: u64) -> Result<()> {
+    write(&virtual_service_path(dir, i), &virtual_service(i, generation))
+}
+
+fn write(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use model::ConfigKind;
+
+    fn parse_dir(dir: &Path) -> Vec<model::Config> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            for doc in config_sources::parse_documents(&text, &path) {
+                out.push(doc.unwrap_or_else(|e| panic!("{}: {e}", path.display())));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_written_mesh_validates_with_the_requested_counts() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = MeshSpec {
+            services: 12,
+            endpoints: 3,
+            virtual_services: 2,
+            destination_rules: 4,
+        };
+        write_mesh(dir.path(), &spec).unwrap();
+        let configs = parse_dir(dir.path());
+        let count = |k: ConfigKind| configs.iter().filter(|c| c.kind == k).count();
+        assert_eq!(count(ConfigKind::ServiceEntry), 12);
+        assert_eq!(count(ConfigKind::VirtualService), 2);
+        assert_eq!(count(ConfigKind::DestinationRule), 4);
+        assert!(configs.iter().all(|c| c.meta.namespace == NAMESPACE));
+        let se = std::fs::read_to_string(dir.path().join("service-entries.yaml")).unwrap();
+        assert!(se.contains(&endpoint_address(35)) && !se.contains(&endpoint_address(36)));
+    }
+
+    #[test]
+    fn a_change_rewrites_one_virtual_service_differently() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = MeshSpec {
+            services: 2,
+            endpoints: 1,
+            virtual_services: 1,
+            destination_rules: 1,
+        };
+        write_mesh(dir.path(), &spec).unwrap();
+        let before = std::fs::read_to_string(virtual_service_path(dir.path(), 0)).unwrap();
+        change_virtual_service(dir.path(), 0, 1).unwrap();
+        let after = std::fs::read_to_string(virtual_service_path(dir.path(), 0)).unwrap();
+        assert_ne!(before, after);
+        assert_eq!(parse_dir(dir.path()).len(), 4);
+    }
+
+    #[test]
+    fn churn_moves_only_service_zero_to_unused_addresses() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = MeshSpec {
+            services: 3,
+            endpoints: 2,
+            virtual_services: 0,
+            destination_rules: 0,
+        };
+        write_mesh(dir.path(), &spec).unwrap();
+        let path = dir.path().join("service-entries.yaml");
+        let before = std::fs::read_to_string(&path).unwrap();
+        churn_endpoints(dir.path(), &spec, 1).unwrap();
+        let after = std::fs::read_to_string(&path).unwrap();
+        assert!(!after.contains(&format!("{{address: {},", endpoint_address(0))));
+        assert!(after.contains(&endpoint_address(6)) && !before.contains(&endpoint_address(6)));
+        assert!(after.contains(&format!("{{address: {},", endpoint_address(2))));
+        assert_eq!(parse_dir(dir.path()).len(), 3);
+    }
+
+    #[test]
+    fn node_ids_are_distinct_sidecars() {
+        assert_eq!(sidecar_node_id(0), "sidecar~10.0.0.1~pod-0.load~load.svc.cluster.local");
+        assert_eq!(
+            sidecar_node_id(251),
+            "sidecar~10.0.1.2~pod-251.load~load.svc.cluster.local"
+        );
+        assert_ne!(endpoint_address(0), endpoint_address(65536));
+    }
+}

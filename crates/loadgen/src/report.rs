@@ -1,0 +1,205 @@
+//! The figures of a run: latency percentiles, pilot-discovery's peak memory and CPU time read from
+//! `/proc/<pid>`, and the report as a human table and as one JSON object.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+/// Clock ticks per second of `/proc/<pid>/stat` times (Linux `USER_HZ`).
+const CLK_TCK: f64 = 100.0;
+
+/// The outcome of one run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    pub scenario: String,
+    pub delta: bool,
+    pub proxies: usize,
+    pub services: usize,
+    pub endpoints: usize,
+    /// Proxies that completed the scenario.
+    pub converged: usize,
+    /// Connect to last handshake ACK, whatever the scenario.
+    pub connect_p50_ms: Option<f64>,
+    pub connect_p99_ms: Option<f64>,
+    /// The scenario's own measure (for `connect`, the same as `connect_*`).
+    pub convergence_p50_ms: Option<f64>,
+    pub convergence_p99_ms: Option<f64>,
+    pub convergence_max_ms: Option<f64>,
+    /// Peak resident memory (VmHWM) of pilot-discovery, when it runs as a child.
+    pub discovery_rss_mb: Option<f64>,
+    /// utime + stime of pilot-discovery, when it runs as a child.
+    pub discovery_cpu_s: Option<f64>,
+    /// utime + stime of this process (the simulated proxies share the machine with pilot-discovery).
+    pub loadgen_cpu_s: Option<f64>,
+    /// Sum of the encoded sizes of every response the proxies received.
+    pub bytes_sent: u64,
+    pub errors: Vec<String>,
+    pub wall_s: f64,
+}
+
+impl Report {
+    /// One JSON object (the `--json` line).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "scenario": self.scenario,
+            "delta": self.delta,
+            "proxies": self.proxies,
+            "services": self.services,
+            "endpoints": self.endpoints,
+            "converged": self.converged,
+            "connect_p50_ms": self.connect_p50_ms,
+            "connect_p99_ms": self.connect_p99_ms,
+            "convergence_p50_ms": self.convergence_p50_ms,
+            "convergence_p99_ms": self.convergence_p99_ms,
+            "convergence_max_ms": self.convergence_max_ms,
+            "raw_p99_ms": Value::Null,
+            "discovery_rss_mb": self.discovery_rss_mb,
+            "discovery_cpu_s": self.discovery_cpu_s,
+            "loadgen_cpu_s": self.loadgen_cpu_s,
+            "bytes_sent": self.bytes_sent,
+            "errors": self.errors.len(),
+            "wall_s": self.wall_s,
+        })
+    }
+
+    /// A human table.
+    pub fn table(&self) -> String {
+        let ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1} ms"));
+        let opt = |v: Option<f64>, unit: &str| v.map_or("-".to_owned(), |v| format!("{v:.2} {unit}"));
+        let rows = [
+            (
+                "scenario",
+                format!("{}{}", self.scenario, if self.delta { " (delta)" } else { " (sotw)" }),
+            ),
+            (
+                "mesh",
+                format!("{} services x {} endpoints", self.services, self.endpoints),
+            ),
+            ("proxies converged", format!("{} / {}", self.converged, self.proxies)),
+            ("connect p50", ms(self.connect_p50_ms)),
+            ("connect p99", ms(self.connect_p99_ms)),
+            ("convergence p50", ms(self.convergence_p50_ms)),
+            ("convergence p99", ms(self.convergence_p99_ms)),
+            ("convergence max", ms(self.convergence_max_ms)),
+            ("discovery peak RSS", opt(self.discovery_rss_mb, "MB")),
+            ("discovery CPU", opt(self.discovery_cpu_s, "s")),
+            ("loadgen CPU", opt(self.loadgen_cpu_s, "s")),
+            ("bytes received", format!("{:.2} MB", self.bytes_sent as f64 / 1e6)),
+            ("errors", self.errors.len().to_string()),
+            ("wall time", format!("{:.1} s", self.wall_s)),
+        ];
+        let mut out = String::new();
+        for (k, v) in rows {
+            out.push_str(&format!("{k:<20} {v}\n"));
+        }
+        for e in self.errors.iter().take(5) {
+            out.push_str(&format!("error: {e}\n"));
+        }
+        out
+    }
+}
+
+/// The `q` quantile (0..=1) of `samples` by nearest rank, in milliseconds.
+pub fn percentile_ms(samples: &[Duration], q: f64) -> Option<f64> {
+    let mut v: Vec<Duration> = samples.to_vec();
+    v.sort();
+    let last = v.len().checked_sub(1)?;
+    let rank = ((q * v.len() as f64).ceil() as usize).saturating_sub(1).min(last);
+    Some(v[rank].as_secs_f64() * 1e3)
+}
+
+/// Peak resident set (VmHWM) of process `pid` in MB.
+pub fn peak_rss_mb(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_vm_hwm_kb(&status).map(|kb| kb as f64 / 1024.0)
+}
+
+/// CPU time (utime + stime) of process `pid` in seconds.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat_ticks(&stat).map(|t| t as f64 / CLK_TCK)
+}
+
+fn parse_vm_hwm_kb(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// utime + stime, fields 14 and 15 of `/proc/<pid>/stat` (the command name may hold spaces).
+fn parse_stat_ticks(stat: &str) -> Option<u64> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_by_nearest_rank() {
+        let s: Vec<Duration> = (1..=100).rev().map(Duration::from_millis).collect();
+        assert_eq!(percentile_ms(&s, 0.5), Some(50.0));
+        assert_eq!(percentile_ms(&s, 0.99), Some(99.0));
+        assert_eq!(percentile_ms(&s, 1.0), Some(100.0));
+        assert_eq!(percentile_ms(&[], 0.5), None);
+    }
+
+    #[test]
+    fn parses_proc_files() {
+        let status = "Name:\tpilot\nVmPeak:\t 2000 kB\nVmHWM:\t   51200 kB\nVmRSS:\t 100 kB\n";
+        assert_eq!(parse_vm_hwm_kb(status), Some(51200));
+        let stat = "42 (pilot disc) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 8 0 100 0 0";
+        assert_eq!(parse_stat_ticks(stat), Some(300));
+    }
+
+    #[test]
+    fn the_json_line_carries_the_issue_fields() {
+        let r = Report {
+            scenario: "connect".into(),
+            delta: false,
+            proxies: 3,
+            services: 2,
+            endpoints: 1,
+            converged: 2,
+            connect_p50_ms: Some(1.0),
+            connect_p99_ms: Some(2.0),
+            convergence_p50_ms: Some(1.0),
+            convergence_p99_ms: Some(2.0),
+            convergence_max_ms: Some(2.0),
+            discovery_rss_mb: None,
+            discovery_cpu_s: Some(0.5),
+            loadgen_cpu_s: None,
+            bytes_sent: 10,
+            errors: vec!["proxy 2: refused".into()],
+            wall_s: 1.0,
+        };
+        let j = r.to_json();
+        for key in [
+            "proxies",
+            "services",
+            "scenario",
+            "convergence_p50_ms",
+            "convergence_p99_ms",
+        ] {
+            assert!(!j[key].is_null(), "{key}");
+        }
+        assert!(j["raw_p99_ms"].is_null() && j["discovery_rss_mb"].is_null());
+        assert_eq!(j["bytes_sent"], 10);
+        assert_eq!(j["errors"], 1);
+        let table = r.table();
+        assert!(
+            table.contains("2 / 3") && table.contains("error: proxy 2: refused"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn reads_this_process() {
+        let pid = std::process::id();
+        assert!(peak_rss_mb(pid).is_some_and(|mb| mb > 0.0));
+        assert!(cpu_seconds(pid).is_some());
+    }
+}
