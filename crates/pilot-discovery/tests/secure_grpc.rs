@@ -9,13 +9,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
-use xds_api::envoy::config::cluster::v3::Cluster;
-use xds_api::envoy::config::core::v3::Node;
-use xds_api::envoy::service::discovery::v3::DiscoveryRequest;
-use xds_api::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use xds_api::type_url;
 
 const NODE_ID: &str = "router~127.0.0.1~gw.istio-system~istio-system.svc.cluster.local";
@@ -67,34 +61,13 @@ async fn wait_serving(child: &mut Child, addr: SocketAddr, ca_dir: &Path) -> Cha
     }
 }
 
-/// Cluster names of the first CDS response to a router.
+/// Cluster names of the first CDS response to a router, protocol-checked by the shared client.
 async fn cds(channel: Channel) -> Vec<String> {
-    let mut client = AggregatedDiscoveryServiceClient::new(channel);
-    let (tx, rx) = mpsc::unbounded_channel();
-    tx.send(DiscoveryRequest {
-        node: Some(Node {
-            id: NODE_ID.into(),
-            ..Default::default()
-        }),
-        type_url: type_url::CLUSTER.into(),
-        ..Default::default()
-    })
-    .unwrap();
-    let mut inbound = client
-        .stream_aggregated_resources(UnboundedReceiverStream::new(rx))
+    let mut client = test_support::ads::AdsClient::on_channel(channel, NODE_ID, serde_json::json!({}))
         .await
-        .unwrap()
-        .into_inner();
-    let resp = tokio::time::timeout(Duration::from_secs(10), inbound.message())
-        .await
-        .expect("a CDS response within 10s")
-        .unwrap()
-        .expect("stream open");
-    assert_eq!(resp.type_url, type_url::CLUSTER);
-    resp.resources
-        .iter()
-        .map(|a| <Cluster as prost::Message>::decode(a.value.as_slice()).unwrap().name)
-        .collect()
+        .unwrap();
+    client.request(type_url::CLUSTER, &[]).unwrap();
+    client.expect_type(type_url::CLUSTER).await.unwrap().names
 }
 
 #[tokio::test]

@@ -182,7 +182,16 @@ pub struct AdsClient {
 impl AdsClient {
     /// Opens `StreamAggregatedResources` to `addr`. Nothing is sent until the first request.
     pub async fn connect(addr: impl Display, node_id: &str, metadata: serde_json::Value) -> Result<AdsClient> {
-        let mut client = AggregatedDiscoveryServiceClient::new(channel(addr).await?)
+        Self::on_channel(channel(addr).await?, node_id, metadata).await
+    }
+
+    /// Opens `StreamAggregatedResources` on an existing channel (e.g. one with TLS).
+    pub async fn on_channel(
+        channel: tonic::transport::Channel,
+        node_id: &str,
+        metadata: serde_json::Value,
+    ) -> Result<AdsClient> {
+        let mut client = AggregatedDiscoveryServiceClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_SIZE)
             .max_encoding_message_size(MAX_MESSAGE_SIZE);
         let (tx, rx) = mpsc::unbounded_channel();
