@@ -51,6 +51,20 @@ pub async fn channel(addr: impl Display) -> Result<tonic::transport::Channel> {
         .with_context(|| format!("connecting to ADS at {url}"))
 }
 
+/// The gRPC status a stream ends with within `timeout`; a response instead is an error.
+pub(crate) async fn end_status<T>(
+    inbound: &mut Streaming<T>,
+    timeout: Duration,
+    type_url: impl Fn(&T) -> &str,
+) -> Result<tonic::Status> {
+    match tokio::time::timeout(timeout, inbound.message()).await {
+        Err(_) => bail!("the stream did not end within {timeout:?}"),
+        Ok(Err(s)) => Ok(s),
+        Ok(Ok(Some(r))) => bail!("expected the stream to end, got a {} response", type_url(&r)),
+        Ok(Ok(None)) => Ok(tonic::Status::ok("")),
+    }
+}
+
 /// The node Envoy sends: ID plus metadata (a JSON object).
 pub fn node(node_id: &str, metadata: &serde_json::Value) -> Node {
     Node {
@@ -249,12 +263,7 @@ impl AdsClient {
 
     /// The gRPC status the stream ends with (e.g. a refused node), within `self.timeout`.
     pub async fn recv_status(&mut self) -> Result<tonic::Status> {
-        match tokio::time::timeout(self.timeout, self.inbound.message()).await {
-            Err(_) => bail!("the stream did not end within {:?}", self.timeout),
-            Ok(Err(s)) => Ok(s),
-            Ok(Ok(Some(r))) => bail!("expected the stream to end, got a {} response", r.type_url),
-            Ok(Ok(None)) => Ok(tonic::Status::ok("")),
-        }
+        end_status(&mut self.inbound, self.timeout, |r| &r.type_url).await
     }
 
     /// Fails if a response arrives within `wait`.

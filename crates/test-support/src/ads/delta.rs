@@ -144,12 +144,7 @@ impl DeltaAdsClient {
 
     /// The gRPC status the stream ends with.
     pub async fn recv_status(&mut self) -> Result<tonic::Status> {
-        match tokio::time::timeout(self.timeout, self.inbound.message()).await {
-            Err(_) => bail!("the stream did not end within {:?}", self.timeout),
-            Ok(Err(s)) => Ok(s),
-            Ok(Ok(Some(r))) => bail!("expected the stream to end, got a {} response", r.type_url),
-            Ok(Ok(None)) => Ok(tonic::Status::ok("")),
-        }
+        super::end_status(&mut self.inbound, self.timeout, |r| &r.type_url).await
     }
 
     /// Fails if a response arrives within `wait`.
