@@ -4,12 +4,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::SystemTime;
 
 use config_sources::{ConfigChange, ConfigEvent, ConfigSnapshot};
 use model::{Config, ConfigKey, ConfigKind, MeshConfig, Proxy};
-use push_index::{PushContext, PushInput};
+use push_index::{ChangeScope, PushContext, PushInput};
 use registry::RegistrySnapshot;
 use xds_server::{GenerateError, PushRequest, PushSnapshot, Resource, SnapshotBuilder, WatchedResource, reason};
 
@@ -28,6 +28,8 @@ pub struct Pipeline {
     state: RwLock<PipelineState>,
     seq: AtomicU64,
     metrics: PipelineMetrics,
+    /// The previous push's index, whose untouched per-kind indexes the next push reuses.
+    last: Mutex<Option<Arc<PushContext>>>,
 }
 
 impl Pipeline {
@@ -40,6 +42,7 @@ impl Pipeline {
             state: RwLock::new(PipelineState { configs, registry }),
             seq: AtomicU64::new(0),
             metrics,
+            last: Mutex::new(None),
         }
     }
 
@@ -114,19 +117,43 @@ fn config_list(configs: &ConfigSnapshot) -> Vec<Arc<Config>> {
 }
 
 impl SnapshotBuilder for Pipeline {
-    fn build(&self, _req: &PushRequest) -> Arc<dyn PushSnapshot> {
+    fn build(&self, req: &PushRequest) -> Arc<dyn PushSnapshot> {
         let state = self.state();
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         let version = format!("{}/{}", xds_server::rfc3339(SystemTime::now()), seq);
-        let push = PushContext::new(PushInput {
+        let input = PushInput {
             mesh: self.mesh.clone(),
             domain: self.domain.clone(),
             configs: config_list(&state.configs),
             registry: state.registry.clone(),
             version,
-        });
-        Arc::new(Snapshot { push: Arc::new(push) })
+        };
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let push = match (last.as_ref(), change_scope(req)) {
+            (Some(previous), Some(scope)) => previous.rebuild(input, &scope),
+            _ => PushContext::new(input),
+        };
+        let push = Arc::new(push);
+        *last = Some(push.clone());
+        Arc::new(Snapshot { push })
     }
+}
+
+/// What a push request says changed, for reusing the previous index; `None` when it may be
+/// anything (an empty `configs_updated` means "everything", e.g. at start).
+fn change_scope(req: &PushRequest) -> Option<ChangeScope> {
+    if req.configs_updated.is_empty() {
+        return None;
+    }
+    let mut kinds: Vec<ConfigKind> = req.configs_updated.iter().map(|k| k.kind).collect();
+    kinds.dedup();
+    // Service changes arrive as ServiceEntry keys named by hostname (see `apply`); an EDS-only
+    // request (not full) moved endpoints only, which the index reads from the registry directly.
+    let services = req.full
+        && kinds
+            .iter()
+            .any(|k| matches!(k, ConfigKind::ServiceEntry | ConfigKind::WorkloadEntry));
+    Some(ChangeScope { kinds, services })
 }
 
 /// One push: the push index, and the generators over it.
@@ -161,5 +188,44 @@ impl PushSnapshot for Snapshot {
                 reason: e.to_string(),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(kind: ConfigKind, name: &str) -> ConfigKey {
+        ConfigKey {
+            kind,
+            namespace: "default".into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn change_scope_follows_the_push_request() {
+        assert_eq!(change_scope(&PushRequest::full(reason::GLOBAL)), None);
+        let vs = change_scope(&PushRequest::config_update([key(ConfigKind::VirtualService, "a")])).unwrap();
+        assert_eq!(
+            vs,
+            ChangeScope {
+                kinds: vec![ConfigKind::VirtualService],
+                services: false
+            }
+        );
+        let eds = change_scope(&PushRequest::endpoints([key(
+            ConfigKind::ServiceEntry,
+            "h.example.com",
+        )]))
+        .unwrap();
+        assert!(!eds.services, "endpoint-only pushes keep the service index");
+        let both = change_scope(&PushRequest::config_update([
+            key(ConfigKind::VirtualService, "a"),
+            key(ConfigKind::ServiceEntry, "h.example.com"),
+        ]))
+        .unwrap();
+        assert!(both.services);
+        assert_eq!(both.kinds, vec![ConfigKind::VirtualService, ConfigKind::ServiceEntry]);
     }
 }
