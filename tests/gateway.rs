@@ -179,6 +179,10 @@ async fn delta_xds_routes_the_same() -> anyhow::Result<()> {
         mesh.who("/reviews", &[("end-user", "jason")]).await?.as_deref(),
         Some("reviews-v2")
     );
+    // The initial split sends 75% to v1, so ten v1 answers in a row can happen before any change
+    // lands: move everything to v2 first, then to v1, and each state is unmistakable.
+    mesh.write("virtual-service.yaml", &virtual_service_yaml(0))?;
+    mesh.wait_for_backend("reviews-v2", 10, "/reviews", &[]).await?;
     mesh.write("virtual-service.yaml", &virtual_service_yaml(100))?;
     mesh.wait_for_backend("reviews-v1", 10, "/reviews", &[]).await?;
     for _ in 0..20 {
