@@ -134,8 +134,8 @@ impl SnapshotBuilder for Pipeline {
             _ => PushContext::new(input),
         };
         let push = Arc::new(push);
-        *last = Some(push.clone());
-        Arc::new(Snapshot { push })
+        let previous = last.replace(push.clone());
+        Arc::new(Snapshot { push, previous })
     }
 }
 
@@ -159,11 +159,27 @@ fn change_scope(req: &PushRequest) -> Option<ChangeScope> {
 /// One push: the push index, and the generators over it.
 pub struct Snapshot {
     pub push: Arc<PushContext>,
+    /// The push before this one: what a change was made against, for `needs_push`.
+    pub previous: Option<Arc<PushContext>>,
 }
 
 impl PushSnapshot for Snapshot {
     fn version(&self) -> &str {
         self.push.version()
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    /// Istio's `ProxyNeedsPush`: the changed configs as this push, the one before it and the one
+    /// the proxy was last pushed from have them; any of them part of the proxy's view means a push.
+    fn needs_push(&self, proxy: &Proxy, req: &PushRequest, last_pushed: Option<&dyn PushSnapshot>) -> bool {
+        let last = last_pushed
+            .and_then(|s| s.as_any().downcast_ref::<Snapshot>())
+            .map(|s| s.push.as_ref());
+        let earlier: Vec<&PushContext> = self.previous.as_deref().into_iter().chain(last).collect();
+        push_index::proxy_needs_push(&self.push, &earlier, proxy, req.configs_updated.iter())
     }
 
     fn generate(

@@ -56,7 +56,7 @@ impl PushContext {
     }
 }
 
-fn is_proxy_address(proxy: &Proxy, address: &str) -> bool {
+pub(crate) fn is_proxy_address(proxy: &Proxy, address: &str) -> bool {
     address
         .parse::<IpAddr>()
         .is_ok_and(|ip| proxy.ip_addresses.contains(&ip))

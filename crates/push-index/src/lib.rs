@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod cache;
+mod dependencies;
 mod destination_rules;
 mod gateways;
 mod instances;
@@ -27,6 +28,7 @@ use model::service::Endpoints;
 use model::{Config, ConfigKind, MeshConfig, Proxy, Service};
 
 pub use cache::PushCaches;
+pub use dependencies::proxy_needs_push;
 pub use destination_rules::{DestinationRuleIndex, MergedDestinationRule};
 pub use gateways::GatewayIndex;
 pub use instances::ServiceInstance;

@@ -107,6 +107,16 @@ impl SidecarScope {
             .any(|(_, h)| h == "*" || model::host::matches(h, host))
     }
 
+    /// Whether an egress host of any namespace matches `host` (a DestinationRule's host may name
+    /// a service of another namespace than its own).
+    pub fn imports_any_namespace(&self, host: &str) -> bool {
+        self.is_default()
+            || self
+                .egress_hosts
+                .iter()
+                .any(|(_, h)| h == "*" || model::host::matches(h, host) || model::host::matches(host, h))
+    }
+
     /// Whether a VirtualService of `namespace` naming `hosts` is imported (any of its hosts is).
     pub fn imports_any(&self, namespace: &str, hosts: &[String]) -> bool {
         self.is_default() || hosts.iter().any(|h| self.imports(namespace, h))

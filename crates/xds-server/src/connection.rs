@@ -33,6 +33,8 @@ pub(crate) struct Connection {
     pub watched: Mutex<HashMap<String, Watch>>,
     /// (type URL, gRPC code) of NACKs counted in the per node reject gauges.
     pub rejects: Mutex<BTreeSet<(String, i32)>>,
+    /// The snapshot the proxy's config was last generated from (Istio's `PrevSidecarScope`).
+    pub last_pushed: Mutex<Option<Arc<dyn PushSnapshot>>>,
     pending: Mutex<Option<PushRequest>>,
     notify: Notify,
 }
@@ -47,6 +49,7 @@ impl Connection {
             delta,
             watched: Mutex::default(),
             rejects: Mutex::default(),
+            last_pushed: Mutex::default(),
             pending: Mutex::default(),
             notify: Notify::new(),
         }

@@ -109,6 +109,7 @@ impl DeltaStream {
         let Some(snapshot) = self.server.current_snapshot() else {
             return Ok(());
         };
+        lock(&self.conn.last_pushed).get_or_insert_with(|| snapshot.clone());
         let push = PushRequest::full(reason::PROXY_REQUEST);
         for g in generate(snapshot.clone(), self.conn.proxy.clone(), vec![target], push, true).await {
             self.send(snapshot.as_ref(), g, Cause::Request).await?;
@@ -120,7 +121,8 @@ impl DeltaStream {
         let Some(snapshot) = self.server.current_snapshot() else {
             return Ok(());
         };
-        if !snapshot.needs_push(&self.conn.proxy, &req) {
+        let last_pushed = lock(&self.conn.last_pushed).clone();
+        if !snapshot.needs_push(&self.conn.proxy, &req, last_pushed.as_deref()) {
             tracing::debug!("Skipping delta push to {}, no updates required", self.conn.id);
             return Ok(());
         }
@@ -132,6 +134,9 @@ impl DeltaStream {
             let _permit = self.server.throttle().await;
             generate(snapshot.clone(), self.conn.proxy.clone(), targets, req.clone(), true).await
         };
+        if req.full {
+            *lock(&self.conn.last_pushed) = Some(snapshot.clone());
+        }
         for g in generated {
             self.send(snapshot.as_ref(), g, Cause::Push).await?;
         }

@@ -40,10 +40,15 @@ pub trait PushSnapshot: Send + Sync + 'static {
         req: &PushRequest,
     ) -> Result<Vec<Resource>, GenerateError>;
 
-    /// Whether this push concerns this proxy at all (scoping). Default: true.
-    fn needs_push(&self, _proxy: &Proxy, _req: &PushRequest) -> bool {
+    /// Whether this push concerns this proxy at all (Istio's `ProxyNeedsPush`). `last_pushed` is
+    /// the snapshot the proxy's config was last generated from, so that a change that hides
+    /// something from the proxy still reaches it. Default: true.
+    fn needs_push(&self, _proxy: &Proxy, _req: &PushRequest, _last_pushed: Option<&dyn PushSnapshot>) -> bool {
         true
     }
+
+    /// For implementations to recognise their own snapshots in `needs_push`.
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// Builds the snapshot of each push.

@@ -89,6 +89,7 @@ impl SotwStream {
         let Some(watched) = lock(&self.conn.watched).get(&req.type_url).map(|w| w.resource.clone()) else {
             return Ok(());
         };
+        lock(&self.conn.last_pushed).get_or_insert_with(|| snapshot.clone());
         let push = PushRequest::full(reason::PROXY_REQUEST);
         for g in generate(snapshot.clone(), self.conn.proxy.clone(), vec![watched], push, false).await {
             self.send(snapshot.as_ref(), g, false).await?;
@@ -100,7 +101,8 @@ impl SotwStream {
         let Some(snapshot) = self.server.current_snapshot() else {
             return Ok(());
         };
-        if !snapshot.needs_push(&self.conn.proxy, &req) {
+        let last_pushed = lock(&self.conn.last_pushed).clone();
+        if !snapshot.needs_push(&self.conn.proxy, &req, last_pushed.as_deref()) {
             tracing::debug!("Skipping push to {}, no updates required", self.conn.id);
             return Ok(());
         }
@@ -112,6 +114,9 @@ impl SotwStream {
             let _permit = self.server.throttle().await;
             generate(snapshot.clone(), self.conn.proxy.clone(), targets, req.clone(), false).await
         };
+        if req.full {
+            *lock(&self.conn.last_pushed) = Some(snapshot.clone());
+        }
         for g in generated {
             self.send(snapshot.as_ref(), g, true).await?;
         }

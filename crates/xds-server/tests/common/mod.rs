@@ -82,6 +82,10 @@ pub struct FakeSnapshot {
 }
 
 impl PushSnapshot for FakeSnapshot {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     fn version(&self) -> &str {
         &self.version
     }

@@ -1,0 +1,184 @@
+//! Which proxies a config change concerns, as Istio's `ProxyNeedsPush` (`proxy_dependencies.go`)
+//! and `SidecarScope.DependsOnConfig`: a proxy is pushed for a changed config only if that config,
+//! as the push before or after the change has it, is part of what the proxy is sent.
+//!
+//! - services (keys of kind ServiceEntry named by hostname, as the pipeline reports registry
+//!   changes): visible to the proxy's namespace (`exportTo`) and imported by its Sidecar scope, or
+//!   served by the proxy itself (its inbound side);
+//! - VirtualServices: in the proxy's mesh list (sidecars) or bound to a gateway selecting it
+//!   (routers); delegates (no hosts) concern every proxy;
+//! - DestinationRules: exported to the proxy's namespace and for a host its scope imports;
+//! - Gateways: only routers they select; Sidecars: only sidecars of their namespace (or of any
+//!   namespace, for the root namespace's);
+//! - anything else, or a key neither push holds: every proxy.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use model::{Config, ConfigKey, ConfigKind, ConfigSpec, NodeType, Proxy};
+
+use crate::PushContext;
+
+/// What decides a proxy's view besides the push: type, namespace, labels. IP addresses matter
+/// only for a service the proxy serves, which is checked apart and never cached.
+type ViewKey = (NodeType, String, BTreeMap<String, String>);
+
+/// Per push: configs by key, and answers per (proxy class, key).
+#[derive(Default)]
+struct DependencyCache {
+    configs: OnceLock<HashMap<ConfigKey, Arc<Config>>>,
+    answers: Mutex<HashMap<(ViewKey, ConfigKey), Option<bool>>>,
+}
+
+/// Istio's `ProxyNeedsPush` for a push caused by `keys` (an empty set means "everything"): true
+/// when any key is part of what `proxy` sees in `current` or saw in one of the `earlier` pushes
+/// (the push the change was made against, the push the proxy last got). A key no push holds is
+/// assumed to concern every proxy.
+pub fn proxy_needs_push<'a>(
+    current: &PushContext,
+    earlier: &[&PushContext],
+    proxy: &Proxy,
+    mut keys: impl ExactSizeIterator<Item = &'a ConfigKey>,
+) -> bool {
+    if keys.len() == 0 {
+        return true;
+    }
+    keys.any(|key| {
+        let answers = std::iter::once(current)
+            .chain(earlier.iter().copied())
+            .map(|p| p.proxy_sees(proxy, key));
+        let (mut known, mut sees) = (false, false);
+        for a in answers {
+            known |= a.is_some();
+            sees |= a == Some(true);
+        }
+        sees || !known
+    })
+}
+
+impl PushContext {
+    /// Whether the config `key`, as this push holds it, is part of what `proxy` is sent; `None`
+    /// when this push does not hold it (deleted, or not yet created).
+    pub fn proxy_sees(&self, proxy: &Proxy, key: &ConfigKey) -> Option<bool> {
+        if key.kind == ConfigKind::ServiceEntry && self.serves(proxy, key) {
+            return Some(true);
+        }
+        let cache = self.caches().get::<DependencyCache>();
+        let cache_key = (
+            (proxy.node_type, proxy.config_namespace.clone(), proxy.labels.clone()),
+            key.clone(),
+        );
+        if let Some(answer) = cache
+            .answers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&cache_key)
+        {
+            return *answer;
+        }
+        let answer = self.compute_sees(proxy, key, &cache);
+        cache
+            .answers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(cache_key, answer);
+        answer
+    }
+
+    fn compute_sees(&self, proxy: &Proxy, key: &ConfigKey, cache: &DependencyCache) -> Option<bool> {
+        match key.kind {
+            ConfigKind::ServiceEntry => self.sees_service(proxy, key).or_else(|| {
+                // Not a service hostname: a ServiceEntry named directly, whatever it produced.
+                config(self, cache, key).map(|_| true)
+            }),
+            ConfigKind::VirtualService => config(self, cache, key).map(|c| self.sees_virtual_service(proxy, &c)),
+            ConfigKind::DestinationRule => config(self, cache, key).map(|c| self.sees_destination_rule(proxy, &c)),
+            ConfigKind::Gateway => config(self, cache, key).map(|_| {
+                proxy.node_type == NodeType::Router && self.gateways_for_proxy(proxy).iter().any(|g| g.key() == *key)
+            }),
+            ConfigKind::Sidecar => config(self, cache, key).map(|c| {
+                proxy.node_type == NodeType::SidecarProxy
+                    && (c.meta.namespace == proxy.config_namespace || c.meta.namespace == self.mesh().root_namespace)
+            }),
+            _ => Some(true),
+        }
+    }
+
+    /// A service key (kind ServiceEntry, named by hostname): visible and imported.
+    fn sees_service(&self, proxy: &Proxy, key: &ConfigKey) -> Option<bool> {
+        let exists = self
+            .services
+            .all()
+            .any(|s| s.hostname == key.name && s.namespace() == key.namespace);
+        if !exists {
+            return None;
+        }
+        let visible = self
+            .services_for_namespace(&proxy.config_namespace)
+            .iter()
+            .any(|s| s.hostname == key.name && s.namespace() == key.namespace);
+        Some(visible && self.sidecar_scope(proxy).imports(&key.namespace, &key.name))
+    }
+
+    /// Whether the proxy's own workload is an endpoint of the service `key` (its inbound config).
+    fn serves(&self, proxy: &Proxy, key: &ConfigKey) -> bool {
+        !proxy.ip_addresses.is_empty()
+            && self
+                .endpoints(&key.name, &key.namespace)
+                .iter()
+                .any(|e| crate::instances::is_proxy_address(proxy, &e.address))
+    }
+
+    fn sees_virtual_service(&self, proxy: &Proxy, vs: &Config) -> bool {
+        let ConfigSpec::VirtualService(spec) = &vs.spec else {
+            return true;
+        };
+        if spec.hosts.is_empty() {
+            // A delegate: whichever root uses it decides; not tracked per proxy.
+            return true;
+        }
+        let key = vs.key();
+        let listed = |list: Vec<Arc<Config>>| list.iter().any(|c| c.key() == key);
+        match proxy.node_type {
+            NodeType::Router => self.gateways_for_proxy(proxy).iter().any(|gw| {
+                let name = format!("{}/{}", gw.meta.namespace, gw.meta.name);
+                listed(self.virtual_services_for_gateway(proxy, &name))
+            }),
+            _ => listed(self.virtual_services_for_mesh(proxy)),
+        }
+    }
+
+    fn sees_destination_rule(&self, proxy: &Proxy, dr: &Config) -> bool {
+        let ConfigSpec::DestinationRule(rule) = &dr.spec else {
+            return true;
+        };
+        let ns = dr.meta.namespace.as_str();
+        let client = proxy.config_namespace.as_str();
+        let export_to = if rule.export_to.is_empty() {
+            &self.mesh().default_destination_rule_export_to
+        } else {
+            &rule.export_to
+        };
+        let exported = ns == client
+            || ns == self.mesh().root_namespace
+            || export_to.is_empty()
+            || export_to
+                .iter()
+                .any(|e| e == "*" || e == client || (e == "." && ns == client));
+        let host = model::host::resolve_short_name(&rule.host, ns, self.domain());
+        exported && self.sidecar_scope(proxy).imports_any_namespace(&host)
+    }
+}
+
+/// The config of `key` in this push, from a map built once per push.
+fn config(push: &PushContext, cache: &DependencyCache, key: &ConfigKey) -> Option<Arc<Config>> {
+    cache
+        .configs
+        .get_or_init(|| push.configs().iter().map(|c| (c.key(), c.clone())).collect())
+        .get(key)
+        .cloned()
+}
+
+#[cfg(test)]
+#[path = "dependencies_tests.rs"]
+mod tests;
