@@ -14,6 +14,8 @@ use test_support::discovery::{Discovery, DiscoveryOptions};
 use test_support::netns::{self, Network, Pod};
 
 const VIP: &str = "240.240.0.10";
+const TCP_VIP: &str = "240.240.0.11";
+const TCP_HOST: &str = "tcp-echo.default.svc.cluster.local";
 const URL: &str = "http://reviews.default.svc.cluster.local:9080/";
 
 struct SidecarMesh {
@@ -82,12 +84,32 @@ spec:
   subsets:
   - {name: v1, labels: {version: v1}}
   - {name: v2, labels: {version: v2}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: tcp-echo, namespace: default}
+spec:
+  hosts: [tcp-echo.default.svc.cluster.local]
+  addresses: [240.240.0.11]
+  location: MESH_INTERNAL
+  ports: [{number: 9090, name: tcp, protocol: TCP}]
+  resolution: STATIC
+  workloadSelector: {labels: {version: v1}}
 "#;
 
 impl SidecarMesh {
     async fn start(v1_weight: u32, outbound_policy: &str) -> anyhow::Result<SidecarMesh> {
+        SidecarMesh::start_with(&virtual_service(v1_weight), outbound_policy).await
+    }
+
+    /// Pods productpage (client), reviews-v1 (also the TCP app on 9090 and an HTTP app on 7777
+    /// that no service declares) and reviews-v2, with `virtual_service` for reviews.
+    async fn start_with(virtual_service: &str, outbound_policy: &str) -> anyhow::Result<SidecarMesh> {
         let net = Network::create()?;
-        let hosts = [format!("{VIP} reviews.default.svc.cluster.local reviews")];
+        let hosts = [
+            format!("{VIP} reviews.default.svc.cluster.local reviews"),
+            format!("{TCP_VIP} {TCP_HOST}"),
+        ];
         let hosts: Vec<&str> = hosts.iter().map(String::as_str).collect();
         let mut client = net.pod("productpage", &hosts)?;
         let mut reviews = BTreeMap::new();
@@ -101,7 +123,7 @@ impl SidecarMesh {
             config.push_str(&workload_entry(&pod.name, version, pod.ip));
         }
         std::fs::write(dir.path().join("services.yaml"), config)?;
-        std::fs::write(dir.path().join("vs.yaml"), virtual_service(v1_weight))?;
+        std::fs::write(dir.path().join("vs.yaml"), virtual_service)?;
         let mesh = dir.path().join("mesh.yaml");
         std::fs::write(&mesh, format!("outboundTrafficPolicy: {{mode: {outbound_policy}}}\n"))?;
         let opts = DiscoveryOptions {
@@ -119,6 +141,10 @@ impl SidecarMesh {
 
         for (version, pod) in reviews.iter_mut() {
             pod.start_app(9080)?;
+            if *version == "v1" {
+                pod.start_tcp_app(9090)?;
+                pod.start_app(7777)?;
+            }
             pod.capture()?;
             pod.start_sidecar(xds, "default", &json!({"app": "reviews", "version": version}))?;
         }
@@ -275,6 +301,106 @@ async fn registry_only_blocks_unknown_hosts() {
             .iter()
             .filter(|(k, _)| k.contains("BlackHole") || k.contains("Passthrough"))
             .collect::<Vec<_>>()
+    );
+    mesh.assert_no_rejects().unwrap();
+}
+
+const HTTP_FEATURES: &str = r#"apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews, namespace: default}
+spec:
+  hosts: [reviews.default.svc.cluster.local]
+  http:
+  - match: [{headers: {end-user: {exact: jason}}}]
+    route: [{destination: {host: reviews.default.svc.cluster.local, subset: v1}}]
+  - match: [{uri: {prefix: /fault}}]
+    fault: {abort: {httpStatus: 418, percentage: {value: 100}}}
+    route: [{destination: {host: reviews.default.svc.cluster.local, subset: v2}}]
+  - match: [{uri: {prefix: /delay}}]
+    timeout: 1s
+    route: [{destination: {host: reviews.default.svc.cluster.local, subset: v2}}]
+  - match: [{uri: {prefix: /status}}]
+    retries: {attempts: 3, retryOn: 5xx, perTryTimeout: 2s}
+    route: [{destination: {host: reviews.default.svc.cluster.local, subset: v2}}]
+  - route: [{destination: {host: reviews.default.svc.cluster.local, subset: v2}}]
+"#;
+
+/// How many requests the app on `port` of `pod` got for `path` (read from inside the pod, as
+/// root, so not captured).
+fn app_requests(pod: &Pod, port: u16, path: &str) -> u64 {
+    let (code, body) = pod.curl_root(&format!("http://127.0.0.1:{port}/requests")).unwrap();
+    assert_eq!(code, 200, "{body}");
+    let seen: serde_json::Value = serde_json::from_str(&body).unwrap();
+    seen[path].as_u64().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn header_match_fault_timeout_and_retries_between_sidecars() {
+    if skip() {
+        return;
+    }
+    let mesh = SidecarMesh::start_with(HTTP_FEATURES, "ALLOW_ANY").await.unwrap();
+    mesh.wait_for_backend("reviews-v2", 3).unwrap();
+
+    // Header match to a subset.
+    for _ in 0..5 {
+        let (code, body) = mesh.client.curl_app(URL, &["end-user: jason"]).unwrap();
+        assert_eq!(code, 200, "{body}");
+        assert!(body.contains("reviews-v1"), "{body}");
+    }
+
+    // Fault abort: answered by the client's sidecar, the backend never sees it.
+    let (code, _) = mesh.client.curl_app(&format!("{URL}fault/x"), &[]).unwrap();
+    assert_eq!(code, 418);
+    assert_eq!(app_requests(&mesh.reviews["v2"], 9080, "/fault/x"), 0);
+
+    // Timeout: the backend answers after 3s, the route gives up after 1s with 504.
+    let t0 = Instant::now();
+    let (code, _) = mesh.client.curl_app(&format!("{URL}delay/3000"), &[]).unwrap();
+    let took = t0.elapsed();
+    assert_eq!(code, 504);
+    assert!(took < Duration::from_millis(2500), "timed out after {took:?}");
+    assert_eq!(app_requests(&mesh.reviews["v2"], 9080, "/delay/3000"), 1);
+
+    // Retries: one request and three retries on 5xx reach the backend.
+    let (code, _) = mesh.client.curl_app(&format!("{URL}status/503"), &[]).unwrap();
+    assert_eq!(code, 503);
+    assert_eq!(app_requests(&mesh.reviews["v2"], 9080, "/status/503"), 4);
+    let v2 = "outbound|9080|v2|reviews.default.svc.cluster.local";
+    assert!(mesh.client.cluster_stat(v2, "upstream_rq_retry").unwrap() >= 3);
+    mesh.assert_no_rejects().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tcp_service_through_tcp_proxy_and_allow_any_passthrough() {
+    if skip() {
+        return;
+    }
+    let mesh = SidecarMesh::start(0, "ALLOW_ANY").await.unwrap();
+    mesh.wait_for_backend("reviews-v2", 3).unwrap();
+
+    // A TCP service: the client's `240.240.0.11_9090` tcp_proxy, then reviews-v1's inbound chain.
+    let answer = mesh.client.tcp_app(TCP_HOST, 9090, "ping").unwrap();
+    assert_eq!(answer, "reviews-v1 ping");
+    let outbound = format!("outbound|9090||{TCP_HOST}");
+    assert!(mesh.client.cluster_stat(&outbound, "upstream_cx_total").unwrap() >= 1);
+    assert!(
+        mesh.reviews["v1"]
+            .cluster_stat("inbound|9090||", "upstream_cx_total")
+            .unwrap()
+            >= 1
+    );
+
+    // ALLOW_ANY: an address and port no service declares passes through to its destination.
+    let url = format!("http://{}:7777/", mesh.reviews["v1"].ip);
+    let (code, body) = mesh.client.curl_app(&url, &[]).unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("reviews-v1"), "{body}");
+    assert!(
+        mesh.client
+            .cluster_stat("PassthroughCluster", "upstream_cx_total")
+            .unwrap()
+            >= 1
     );
     mesh.assert_no_rejects().unwrap();
 }

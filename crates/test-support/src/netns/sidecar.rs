@@ -12,23 +12,80 @@ use crate::bin::cargo_bin;
 use crate::envoy::envoy_bin;
 
 impl Pod {
-    /// An HTTP app on 0.0.0.0:`port` answering every GET with `{"backend": <name>, "host": ...}`.
+    /// An HTTP app on 0.0.0.0:`port` answering GET with `{"backend": <name>, "host": ...}`;
+    /// `/status/<code>` answers with that status, `/delay/<ms>` answers after that long, and
+    /// `/requests` tells how many requests each path got (to see retries at the backend).
     pub fn start_app(&mut self, port: u16) -> anyhow::Result<()> {
         let script = format!(
-            r#"import json, socketserver, http.server
+            r#"import json, socketserver, http.server, threading, time
+seen = {{}}
+lock = threading.Lock()
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        body = json.dumps({{"backend": "{name}", "host": self.headers.get("host", "")}}).encode()
-        self.send_response(200); self.send_header("content-type", "application/json")
+        status = 200
+        if self.path == "/requests":
+            with lock: body = json.dumps(seen).encode()
+        else:
+            with lock: seen[self.path] = seen.get(self.path, 0) + 1
+            parts = self.path.strip("/").split("/")
+            if len(parts) == 2 and parts[0] == "status" and parts[1].isdigit(): status = int(parts[1])
+            if len(parts) == 2 and parts[0] == "delay" and parts[1].isdigit(): time.sleep(int(parts[1]) / 1000)
+            body = json.dumps({{"backend": "{name}", "host": self.headers.get("host", "")}}).encode()
+        self.send_response(status); self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body))); self.end_headers(); self.wfile.write(body)
     def log_message(self, *a): pass
 socketserver.TCPServer.allow_reuse_address = True
+socketserver.ThreadingTCPServer.daemon_threads = True
 socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
 "#,
             name = self.name
         );
-        self.spawn("app.log", &["python3", "-c", &script], &[])?;
+        self.spawn(&format!("app-{port}.log"), &["python3", "-c", &script], &[])?;
         Ok(())
+    }
+
+    /// A TCP app on 0.0.0.0:`port` that answers each line with `<name> <line>`.
+    pub fn start_tcp_app(&mut self, port: u16) -> anyhow::Result<()> {
+        let script = format!(
+            r#"import socketserver
+class H(socketserver.StreamRequestHandler):
+    def handle(self):
+        for line in self.rfile:
+            self.wfile.write(b"{name} " + line); self.wfile.flush()
+socketserver.TCPServer.allow_reuse_address = True
+socketserver.ThreadingTCPServer.daemon_threads = True
+socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
+"#,
+            name = self.name
+        );
+        self.spawn(&format!("tcp-app-{port}.log"), &["python3", "-c", &script], &[])?;
+        Ok(())
+    }
+
+    /// As an app (captured): connects to `host:port` over TCP, sends one line, returns the answer.
+    pub fn tcp_app(&self, host: &str, port: u16, line: &str) -> anyhow::Result<String> {
+        let script = format!(
+            "import socket\ns = socket.create_connection(({host:?}, {port}), timeout=5)\n\
+             s.sendall({line:?}.encode() + b'\\n')\nprint(s.makefile().readline(), end='')\n"
+        );
+        let out = self.exec(&[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            // `nobody` may not reach a python3 shim under /root (pyenv): take the system one.
+            if std::path::Path::new("/usr/bin/python3").exists() {
+                "/usr/bin/python3"
+            } else {
+                "python3"
+            },
+            "-c",
+            &script,
+        ])?;
+        if !out.status.success() {
+            bail!("TCP to {host}:{port} failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim_end().to_owned())
     }
 
     /// Applies Istio's capture in the pod with the injector's flags (`-i '*' -b '*' -d
