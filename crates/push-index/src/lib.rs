@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod cache;
+mod delegate;
 mod dependencies;
 mod destination_rules;
 mod gateways;
@@ -277,5 +278,18 @@ impl PushContext {
     /// A delegate VirtualService (no hosts) by namespace and name, resolved.
     pub fn delegate_virtual_service(&self, namespace: &str, name: &str) -> Option<Arc<Config>> {
         self.virtual_services.delegate(namespace, name)
+    }
+
+    /// Istio's `DelegateVirtualServices`: the delegates (found or not) that the given root
+    /// VirtualServices name, so a change to one of them concerns whoever is sent those roots.
+    /// Roots returned by this push are already merged with their delegates.
+    pub fn delegate_virtual_services(&self, vses: &[Arc<Config>]) -> Vec<model::ConfigKey> {
+        let mut out: Vec<model::ConfigKey> = vses
+            .iter()
+            .flat_map(|vs| self.virtual_services.delegates_of(&vs.key()).iter().cloned())
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 }

@@ -1,11 +1,14 @@
 //! VirtualServices of a push, indexed by the gateway they bind to and bucketed by `exportTo`, as
-//! Istio's `virtualServiceIndex`. Short hosts and gateway names are resolved once here.
+//! Istio's `virtualServiceIndex`. Short hosts and gateway names are resolved once here, and roots
+//! are merged with their delegates (`delegate.rs`) before indexing.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use model::networking::VirtualService;
-use model::{Config, ConfigSpec, MeshConfig};
+use model::{Config, ConfigKey, ConfigSpec, MeshConfig};
+
+use crate::delegate::{DelegateName, merge_virtual_services_if_needed};
 
 /// The gateway name that means "the sidecars of the mesh".
 pub const MESH_GATEWAY: &str = "mesh";
@@ -75,7 +78,9 @@ pub struct VirtualServiceIndex {
     /// (client namespace, gateway) for VSs exported to named namespaces.
     exported_to_namespace_by_gateway: HashMap<GatewayKey, Vec<Arc<Config>>>,
     /// VirtualServices without hosts: delegates, reachable only through a root's `delegate`.
-    delegates: HashMap<GatewayKey, Arc<Config>>,
+    delegates: HashMap<DelegateName, Arc<Config>>,
+    /// Root VirtualService → the delegates it names (Istio's `virtualServiceIndex.delegates`).
+    delegates_by_root: HashMap<ConfigKey, Vec<ConfigKey>>,
 }
 
 impl VirtualServiceIndex {
@@ -96,16 +101,17 @@ impl VirtualServiceIndex {
             })
             .collect();
         vses.sort_by(|a, b| crate::creation_order(a, b));
-        let mut idx = VirtualServiceIndex::default();
-        for cfg in vses {
+        let merged = merge_virtual_services_if_needed(vses, &mesh.default_virtual_service_export_to);
+        let mut idx = VirtualServiceIndex {
+            delegates: merged.delegates.into_iter().map(|(name, d)| (name, d.config)).collect(),
+            delegates_by_root: merged.delegates_by_root,
+            ..Default::default()
+        };
+        for cfg in merged.virtual_services {
             let ConfigSpec::VirtualService(vs) = &cfg.spec else {
                 continue;
             };
             let ns = cfg.meta.namespace.clone();
-            if vs.hosts.is_empty() {
-                idx.delegates.insert((ns, cfg.meta.name.clone()), cfg.clone());
-                continue;
-            }
             let gateways: Vec<String> = if vs.gateways.is_empty() {
                 vec![MESH_GATEWAY.to_owned()]
             } else {
@@ -171,6 +177,12 @@ impl VirtualServiceIndex {
     /// A delegate VirtualService (one without hosts) by namespace and name.
     pub fn delegate(&self, namespace: &str, name: &str) -> Option<Arc<Config>> {
         self.delegates.get(&(namespace.to_owned(), name.to_owned())).cloned()
+    }
+
+    /// The delegates a root VirtualService names, found or not (a delegate created later must
+    /// still push the root); empty for any other VirtualService.
+    pub fn delegates_of(&self, root: &ConfigKey) -> &[ConfigKey] {
+        self.delegates_by_root.get(root).map_or(&[], Vec::as_slice)
     }
 }
 

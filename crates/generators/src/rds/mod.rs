@@ -53,6 +53,8 @@ pub fn empty_route_config(name: &str) -> RouteConfiguration {
 #[cfg(test)]
 mod behaviour_tests;
 #[cfg(test)]
+mod delegate_tests;
+#[cfg(test)]
 pub(crate) mod golden_tests;
 #[cfg(test)]
 mod sidecar_tests;
