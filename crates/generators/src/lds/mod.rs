@@ -6,6 +6,7 @@ pub mod hcm;
 pub mod merged_gateway;
 pub mod sidecar;
 pub mod sidecar_inbound;
+pub mod sidecar_tcp;
 pub mod tls;
 
 use model::Proxy;
@@ -34,6 +35,8 @@ pub fn build_listeners_from<P: PushView>(proxy: &Proxy, push: &P) -> Vec<Listene
 
 #[cfg(test)]
 mod envoy_tests;
+#[cfg(test)]
+mod sidecar_tcp_tests;
 #[cfg(test)]
 mod sidecar_tests;
 #[cfg(test)]

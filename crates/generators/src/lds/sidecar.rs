@@ -2,8 +2,9 @@
 //! `virtualOutbound` (0.0.0.0:15001, original destination, passthrough or blackhole by
 //! `outboundTrafficPolicy`), `virtualInbound` (0.0.0.0:15006, see `sidecar_inbound`), and one
 //! outbound listener per visible service port with `bind_to_port: false`: HTTP ports share
-//! `0.0.0.0_<port>` (RDS `<port>`), TCP ports get `<vip>_<port>` with a tcp_proxy, ports of unknown
-//! protocol get HTTP/TCP protocol sniffing chains behind an http_inspector.
+//! `0.0.0.0_<port>` (RDS `<port>`), TCP and TLS ports get `<vip>_<port>` with tcp_proxy chains that
+//! follow the `tcp`/`tls` routes of mesh VirtualServices (`sidecar_tcp`), ports of unknown protocol
+//! get HTTP/TCP protocol sniffing chains behind an http_inspector.
 
 use model::{MeshConfig, Protocol, Proxy, Service};
 use push_index::PushContext;
@@ -22,7 +23,8 @@ use xds_api::pbwkt::{BoolValue, UInt32Value};
 
 use super::gateway::{TLS_INSPECTOR, WILDCARD_ADDRESS};
 use super::hcm::{HTTP_CONNECTION_MANAGER, access_logs, gateway_connection_manager};
-use crate::names::{self, TrafficDirection as Direction};
+use super::sidecar_tcp::{self, NetworkChain};
+use crate::names;
 
 pub const VIRTUAL_OUTBOUND_LISTENER: &str = "virtualOutbound";
 pub const VIRTUAL_INBOUND_LISTENER: &str = "virtualInbound";
@@ -85,32 +87,73 @@ pub fn virtual_outbound_listener(mesh: &MeshConfig) -> Listener {
 enum OutboundKind {
     /// HTTP: the HCM with RDS `<port>`.
     Http,
-    /// TCP: tcp_proxy to the service's cluster.
-    Tcp { cluster: String },
-    /// Unknown protocol: sniffed HTTP (RDS `<port>`), else tcp_proxy to the service's cluster.
-    Sniffed { cluster: String },
+    /// TCP, TLS, Mongo, Redis, MySQL: network chains (`sidecar_tcp`), from `tcp`/`tls` routes of
+    /// mesh VirtualServices or to the service's cluster.
+    Tcp {
+        protocol: Protocol,
+        chains: Vec<NetworkChain>,
+    },
+    /// Unknown protocol: sniffed HTTP (RDS `<port>`), else the network chains of a TCP port.
+    Sniffed { chains: Vec<NetworkChain> },
 }
 
-/// `buildSidecarOutboundListeners`: one listener per (bind, port); on a conflict the first service
-/// to claim a listener name keeps it, except that HTTP takes a wildcard port from TCP.
+struct OutboundEntry {
+    name: String,
+    bind: String,
+    port: u16,
+    kind: OutboundKind,
+}
+
+/// `buildSidecarOutboundListeners`: one listener per (bind, port). On a conflict the first service
+/// to claim a listener name keeps it, except that HTTP takes a wildcard port from TCP, and TCP
+/// services merge their chains when Envoy can tell them apart (SNI, destination subnets).
 fn outbound_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listener> {
-    let mut listeners: Vec<(String, String, u16, OutboundKind)> = Vec::new();
+    let mesh_virtual_services = push.virtual_services_for_mesh(proxy);
+    let l4_virtual_services = sidecar_tcp::l4_virtual_services(&mesh_virtual_services);
+    let mut listeners: Vec<OutboundEntry> = Vec::new();
     for service in push.services_for_namespace(&proxy.config_namespace).iter() {
+        let (vip, cidr) = service_bind(service);
         for port in service.ports.iter().filter(|p| p.protocol != Protocol::Udp) {
-            let cluster = names::subset_key(Direction::Outbound, "", &service.hostname, port.port);
+            let chains =
+                || sidecar_tcp::outbound_network_chains(push, proxy, service, port, &vip, cidr, &l4_virtual_services);
             let (bind, kind) = match port.protocol {
                 p if p.is_http() => (WILDCARD_ADDRESS.to_owned(), OutboundKind::Http),
-                Protocol::Unsupported => (service_vip(service), OutboundKind::Sniffed { cluster }),
-                _ => (service_vip(service), OutboundKind::Tcp { cluster }),
+                Protocol::Unsupported => (vip.clone(), OutboundKind::Sniffed { chains: chains() }),
+                protocol => (
+                    vip.clone(),
+                    OutboundKind::Tcp {
+                        protocol,
+                        chains: chains(),
+                    },
+                ),
             };
             let name = format!("{bind}_{}", port.port);
-            match listeners.iter_mut().find(|(n, ..)| *n == name) {
+            let Some(existing) = listeners.iter_mut().find(|e| e.name == name) else {
+                listeners.push(OutboundEntry {
+                    name,
+                    bind,
+                    port: port.port,
+                    kind,
+                });
+                continue;
+            };
+            match (&mut existing.kind, kind) {
                 // HTTP wins a wildcard port over TCP services without VIP (which Envoy could not
-                // tell apart anyway), whatever the order of the services
-                Some(existing) if kind == OutboundKind::Http && matches!(existing.3, OutboundKind::Tcp { .. }) => {
-                    existing.3 = kind;
+                // tell apart without SNI anyway), whatever the order of the services
+                (existing_kind @ OutboundKind::Tcp { .. }, OutboundKind::Http) => *existing_kind = OutboundKind::Http,
+                (
+                    OutboundKind::Tcp {
+                        protocol: current,
+                        chains,
+                    },
+                    OutboundKind::Tcp {
+                        protocol,
+                        chains: incoming,
+                    },
+                ) if !sidecar_tcp::well_known_port_conflict(protocol, *current) => {
+                    sidecar_tcp::merge_network_chains(chains, incoming, &name);
                 }
-                Some(existing) if existing.3 != kind => {
+                (current, kind) if *current != kind => {
                     tracing::debug!(
                         proxy = proxy.id,
                         listener = name,
@@ -118,35 +161,37 @@ fn outbound_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listener> {
                         "outbound listener conflict: first service kept"
                     );
                 }
-                Some(_) => {}
-                None => listeners.push((name, bind, port.port, kind)),
+                _ => {}
             }
         }
     }
+    let registry_only = push.registry_only(proxy);
     listeners
         .into_iter()
-        .map(|(name, bind, port, kind)| outbound_listener(push.mesh(), proxy, name, &bind, port, kind))
+        .map(|e| outbound_listener(push.mesh(), registry_only, proxy, e))
         .collect()
 }
 
-/// The service's first VIP when it is an IP address, else the wildcard (Istio's listener bind).
-fn service_vip(service: &Service) -> String {
-    service
-        .addresses
-        .iter()
-        .find(|a| a.parse::<std::net::IpAddr>().is_ok())
-        .cloned()
-        .unwrap_or_else(|| WILDCARD_ADDRESS.to_owned())
+/// Istio's listener bind for a TCP or sniffed port: the service's first address when it is an
+/// IP; when it is a CIDR, the wildcard with the CIDR as the chains' destination match; without
+/// an address, the wildcard.
+fn service_bind(service: &Service) -> (String, Option<&str>) {
+    match service.addresses.first() {
+        Some(a) if a.parse::<std::net::IpAddr>().is_ok() => (a.clone(), None),
+        Some(a) if a.contains('/') => (WILDCARD_ADDRESS.to_owned(), Some(a.as_str())),
+        _ => (WILDCARD_ADDRESS.to_owned(), None),
+    }
 }
 
-fn outbound_listener(
-    mesh: &MeshConfig,
-    proxy: &Proxy,
-    name: String,
-    bind: &str,
-    port: u16,
-    kind: OutboundKind,
-) -> Listener {
+fn outbound_listener(mesh: &MeshConfig, registry_only: bool, proxy: &Proxy, entry: OutboundEntry) -> Listener {
+    let OutboundEntry { name, bind, port, kind } = entry;
+    let sniffed_chains = match kind {
+        OutboundKind::Tcp { chains, .. } => {
+            return sidecar_tcp::network_listener(mesh, registry_only, name, &bind, port, chains);
+        }
+        OutboundKind::Http => None,
+        OutboundKind::Sniffed { chains } => Some(chains),
+    };
     let stat_prefix = format!("outbound_{WILDCARD_ADDRESS}_{port}");
     let http_chain = |filter_chain_match| FilterChain {
         filter_chain_match,
@@ -158,33 +203,27 @@ fn outbound_listener(
         ))],
         ..Default::default()
     };
-    let (listener_filters, filter_chains) = match &kind {
-        OutboundKind::Http => (Vec::new(), vec![http_chain(None)]),
-        OutboundKind::Tcp { cluster } => (
-            Vec::new(),
-            vec![FilterChain {
-                filters: vec![tcp_proxy_filter(mesh, cluster, cluster)],
+    let network_chain = |c: NetworkChain| FilterChain {
+        filter_chain_match: c.filter_chain_match(),
+        filters: c.filters,
+        ..Default::default()
+    };
+    let (listener_filters, filter_chains) = match sniffed_chains {
+        None => (Vec::new(), vec![http_chain(None)]),
+        Some(chains) => {
+            // the TCP chains stay in `filter_chains` behind the ALPN-matched HTTP chain
+            let mut filter_chains = vec![http_chain(Some(FilterChainMatch {
+                application_protocols: PLAINTEXT_HTTP_ALPNS.iter().map(|s| s.to_string()).collect(),
                 ..Default::default()
-            }],
-        ),
-        OutboundKind::Sniffed { cluster } => (
-            vec![http_inspector()],
-            vec![
-                http_chain(Some(FilterChainMatch {
-                    application_protocols: PLAINTEXT_HTTP_ALPNS.iter().map(|s| s.to_string()).collect(),
-                    ..Default::default()
-                })),
-                FilterChain {
-                    filters: vec![tcp_proxy_filter(mesh, cluster, cluster)],
-                    ..Default::default()
-                },
-            ],
-        ),
+            }))];
+            filter_chains.extend(chains.into_iter().map(network_chain));
+            (vec![http_inspector()], filter_chains)
+        }
     };
     let sniffing = !listener_filters.is_empty();
     let mut l = Listener {
         name,
-        address: Some(socket_address(bind, u32::from(port))),
+        address: Some(socket_address(&bind, u32::from(port))),
         bind_to_port: Some(BoolValue { value: false }),
         traffic_direction: TrafficDirection::Outbound as i32,
         listener_filters,
