@@ -6,7 +6,7 @@
 //!   changes): visible to the proxy's namespace (`exportTo`) and imported by its Sidecar scope, or
 //!   served by the proxy itself (its inbound side);
 //! - VirtualServices: in the proxy's mesh list (sidecars) or bound to a gateway selecting it
-//!   (routers); delegates (no hosts) concern every proxy;
+//!   (routers); delegates (no hosts) by the roots among those that name them;
 //! - DestinationRules: exported to the proxy's namespace and for a host its scope imports;
 //! - Gateways: only routers they select; Sidecars: only sidecars of their namespace (or of any
 //!   namespace, for the root namespace's);
@@ -133,12 +133,16 @@ impl PushContext {
         let ConfigSpec::VirtualService(spec) = &vs.spec else {
             return true;
         };
-        if spec.hosts.is_empty() {
-            // A delegate: whichever root uses it decides; not tracked per proxy.
-            return true;
-        }
         let key = vs.key();
-        let listed = |list: Vec<Arc<Config>>| list.iter().any(|c| c.key() == key);
+        // A delegate (no hosts) concerns whoever is sent a root that names it.
+        let delegate = spec.hosts.is_empty();
+        let listed = |list: Vec<Arc<Config>>| {
+            if delegate {
+                self.delegate_virtual_services(&list).contains(&key)
+            } else {
+                list.iter().any(|c| c.key() == key)
+            }
+        };
         match proxy.node_type {
             NodeType::Router => self.gateways_for_proxy(proxy).iter().any(|gw| {
                 let name = format!("{}/{}", gw.meta.namespace, gw.meta.name);

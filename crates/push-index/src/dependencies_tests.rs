@@ -210,3 +210,20 @@ fn everything_and_unknown_kinds_concern_everyone() {
         key(ConfigKind::WorkloadEntry, "a", "we")
     ));
 }
+
+#[test]
+fn delegates_concern_proxies_that_see_a_root_naming_them() {
+    let mut docs = mesh();
+    docs.push(json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+        "metadata": {"name": "root", "namespace": "a"},
+        "spec": {"hosts": ["root.a.svc.cluster.local"], "exportTo": ["."],
+                 "http": [{"delegate": {"name": "leaf", "namespace": "a"}}]}}));
+    docs.push(json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+        "metadata": {"name": "leaf", "namespace": "a"},
+        "spec": {"http": [{"route": [{"destination": {"host": "public.a.svc.cluster.local"}}]}]}}));
+    let p = push(&docs);
+    let leaf = key(ConfigKind::VirtualService, "a", "leaf");
+    assert!(needs(&p, None, &sidecar_in("a"), leaf.clone()));
+    assert!(!needs(&p, None, &sidecar_in("b"), leaf.clone()));
+    assert!(!needs(&p, None, &gateway(), leaf));
+}

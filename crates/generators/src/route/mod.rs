@@ -133,8 +133,9 @@ pub fn translate_route<P: PushView>(
         return None;
     }
     if http.delegate.is_some() {
-        // TODO(delegate): Istio merges delegate VirtualServices into the root in the push context.
-        tracing::debug!(vs = %ctx.config.key(), "delegate VirtualServices are not supported yet; rule skipped");
+        // The push index merges delegates into their roots (push-index/src/delegate.rs); a rule
+        // still delegating here had no usable delegate, and Istio drops it too.
+        tracing::debug!(vs = %ctx.config.key(), "delegating rule without a merged delegate skipped");
         return None;
     }
     let mut name = http.name.clone();

@@ -128,7 +128,7 @@ fn mesh_default_retry_policy_applies_when_the_route_has_none() {
 }
 
 #[test]
-fn delegate_rules_produce_no_route_yet() {
+fn unmerged_delegating_rules_produce_no_route() {
     let push = FakePush::with_configs(&[vs_doc(json!([{"delegate": {"name": "child", "namespace": "ns"}}]))]);
     assert!(routes(&push, 80).is_empty());
 }
