@@ -54,14 +54,15 @@ impl Settings {
             }
         };
         let push_throttle = match get("PILOT_PUSH_THROTTLE").filter(|v| !v.is_empty()) {
-            None => 100,
+            None => default_push_throttle(),
             Some(v) => match v.parse::<usize>() {
-                Ok(n) if n > 0 => n,
+                Ok(0) => default_push_throttle(),
+                Ok(n) => n,
                 _ => {
                     return Err(SettingsError {
                         name: "PILOT_PUSH_THROTTLE",
                         value: v,
-                        reason: "not a positive integer",
+                        reason: "not a non-negative integer",
                     });
                 }
             },
@@ -77,6 +78,13 @@ impl Settings {
         };
         Ok(s)
     }
+}
+
+/// Istio's default for `PILOT_PUSH_THROTTLE` unset or 0: scaled with the cores,
+/// `min(15 + 5 * cores, 100)` (25 on 2 cores).
+pub fn default_push_throttle() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    (15 + 5 * cores).min(100)
 }
 
 #[cfg(test)]
@@ -95,7 +103,8 @@ mod tests {
         assert_eq!(s.debounce_after, Duration::from_millis(100));
         assert_eq!(s.debounce_max, Duration::from_secs(10));
         assert!(s.enable_eds_debounce);
-        assert_eq!(s.push_throttle, 100);
+        assert_eq!(s.push_throttle, default_push_throttle());
+        assert!((20..=100).contains(&s.push_throttle));
     }
 
     #[test]
@@ -112,7 +121,9 @@ mod tests {
         assert_eq!(s.push_throttle, 7);
         let e = Settings::from_env(env(&[("PILOT_DEBOUNCE_AFTER", "soon")])).unwrap_err();
         assert_eq!(e.name, "PILOT_DEBOUNCE_AFTER");
-        assert!(Settings::from_env(env(&[("PILOT_PUSH_THROTTLE", "0")])).is_err());
+        let auto = Settings::from_env(env(&[("PILOT_PUSH_THROTTLE", "0")])).unwrap();
+        assert_eq!(auto.push_throttle, default_push_throttle());
+        assert!(Settings::from_env(env(&[("PILOT_PUSH_THROTTLE", "-1")])).is_err());
         assert!(Settings::from_env(env(&[("PILOT_ENABLE_EDS_DEBOUNCE", "maybe")])).is_err());
     }
 }
