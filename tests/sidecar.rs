@@ -2,7 +2,8 @@
 //! iptables capture and `pilot-agent proxy sidecar` with real Envoy, fed by a real pilot-discovery
 //! on the host. A client pod's request to `reviews.default.svc.cluster.local:9080` (a ServiceEntry
 //! VIP) is captured by its sidecar, routed by a mesh VirtualService to a subset, and captured again
-//! by the server pod's sidecar (its inbound cluster counts it). Skips when not root or when
+//! by the server pod's sidecar (its inbound cluster counts it). Envoy runs as uid 1337, which the
+//! capture excludes, as in an injected pod. Skips when not root or when
 //! `ip netns`/iptables are missing.
 
 use std::collections::BTreeMap;
@@ -234,6 +235,8 @@ async fn mesh_virtual_service_routes_captured_traffic_between_sidecars() {
     }
     let mesh = SidecarMesh::start(0, "ALLOW_ANY").await.unwrap();
     mesh.wait_for_backend("reviews-v2", 5).unwrap();
+    // Envoy runs as istio-proxy, the uid the capture excludes.
+    assert_eq!(mesh.client.envoy_uid().unwrap(), 1337);
     // The server side saw the requests through its own sidecar (inbound capture), v1 none.
     let v2_stats = mesh.reviews["v2"].envoy_stats().unwrap();
     let inbound: Vec<_> = v2_stats

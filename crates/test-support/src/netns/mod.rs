@@ -3,9 +3,10 @@
 //! their own `/etc/netns/<ns>/{resolv.conf,hosts}`, an HTTP app, Istio's iptables capture and a
 //! `pilot-agent proxy sidecar`. Everything (processes, namespaces, links, files) is removed on drop.
 //!
-//! Traffic capture excludes uid 0 (`istio-iptables -u 0`): pilot-agent, Envoy and the app run as
-//! root inside the pod, and test clients run as `nobody` (`setpriv`) so their connections are
-//! redirected to Envoy, as an app's would be.
+//! As in an injected pod, pilot-agent and Envoy run as istio-proxy (uid and gid 1337), which the
+//! capture excludes (`istio-iptables -u 1337`); apps run as root and test clients as `nobody`
+//! (`setpriv`), and their connections are redirected to Envoy. Requests to 127.0.0.1 (Envoy's
+//! admin API, an app's own port) are never captured.
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -22,6 +23,8 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 pub const ADMIN_PORT: u16 = 15000;
 /// pilot-agent's status port inside a pod.
 pub const STATUS_PORT: u16 = 15020;
+/// Istio's proxy uid and gid (`istio-proxy`), excluded from capture.
+pub const PROXY_UID: &str = "1337";
 
 /// Ok when this machine can run pod tests: root, `ip netns add` works, iptables is installed.
 pub fn supported() -> Result<(), String> {

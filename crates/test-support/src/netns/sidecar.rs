@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use serde_json::json;
 
-use super::{ADMIN_PORT, Pod, STATUS_PORT};
+use super::{ADMIN_PORT, PROXY_UID, Pod, STATUS_PORT};
 use crate::bin::cargo_bin;
 use crate::envoy::envoy_bin;
 
@@ -88,8 +88,8 @@ socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
         Ok(String::from_utf8_lossy(&out.stdout).trim_end().to_owned())
     }
 
-    /// Applies Istio's capture in the pod with the injector's flags (`-i '*' -b '*' -d
-    /// 15090,15021,15020`), excluding uid 0 instead of 1337 (see the module doc).
+    /// Applies Istio's capture in the pod with the injector's flags (`-u 1337 -i '*' -b '*' -d
+    /// 15090,15021,15020`): everything but the proxy's own uid is captured.
     pub fn capture(&self) -> anyhow::Result<()> {
         let bin = cargo_bin("agent", "pilot-agent")?;
         let bin = bin.to_string_lossy();
@@ -97,7 +97,7 @@ socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
             &bin,
             "istio-iptables",
             "-u",
-            "0",
+            PROXY_UID,
             "-i",
             "*",
             "-b",
@@ -155,7 +155,26 @@ socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
-        self.spawn("pilot-agent.log", &[&bin.to_string_lossy(), "proxy", "sidecar"], &env)?;
+        // As in an injected pod, pilot-agent and Envoy run as istio-proxy (1337), which the
+        // capture excludes; they own their working directory.
+        let chown = std::process::Command::new("chown")
+            .args(["-R", &format!("{PROXY_UID}:{PROXY_UID}")])
+            .arg(&dir)
+            .status()?;
+        if !chown.success() {
+            bail!("chown {} failed", dir.display());
+        }
+        let agent = bin.to_string_lossy();
+        let user = [
+            "setpriv",
+            &format!("--reuid={PROXY_UID}"),
+            &format!("--regid={PROXY_UID}"),
+            "--clear-groups",
+        ]
+        .map(|s| s.to_owned());
+        let mut args: Vec<&str> = user.iter().map(String::as_str).collect();
+        args.extend([agent.as_ref(), "proxy", "sidecar"]);
+        self.spawn("pilot-agent.log", &args, &env)?;
         let deadline = Instant::now() + Duration::from_secs(30);
         let url = format!("http://127.0.0.1:{STATUS_PORT}/healthz/ready");
         loop {
@@ -167,6 +186,29 @@ socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// The real uid of the pod's Envoy process.
+    pub fn envoy_uid(&self) -> anyhow::Result<u32> {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "pids", &self.ns])
+            .output()?;
+        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            if comm.trim() != "envoy" {
+                continue;
+            }
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+            let uid = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|l| l.split_whitespace().next())
+                .and_then(|u| u.parse().ok());
+            if let Some(uid) = uid {
+                return Ok(uid);
+            }
+        }
+        bail!("no Envoy process in pod {}", self.name)
     }
 
     /// `curl` in the pod as root (not captured): (status, body).
