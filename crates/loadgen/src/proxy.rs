@@ -11,9 +11,27 @@ use prost::Message;
 use test_support::ads::delta::{DeltaAdsClient, DeltaResponse};
 use test_support::ads::{AdsClient, eds_cluster_names, rds_route_names};
 use tokio::sync::mpsc;
+use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryResponse, DiscoveryResponse};
 use xds_api::{pbwkt, type_url};
 
 use crate::mesh::{sidecar_metadata, sidecar_node_id};
+use crate::upstream::Upstream;
+
+/// How a simulated proxy runs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProxyOptions {
+    /// Delta xDS instead of state of the world.
+    pub delta: bool,
+    /// Report every response received as [`ProxyEvent::Received`] (the raw phase replays them).
+    pub record: bool,
+}
+
+/// A response as received, for replay.
+#[derive(Debug, Clone)]
+pub enum Recorded {
+    Sotw(DiscoveryResponse),
+    Delta(DeltaDiscoveryResponse),
+}
 
 /// What a proxy reports to the scenario.
 #[derive(Debug, Clone)]
@@ -31,6 +49,9 @@ pub enum ProxyEvent {
     },
     /// Encoded size of one response received.
     Bytes(usize),
+    /// A response received at `at`, reported (with [`ProxyOptions::record`]) before its ACK's
+    /// [`ProxyEvent::Acked`].
+    Received { at: Instant, response: Recorded },
     /// The proxy stopped on an error.
     Failed { proxy: usize, error: String },
 }
@@ -52,12 +73,12 @@ impl Watched {
     }
 }
 
-/// Runs proxy `n` against the ADS server at `addr` until its stream ends or the task is aborted.
-pub async fn run_proxy(addr: String, n: usize, delta: bool, events: mpsc::UnboundedSender<ProxyEvent>) {
-    let result = if delta {
-        run_delta(&addr, n, &events).await
+/// Runs proxy `n` against `upstream` until its stream ends or the task is aborted.
+pub async fn run_proxy(upstream: Upstream, n: usize, opts: ProxyOptions, events: mpsc::UnboundedSender<ProxyEvent>) {
+    let result = if opts.delta {
+        run_delta(upstream.addr(), n, opts.record, &events).await
     } else {
-        run_sotw(&addr, n, &events).await
+        run_sotw(&upstream, n, opts.record, &events).await
     };
     if let Err(e) = result {
         let _ = events.send(ProxyEvent::Failed {
@@ -70,19 +91,19 @@ pub async fn run_proxy(addr: String, n: usize, delta: bool, events: mpsc::Unboun
 /// Long enough that only the scenario's own timeout ends a proxy.
 const RECV_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
-async fn run_sotw(addr: &str, n: usize, events: &mpsc::UnboundedSender<ProxyEvent>) -> Result<()> {
+async fn run_sotw(
+    upstream: &Upstream,
+    n: usize,
+    record: bool,
+    events: &mpsc::UnboundedSender<ProxyEvent>,
+) -> Result<()> {
     let start = Instant::now();
-    let mut client = AdsClient::connect(addr, &sidecar_node_id(n), sidecar_metadata(n)).await?;
+    let channel = upstream.channel(n).await?;
+    let mut client = AdsClient::on_channel(channel, &sidecar_node_id(n), sidecar_metadata(n)).await?;
     client.timeout = RECV_TIMEOUT;
     let hs = client.handshake(None).await?;
     let elapsed = start.elapsed();
-    for r in [&hs.clusters, &hs.endpoints, &hs.listeners, &hs.routes]
-        .into_iter()
-        .flatten()
-    {
-        send(events, ProxyEvent::Bytes(r.raw.encoded_len()));
-    }
-    send(events, ProxyEvent::Converged { proxy: n, elapsed });
+    let at = Instant::now();
     let mut eds: Vec<String> = hs
         .clusters
         .as_ref()
@@ -93,8 +114,21 @@ async fn run_sotw(addr: &str, n: usize, events: &mpsc::UnboundedSender<ProxyEven
         .as_ref()
         .map(|r| rds_route_names(&r.raw.resources))
         .unwrap_or_default();
+    // Moved out, not kept: 2,000 proxies holding a large mesh's handshake would be gigabytes.
+    for r in [hs.clusters, hs.endpoints, hs.listeners, hs.routes]
+        .into_iter()
+        .flatten()
+    {
+        send(events, ProxyEvent::Bytes(r.raw.encoded_len()));
+        if record {
+            let response = Recorded::Sotw(r.raw);
+            send(events, ProxyEvent::Received { at, response });
+        }
+    }
+    send(events, ProxyEvent::Converged { proxy: n, elapsed });
     loop {
         let r = client.recv().await?;
+        let at = Instant::now();
         send(events, ProxyEvent::Bytes(r.raw.encoded_len()));
         // Envoy follows a new CDS/LDS with its EDS/RDS subscription, when it changed, before ACKing.
         match r.type_url() {
@@ -113,15 +147,20 @@ async fn run_sotw(addr: &str, n: usize, events: &mpsc::UnboundedSender<ProxyEven
             _ => {}
         }
         client.ack_response(&r)?;
-        if let Some(watched) = Watched::of(r.type_url()) {
-            let content = content_hash(r.raw.resources.iter());
+        let acked = Instant::now();
+        let watched = Watched::of(r.type_url()).map(|w| (w, content_hash(r.raw.resources.iter())));
+        if record {
+            let response = Recorded::Sotw(r.raw);
+            send(events, ProxyEvent::Received { at, response });
+        }
+        if let Some((watched, content)) = watched {
             send(
                 events,
                 ProxyEvent::Acked {
                     watched,
                     proxy: n,
                     content,
-                    at: Instant::now(),
+                    at: acked,
                 },
             );
         }
@@ -140,13 +179,14 @@ fn follow(client: &mut AdsClient, type_url: &str, current: &mut Vec<String>, mut
     Ok(())
 }
 
-async fn run_delta(addr: &str, n: usize, events: &mpsc::UnboundedSender<ProxyEvent>) -> Result<()> {
+async fn run_delta(addr: &str, n: usize, record: bool, events: &mpsc::UnboundedSender<ProxyEvent>) -> Result<()> {
     let start = Instant::now();
     let mut client = DeltaAdsClient::connect(addr, &sidecar_node_id(n), sidecar_metadata(n)).await?;
     client.timeout = RECV_TIMEOUT;
     let mut proxy = DeltaProxy {
         client,
         n,
+        record,
         events,
         eds: BTreeSet::new(),
         rds: BTreeSet::new(),
@@ -176,6 +216,7 @@ async fn run_delta(addr: &str, n: usize, events: &mpsc::UnboundedSender<ProxyEve
 struct DeltaProxy<'a> {
     client: DeltaAdsClient,
     n: usize,
+    record: bool,
     events: &'a mpsc::UnboundedSender<ProxyEvent>,
     eds: BTreeSet<String>,
     rds: BTreeSet<String>,
@@ -191,6 +232,7 @@ impl DeltaProxy<'_> {
     /// Receives, follows and ACKs one response; returns its type.
     async fn step(&mut self) -> Result<String> {
         let r = self.client.recv().await?;
+        let at = Instant::now();
         send(self.events, ProxyEvent::Bytes(r.raw.encoded_len()));
         let t = r.type_url().to_owned();
         match t.as_str() {
@@ -221,15 +263,23 @@ impl DeltaProxy<'_> {
                 response_nonce: r.nonce().to_owned(),
                 ..Default::default()
             })?;
-        if let Some(watched) = Watched::of(&t) {
+        let acked = Instant::now();
+        let watched = Watched::of(&t).map(|w| {
             let content = content_hash(r.raw.resources.iter().filter_map(|r| r.resource.as_ref()));
+            (w, content)
+        });
+        if self.record {
+            let response = Recorded::Delta(r.raw);
+            send(self.events, ProxyEvent::Received { at, response });
+        }
+        if let Some((watched, content)) = watched {
             send(
                 self.events,
                 ProxyEvent::Acked {
                     watched,
                     proxy: self.n,
                     content,
-                    at: Instant::now(),
+                    at: acked,
                 },
             );
         }

@@ -1,15 +1,17 @@
-//! The figures of a run: latency percentiles, pilot-discovery's peak memory and CPU time read from
+//! The figures of a run: latency percentiles, pilot-discovery's memory and CPU time read from
 //! `/proc/<pid>`, and the report as a human table and as one JSON object.
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::ramp::RampStep;
+
 /// Clock ticks per second of `/proc/<pid>/stat` times (Linux `USER_HZ`).
 const CLK_TCK: f64 = 100.0;
 
 /// The outcome of one run.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Report {
     pub scenario: String,
     pub delta: bool,
@@ -25,6 +27,18 @@ pub struct Report {
     pub convergence_p50_ms: Option<f64>,
     pub convergence_p99_ms: Option<f64>,
     pub convergence_max_ms: Option<f64>,
+    /// The raw limit of the change: the same responses replayed with no generation (see
+    /// [`crate::raw`]).
+    pub raw_p50_ms: Option<f64>,
+    pub raw_p99_ms: Option<f64>,
+    /// Encoded size of the replayed push, per proxy.
+    pub raw_push_bytes: Option<u64>,
+    /// `ramp`: one row per step.
+    pub steps: Vec<RampStep>,
+    /// `ramp`: why it stopped (`max-rss-mb`, `max-p99-ms`, `proxies`, `errors`).
+    pub ramp_stop: Option<String>,
+    /// The pilot-discovery executable started, if one was.
+    pub discovery_bin: Option<String>,
     /// Peak resident memory (VmHWM) of pilot-discovery, when it runs as a child.
     pub discovery_rss_mb: Option<f64>,
     /// utime + stime of pilot-discovery, when it runs as a child.
@@ -38,8 +52,21 @@ pub struct Report {
 }
 
 impl Report {
+    /// Convergence p99 over the raw limit's p99.
+    pub fn raw_ratio(&self) -> Option<f64> {
+        match (self.convergence_p99_ms, self.raw_p99_ms) {
+            (Some(c), Some(r)) if r > 0.0 => Some(c / r),
+            _ => None,
+        }
+    }
+
     /// One JSON object (the `--json` line).
     pub fn to_json(&self) -> Value {
+        let steps: Vec<Value> = self
+            .steps
+            .iter()
+            .map(|s| json!({"proxies": s.proxies, "rss_mb": s.rss_mb, "p99_ms": s.p99_ms}))
+            .collect();
         json!({
             "scenario": self.scenario,
             "delta": self.delta,
@@ -52,7 +79,13 @@ impl Report {
             "convergence_p50_ms": self.convergence_p50_ms,
             "convergence_p99_ms": self.convergence_p99_ms,
             "convergence_max_ms": self.convergence_max_ms,
-            "raw_p99_ms": Value::Null,
+            "raw_p50_ms": self.raw_p50_ms,
+            "raw_p99_ms": self.raw_p99_ms,
+            "raw_ratio": self.raw_ratio(),
+            "raw_push_bytes": self.raw_push_bytes,
+            "steps": steps,
+            "ramp_stop": self.ramp_stop,
+            "discovery_bin": self.discovery_bin,
             "discovery_rss_mb": self.discovery_rss_mb,
             "discovery_cpu_s": self.discovery_cpu_s,
             "loadgen_cpu_s": self.loadgen_cpu_s,
@@ -81,16 +114,39 @@ impl Report {
             ("convergence p50", ms(self.convergence_p50_ms)),
             ("convergence p99", ms(self.convergence_p99_ms)),
             ("convergence max", ms(self.convergence_max_ms)),
+            ("raw p50", ms(self.raw_p50_ms)),
+            ("raw p99", ms(self.raw_p99_ms)),
+            (
+                "p99 / raw p99",
+                self.raw_ratio().map_or("-".to_owned(), |r| format!("{r:.2}")),
+            ),
+            (
+                "push per proxy",
+                self.raw_push_bytes
+                    .map_or("-".to_owned(), |b| format!("{:.2} MB", b as f64 / 1e6)),
+            ),
             ("discovery peak RSS", opt(self.discovery_rss_mb, "MB")),
             ("discovery CPU", opt(self.discovery_cpu_s, "s")),
             ("loadgen CPU", opt(self.loadgen_cpu_s, "s")),
             ("bytes received", format!("{:.2} MB", self.bytes_sent as f64 / 1e6)),
             ("errors", self.errors.len().to_string()),
             ("wall time", format!("{:.1} s", self.wall_s)),
+            (
+                "discovery binary",
+                self.discovery_bin.clone().unwrap_or_else(|| "-".to_owned()),
+            ),
         ];
         let mut out = String::new();
         for (k, v) in rows {
             out.push_str(&format!("{k:<20} {v}\n"));
+        }
+        if let Some(stop) = &self.ramp_stop {
+            out.push_str(&format!("{:<20} {stop}\n", "ramp stopped by"));
+            out.push_str(&format!("{:>10} {:>12} {:>12}\n", "proxies", "RSS", "connect p99"));
+            for s in &self.steps {
+                let rss = s.rss_mb.map_or("-".to_owned(), |v| format!("{v:.1} MB"));
+                out.push_str(&format!("{:>10} {rss:>12} {:>12}\n", s.proxies, ms(s.p99_ms)));
+            }
         }
         for e in self.errors.iter().take(5) {
             out.push_str(&format!("error: {e}\n"));
@@ -111,7 +167,13 @@ pub fn percentile_ms(samples: &[Duration], q: f64) -> Option<f64> {
 /// Peak resident set (VmHWM) of process `pid` in MB.
 pub fn peak_rss_mb(pid: u32) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    parse_vm_hwm_kb(&status).map(|kb| kb as f64 / 1024.0)
+    parse_status_kb(&status, "VmHWM:").map(|kb| kb as f64 / 1024.0)
+}
+
+/// Resident set (VmRSS) of process `pid` now, in MB.
+pub fn rss_mb(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_status_kb(&status, "VmRSS:").map(|kb| kb as f64 / 1024.0)
 }
 
 /// CPU time (utime + stime) of process `pid` in seconds.
@@ -120,8 +182,9 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     parse_stat_ticks(&stat).map(|t| t as f64 / CLK_TCK)
 }
 
-fn parse_vm_hwm_kb(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+/// A `kB` field of `/proc/<pid>/status`, e.g. `VmHWM:`.
+fn parse_status_kb(status: &str, field: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with(field))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
@@ -150,7 +213,9 @@ mod tests {
     #[test]
     fn parses_proc_files() {
         let status = "Name:\tpilot\nVmPeak:\t 2000 kB\nVmHWM:\t   51200 kB\nVmRSS:\t 100 kB\n";
-        assert_eq!(parse_vm_hwm_kb(status), Some(51200));
+        assert_eq!(parse_status_kb(status, "VmHWM:"), Some(51200));
+        assert_eq!(parse_status_kb(status, "VmRSS:"), Some(100));
+        assert_eq!(parse_status_kb(status, "VmSwap:"), None);
         let stat = "42 (pilot disc) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 8 0 100 0 0";
         assert_eq!(parse_stat_ticks(stat), Some(300));
     }
@@ -175,6 +240,7 @@ mod tests {
             bytes_sent: 10,
             errors: vec!["proxy 2: refused".into()],
             wall_s: 1.0,
+            ..Default::default()
         };
         let j = r.to_json();
         for key in [
@@ -186,7 +252,8 @@ mod tests {
         ] {
             assert!(!j[key].is_null(), "{key}");
         }
-        assert!(j["raw_p99_ms"].is_null() && j["discovery_rss_mb"].is_null());
+        assert!(j["raw_p99_ms"].is_null() && j["raw_ratio"].is_null() && j["discovery_rss_mb"].is_null());
+        assert_eq!(j["steps"], json!([]));
         assert_eq!(j["bytes_sent"], 10);
         assert_eq!(j["errors"], 1);
         let table = r.table();
@@ -197,9 +264,47 @@ mod tests {
     }
 
     #[test]
+    fn raw_and_ramp_figures_reach_the_json_and_the_table() {
+        let r = Report {
+            scenario: "ramp".into(),
+            convergence_p99_ms: Some(300.0),
+            raw_p99_ms: Some(200.0),
+            raw_push_bytes: Some(1_500_000),
+            steps: vec![
+                RampStep {
+                    proxies: 500,
+                    rss_mb: Some(80.0),
+                    p99_ms: Some(20.0),
+                },
+                RampStep {
+                    proxies: 1000,
+                    rss_mb: None,
+                    p99_ms: Some(45.5),
+                },
+            ],
+            ramp_stop: Some("max-p99-ms".into()),
+            discovery_bin: Some("/x/target/release/pilot-discovery".into()),
+            ..Default::default()
+        };
+        let j = r.to_json();
+        assert_eq!(j["raw_p99_ms"], 200.0);
+        assert_eq!(j["raw_ratio"], 1.5);
+        assert_eq!(j["raw_push_bytes"], 1_500_000);
+        assert_eq!(j["steps"][1], json!({"proxies": 1000, "rss_mb": null, "p99_ms": 45.5}));
+        assert_eq!(j["ramp_stop"], "max-p99-ms");
+        assert_eq!(j["discovery_bin"], "/x/target/release/pilot-discovery");
+        let table = r.table();
+        assert!(table.contains("p99 / raw p99        1.50"), "{table}");
+        assert!(table.contains("push per proxy       1.50 MB"), "{table}");
+        assert!(table.contains("ramp stopped by      max-p99-ms"), "{table}");
+        assert!(table.contains("      1000            -      45.5 ms"), "{table}");
+    }
+
+    #[test]
     fn reads_this_process() {
         let pid = std::process::id();
         assert!(peak_rss_mb(pid).is_some_and(|mb| mb > 0.0));
+        assert!(rss_mb(pid).is_some_and(|mb| mb > 0.0));
         assert!(cpu_seconds(pid).is_some());
     }
 }

@@ -1,7 +1,9 @@
 //! The scenarios: start (or reach) pilot-discovery on a synthetic mesh, run N simulated proxies
-//! and measure `connect` (connect to last handshake ACK, per proxy) or `config-change` (one
-//! VirtualService file write to every proxy's ACK of the new routes) or `endpoint-churn` (one
-//! service's endpoints moved to every proxy's ACK of the new endpoints).
+//! and measure `connect` (connect to last handshake ACK, per proxy), `config-change` (one
+//! VirtualService file write to every proxy's ACK of the new routes, then by default its raw
+//! limit, see [`crate::raw`]), `endpoint-churn` (one service's endpoints moved to every proxy's
+//! ACK of the new endpoints), `raw` (only the raw limit of a config change) or `ramp` (see
+//! [`crate::ramp`]).
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -13,15 +15,22 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use crate::mesh::{MeshSpec, change_virtual_service, churn_endpoints, write_mesh};
-use crate::proxy::{ProxyEvent, Watched, run_proxy};
+use crate::proxy::{ProxyOptions, Watched, run_proxy};
+use crate::ramp::{RampOptions, ramp};
+use crate::raw::{Capture, raw_phase};
 use crate::report::{Report, cpu_seconds, peak_rss_mb, percentile_ms};
+use crate::tally::Tally;
+use crate::upstream::Upstream;
 
 /// What is measured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Scenario {
+    #[default]
     Connect,
     ConfigChange,
     EndpointChurn,
+    Raw,
+    Ramp,
 }
 
 impl Scenario {
@@ -30,6 +39,8 @@ impl Scenario {
             Scenario::Connect => "connect",
             Scenario::ConfigChange => "config-change",
             Scenario::EndpointChurn => "endpoint-churn",
+            Scenario::Raw => "raw",
+            Scenario::Ramp => "ramp",
         }
     }
 }
@@ -41,9 +52,10 @@ impl FromStr for Scenario {
             "connect" => Ok(Scenario::Connect),
             "config-change" => Ok(Scenario::ConfigChange),
             "endpoint-churn" => Ok(Scenario::EndpointChurn),
-            "ramp" | "raw" => Err(format!("scenario {s:?} is not implemented yet")),
+            "raw" => Ok(Scenario::Raw),
+            "ramp" => Ok(Scenario::Ramp),
             _ => Err(format!(
-                "unknown scenario {s:?} (connect, config-change, endpoint-churn)"
+                "unknown scenario {s:?} (connect, config-change, endpoint-churn, raw, ramp)"
             )),
         }
     }
@@ -59,188 +71,269 @@ pub struct LoadOptions {
     pub proxies: usize,
     pub scenario: Scenario,
     pub delta: bool,
+    /// Proxies whose ADS streams share one HTTP/2 connection (1, as Envoy, unless the open-file
+    /// limit forces more; state of the world only).
+    pub streams_per_connection: usize,
+    /// With `config-change`, also measure its raw limit.
+    pub raw: bool,
+    pub ramp: RampOptions,
     /// An already running pilot-discovery's gRPC address; it must watch `config_dir`.
     pub discovery: Option<String>,
     /// The process ID of that running pilot-discovery, to read its memory and CPU.
     pub discovery_pid: Option<u32>,
+    /// The pilot-discovery executable to start; `target/debug/pilot-discovery` if `None`.
+    pub discovery_bin: Option<PathBuf>,
     /// Where the mesh is written; a temporary directory if `None`.
     pub config_dir: Option<PathBuf>,
     /// PILOT_DEBOUNCE_AFTER of the pilot-discovery started here.
     pub debounce_after: String,
+    /// Bound on each phase: proxies against pilot-discovery, the raw phase, each ramp step.
     pub timeout: Duration,
 }
 
-/// Runs one scenario to the end or to `opts.timeout`, whichever comes first.
+impl Default for LoadOptions {
+    /// The command line's defaults.
+    fn default() -> Self {
+        LoadOptions {
+            mesh: MeshSpec {
+                services: 100,
+                endpoints: 5,
+                virtual_services: 10,
+                destination_rules: 10,
+            },
+            proxies: 10,
+            scenario: Scenario::Connect,
+            delta: false,
+            streams_per_connection: 1,
+            raw: true,
+            ramp: RampOptions::default(),
+            discovery: None,
+            discovery_pid: None,
+            discovery_bin: None,
+            config_dir: None,
+            debounce_after: "100ms".to_owned(),
+            timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Runs one scenario to the end or to `opts.timeout` per phase, whichever comes first.
 pub async fn run(opts: &LoadOptions) -> Result<Report> {
     let started = Instant::now();
-    let deadline = tokio::time::Instant::now() + opts.timeout;
-    let temp = tempfile::tempdir()?;
-    let dir = opts.config_dir.clone().unwrap_or_else(|| temp.path().to_path_buf());
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    write_mesh(&dir, &opts.mesh)?;
-    let (discovery, addr) = match &opts.discovery {
-        Some(addr) => {
-            // A running pilot-discovery picks the files up through its watcher (100ms debounce
-            // plus PILOT_DEBOUNCE_AFTER): let it load them before the proxies connect.
-            tokio::time::sleep(EXTERNAL_LOAD_WAIT).await;
-            (None, addr.clone())
-        }
-        None => {
-            let env = vec![("PILOT_DEBOUNCE_AFTER".to_owned(), opts.debounce_after.clone())];
-            let d = Discovery::start(
-                &dir,
-                DiscoveryOptions {
-                    env,
-                    ..Default::default()
-                },
-            )
-            .await?;
-            let addr = d.grpc_addr.to_string();
-            (Some(d), addr)
-        }
-    };
-    let (tx, rx) = mpsc::unbounded_channel();
-    let mut proxies = JoinSet::new();
-    for n in 0..opts.proxies {
-        proxies.spawn(run_proxy(addr.clone(), n, opts.delta, tx.clone()));
+    if opts.delta && opts.streams_per_connection > 1 {
+        bail!("streams per connection above 1 need state of the world (the delta client dials its own connection)");
     }
-    drop(tx);
-    let mut run = Run::new(opts.proxies, rx, deadline);
-    run.until(|r| r.settled()).await;
-    let connected: Vec<Duration> = run.converged.iter().flatten().copied().collect();
-    let samples = match opts.scenario {
-        Scenario::Connect => connected.clone(),
-        Scenario::ConfigChange | Scenario::EndpointChurn => change(&mut run, opts, &dir).await?,
-    };
-    let pid = discovery.as_ref().and_then(Discovery::pid).or(opts.discovery_pid);
-    let report = Report {
+    let control = ControlPlane::start(opts).await?;
+    let mut report = Report {
         scenario: opts.scenario.as_str().to_owned(),
         delta: opts.delta,
         proxies: opts.proxies,
         services: opts.mesh.services,
         endpoints: opts.mesh.endpoints,
-        converged: samples.len(),
-        connect_p50_ms: percentile_ms(&connected, 0.5),
-        connect_p99_ms: percentile_ms(&connected, 0.99),
-        convergence_p50_ms: percentile_ms(&samples, 0.5),
-        convergence_p99_ms: percentile_ms(&samples, 0.99),
-        convergence_max_ms: percentile_ms(&samples, 1.0),
-        discovery_rss_mb: pid.and_then(peak_rss_mb),
-        discovery_cpu_s: pid.and_then(cpu_seconds),
-        loadgen_cpu_s: cpu_seconds(std::process::id()),
-        bytes_sent: run.bytes,
-        errors: run.errors,
-        wall_s: started.elapsed().as_secs_f64(),
+        discovery_bin: control.binary(),
+        ..Default::default()
     };
-    proxies.shutdown().await;
-    drop(discovery);
+    let proxy = ProxyOptions {
+        delta: opts.delta,
+        record: false,
+    };
+    if opts.scenario == Scenario::Ramp {
+        let upstream = Upstream::new(control.addr.clone(), opts.streams_per_connection);
+        ramp(
+            &upstream,
+            control.pid(),
+            opts.proxies,
+            proxy,
+            &opts.ramp,
+            opts.timeout,
+            &mut report,
+        )
+        .await?;
+        control.usage(&mut report);
+    } else {
+        let raw = opts.scenario == Scenario::Raw || opts.scenario == Scenario::ConfigChange && opts.raw;
+        // The raw scenario needs pilot-discovery only to record one proxy's change.
+        let proxies = if opts.scenario == Scenario::Raw {
+            1
+        } else {
+            opts.proxies
+        };
+        let phase = discovery_phase(opts, &control, proxies, raw).await?;
+        let mut errors = phase.tally.errors;
+        if opts.scenario != Scenario::Raw {
+            control.usage(&mut report);
+            report.converged = phase.samples.len();
+            report.connect_p50_ms = percentile_ms(&phase.connect, 0.5);
+            report.connect_p99_ms = percentile_ms(&phase.connect, 0.99);
+            report.convergence_p50_ms = percentile_ms(&phase.samples, 0.5);
+            report.convergence_p99_ms = percentile_ms(&phase.samples, 0.99);
+            report.convergence_max_ms = percentile_ms(&phase.samples, 1.0);
+            report.bytes_sent = phase.tally.bytes;
+        }
+        // pilot-discovery is idle from here: stop it, so that it takes no CPU from the raw phase.
+        drop(control);
+        match phase.capture {
+            Some(Ok(capture)) => {
+                report.raw_push_bytes = Some(capture.push_bytes());
+                let raw = raw_phase(
+                    capture,
+                    Watched::Routes,
+                    opts.proxies,
+                    opts.streams_per_connection,
+                    opts.timeout,
+                )
+                .await?;
+                report.raw_p50_ms = percentile_ms(&raw.samples, 0.5);
+                report.raw_p99_ms = percentile_ms(&raw.samples, 0.99);
+                if opts.scenario == Scenario::Raw {
+                    report.converged = raw.samples.len();
+                    report.connect_p50_ms = percentile_ms(&raw.connect, 0.5);
+                    report.connect_p99_ms = percentile_ms(&raw.connect, 0.99);
+                    report.convergence_p50_ms = report.raw_p50_ms;
+                    report.convergence_p99_ms = report.raw_p99_ms;
+                    report.convergence_max_ms = percentile_ms(&raw.samples, 1.0);
+                    report.bytes_sent = raw.bytes;
+                }
+                errors.extend(raw.errors.into_iter().map(|e| format!("raw: {e}")));
+            }
+            Some(Err(e)) if opts.scenario == Scenario::Raw => return Err(e.context("recording the change to replay")),
+            Some(Err(e)) => errors.push(format!("raw: {e:#}")),
+            None => {}
+        }
+        report.errors = errors;
+    }
+    report.loadgen_cpu_s = cpu_seconds(std::process::id());
+    report.wall_s = started.elapsed().as_secs_f64();
     Ok(report)
 }
 
-/// Makes the scenario's one change (config-change: rewrites VirtualService 0; endpoint-churn:
-/// moves service 0's endpoints) and measures, per proxy, the time from the write to its ACK of
-/// routes (resp. endpoints) that differ from what it had before.
-async fn change(run: &mut Run, opts: &LoadOptions, dir: &std::path::Path) -> Result<Vec<Duration>> {
-    let watched = if opts.scenario == Scenario::EndpointChurn {
-        Watched::Endpoints
-    } else {
-        Watched::Routes
+/// pilot-discovery serving the written mesh: started here (killed on drop) or already running.
+struct ControlPlane {
+    _temp: tempfile::TempDir,
+    dir: PathBuf,
+    discovery: Option<Discovery>,
+    addr: String,
+    external_pid: Option<u32>,
+}
+
+impl ControlPlane {
+    async fn start(opts: &LoadOptions) -> Result<ControlPlane> {
+        let temp = tempfile::tempdir()?;
+        let dir = opts.config_dir.clone().unwrap_or_else(|| temp.path().to_path_buf());
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        write_mesh(&dir, &opts.mesh)?;
+        let (discovery, addr) = match &opts.discovery {
+            Some(addr) => {
+                // A running pilot-discovery picks the files up through its watcher (100ms
+                // debounce plus PILOT_DEBOUNCE_AFTER): let it load them before proxies connect.
+                tokio::time::sleep(EXTERNAL_LOAD_WAIT).await;
+                (None, addr.clone())
+            }
+            None => {
+                let env = vec![("PILOT_DEBOUNCE_AFTER".to_owned(), opts.debounce_after.clone())];
+                let options = DiscoveryOptions {
+                    env,
+                    binary: opts.discovery_bin.clone(),
+                    ..Default::default()
+                };
+                let d = Discovery::start(&dir, options).await?;
+                let addr = d.grpc_addr.to_string();
+                (Some(d), addr)
+            }
+        };
+        Ok(ControlPlane {
+            _temp: temp,
+            dir,
+            discovery,
+            addr,
+            external_pid: opts.discovery_pid,
+        })
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.discovery.as_ref().and_then(Discovery::pid).or(self.external_pid)
+    }
+
+    /// The executable started here, if any.
+    fn binary(&self) -> Option<String> {
+        self.discovery.as_ref().map(|d| d.binary().display().to_string())
+    }
+
+    /// pilot-discovery's peak memory and CPU time so far.
+    fn usage(&self, report: &mut Report) {
+        let pid = self.pid();
+        report.discovery_rss_mb = pid.and_then(peak_rss_mb);
+        report.discovery_cpu_s = pid.and_then(cpu_seconds);
+    }
+}
+
+/// What the proxies measured against pilot-discovery.
+struct Phase {
+    tally: Tally,
+    connect: Vec<Duration>,
+    /// The scenario's measure: connect times, or change times.
+    samples: Vec<Duration>,
+    /// Proxy 0's change, to replay, when asked for.
+    capture: Option<Result<Capture>>,
+}
+
+/// Runs `proxies` proxies against pilot-discovery through the handshake and the scenario's
+/// change; with `record`, proxy 0 records what it receives for the raw phase.
+async fn discovery_phase(opts: &LoadOptions, control: &ControlPlane, proxies: usize, record: bool) -> Result<Phase> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut tasks = JoinSet::new();
+    let upstream = Upstream::new(control.addr.clone(), opts.streams_per_connection);
+    for n in 0..proxies {
+        let proxy = ProxyOptions {
+            delta: opts.delta,
+            record: record && n == 0,
+        };
+        tasks.spawn(run_proxy(upstream.clone(), n, proxy, tx.clone()));
+    }
+    drop(tx);
+    let mut tally = Tally::new(proxies, rx, tokio::time::Instant::now() + opts.timeout);
+    tally.until(Tally::settled).await;
+    let connect = tally.connect_times(0..proxies);
+    let watched = match opts.scenario {
+        Scenario::Connect | Scenario::Ramp => None,
+        Scenario::ConfigChange | Scenario::Raw => Some(Watched::Routes),
+        Scenario::EndpointChurn => Some(Watched::Endpoints),
     };
+    let mut phase = Phase {
+        samples: connect.clone(),
+        connect,
+        capture: None,
+        tally,
+    };
+    if let Some(watched) = watched {
+        let made = change(&mut phase.tally, opts, &control.dir, watched).await?;
+        phase.samples = phase.tally.change_times();
+        if record {
+            let acked = phase.tally.changed.first().copied().flatten().map(|d| made + d);
+            let recorded = std::mem::take(&mut phase.tally.recorded);
+            phase.capture = Some(Capture::new(recorded, made, acked));
+        }
+    }
+    tasks.shutdown().await;
+    Ok(phase)
+}
+
+/// Makes the scenario's one change (config-change: rewrites VirtualService 0; endpoint-churn:
+/// moves service 0's endpoints), returns when it was made and measures, per proxy, the time from
+/// the write to its ACK of routes (resp. endpoints) that differ from what it had before.
+async fn change(tally: &mut Tally, opts: &LoadOptions, dir: &std::path::Path, watched: Watched) -> Result<Instant> {
     if watched == Watched::Routes && opts.mesh.virtual_services == 0 {
         bail!("config-change needs at least one VirtualService (--virtual-services)");
     }
     if watched == Watched::Endpoints && (opts.mesh.services == 0 || opts.mesh.endpoints == 0) {
         bail!("endpoint-churn needs at least one service with endpoints");
     }
-    let before = run.content[watched as usize].clone();
-    let written = Instant::now();
+    let made = Instant::now();
+    tally.change_made(watched, made);
     match watched {
         Watched::Routes => change_virtual_service(dir, 0, 1)?,
         Watched::Endpoints => churn_endpoints(dir, &opts.mesh, 1)?,
     }
-    run.changed_since = Some((watched, written, before));
-    run.until(|r| {
-        r.changed
-            .iter()
-            .zip(&r.converged)
-            .all(|(c, v)| c.is_some() || v.is_none())
-    })
-    .await;
-    Ok(run.changed.iter().flatten().copied().collect())
-}
-
-/// What the proxies have reported so far.
-struct Run {
-    rx: mpsc::UnboundedReceiver<ProxyEvent>,
-    deadline: tokio::time::Instant,
-    converged: Vec<Option<Duration>>,
-    failed: Vec<bool>,
-    /// Per watched type, per proxy: a hash of the last resources ACKed.
-    content: [Vec<Option<u64>>; 2],
-    /// The change: which type it shows in, when it was written, each proxy's content before it.
-    changed_since: Option<(Watched, Instant, Vec<Option<u64>>)>,
-    changed: Vec<Option<Duration>>,
-    bytes: u64,
-    errors: Vec<String>,
-}
-
-impl Run {
-    fn new(n: usize, rx: mpsc::UnboundedReceiver<ProxyEvent>, deadline: tokio::time::Instant) -> Run {
-        Run {
-            rx,
-            deadline,
-            converged: vec![None; n],
-            failed: vec![false; n],
-            content: [vec![None; n], vec![None; n]],
-            changed_since: None,
-            changed: vec![None; n],
-            bytes: 0,
-            errors: Vec::new(),
-        }
-    }
-
-    /// Every proxy converged or failed.
-    fn settled(&self) -> bool {
-        self.converged.iter().zip(&self.failed).all(|(c, f)| c.is_some() || *f)
-    }
-
-    /// Applies events until `done` holds, the proxies are all gone, or the deadline.
-    async fn until(&mut self, done: impl Fn(&Run) -> bool) {
-        while !done(self) {
-            match tokio::time::timeout_at(self.deadline, self.rx.recv()).await {
-                Ok(Some(e)) => self.apply(e),
-                Ok(None) => return,
-                Err(_) => {
-                    self.errors.push("timed out (--timeout)".to_owned());
-                    return;
-                }
-            }
-        }
-    }
-
-    fn apply(&mut self, e: ProxyEvent) {
-        match e {
-            ProxyEvent::Converged { proxy, elapsed } => self.converged[proxy] = Some(elapsed),
-            ProxyEvent::Bytes(b) => self.bytes += b as u64,
-            ProxyEvent::Failed { proxy, error } => {
-                self.failed[proxy] = true;
-                self.errors.push(format!("proxy {proxy}: {error}"));
-            }
-            ProxyEvent::Acked {
-                proxy,
-                watched,
-                content,
-                at,
-            } => {
-                if let Some((w, written, before)) = &self.changed_since
-                    && *w == watched
-                    && self.changed[proxy].is_none()
-                    && before[proxy] != Some(content)
-                {
-                    self.changed[proxy] = Some(at.saturating_duration_since(*written));
-                }
-                self.content[watched as usize][proxy] = Some(content);
-            }
-        }
-    }
+    tally.until(Tally::all_changed).await;
+    Ok(made)
 }

@@ -15,11 +15,9 @@ fn options(scenario: Scenario, delta: bool) -> LoadOptions {
         proxies: 5,
         scenario,
         delta,
-        discovery: None,
-        discovery_pid: None,
-        config_dir: None,
         debounce_after: "20ms".to_owned(),
         timeout: Duration::from_secs(60),
+        ..Default::default()
     }
 }
 
@@ -52,5 +50,9 @@ async fn every_proxy_acks_the_changed_routes_and_endpoints() {
         );
         assert_eq!(report.converged, 5, "{scenario:?} delta={delta}: {}", report.table());
         assert!(report.connect_p50_ms.is_some() && report.convergence_p50_ms.is_some());
+        // A config change is followed by its raw limit: the same responses, replayed.
+        let raw = scenario == Scenario::ConfigChange;
+        assert_eq!(report.raw_p99_ms.is_some(), raw, "{}", report.table());
+        assert_eq!(report.to_json()["raw_ratio"].is_number(), raw);
     }
 }

@@ -15,6 +15,7 @@ use crate::ports::free_port;
 /// A running pilot-discovery.
 pub struct Discovery {
     child: Child,
+    bin: PathBuf,
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
     pub monitoring_addr: SocketAddr,
@@ -34,12 +35,18 @@ pub struct DiscoveryOptions {
     /// Address the gRPC (xDS) port listens on; 127.0.0.1 if None. A `netns::Network`'s host
     /// address lets sidecars in its pods reach it.
     pub grpc_ip: Option<std::net::IpAddr>,
+    /// The pilot-discovery executable (e.g. a release build); `target/debug/pilot-discovery`,
+    /// built if missing, when None.
+    pub binary: Option<PathBuf>,
 }
 
 impl Discovery {
     /// Starts pilot-discovery on `config_dir` and waits for `/ready`.
     pub async fn start(config_dir: &Path, opts: DiscoveryOptions) -> anyhow::Result<Discovery> {
-        let bin = cargo_bin("pilot-discovery", "pilot-discovery")?;
+        let bin = match &opts.binary {
+            Some(bin) => bin.clone(),
+            None => cargo_bin("pilot-discovery", "pilot-discovery")?,
+        };
         let grpc_ip = opts.grpc_ip.unwrap_or(std::net::Ipv4Addr::LOCALHOST.into());
         let grpc_addr = SocketAddr::new(grpc_ip, opts.grpc_port.unwrap_or_else(free_port));
         let http_addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
@@ -71,6 +78,7 @@ impl Discovery {
         let child = cmd.spawn().with_context(|| format!("starting {}", bin.display()))?;
         let mut d = Discovery {
             child,
+            bin,
             grpc_addr,
             http_addr,
             monitoring_addr,
@@ -124,6 +132,11 @@ impl Discovery {
     pub async fn metric(&self, name: &str) -> anyhow::Result<f64> {
         let (_, text) = self.get("/metrics", true).await?;
         Ok(sum_metric(&text, name))
+    }
+
+    /// The executable that runs.
+    pub fn binary(&self) -> &Path {
+        &self.bin
     }
 
     /// The process ID, while the process runs (for reading `/proc/<pid>`).
