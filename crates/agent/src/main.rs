@@ -28,7 +28,7 @@ enum Command {
     Wait(wait::WaitArgs),
     /// Make an HTTP request to Envoy's admin API.
     Request(request::RequestArgs),
-    /// Set up Istio's iptables traffic capture (nat table) for a sidecar.
+    /// Set up Istio's iptables traffic capture (REDIRECT or TPROXY, IPv4 and IPv6) for a sidecar.
     IstioIptables(Box<agent::iptables::IptablesArgs>),
     /// Print build information.
     Version {

@@ -23,9 +23,25 @@ pub struct IptablesArgs {
     /// Group ID(s) of the proxy, whose traffic is not redirected.
     #[arg(short = 'g', long = "proxy-gid", default_value = "1337")]
     pub proxy_gid: String,
-    /// Inbound interception mode: REDIRECT (TPROXY is not supported here).
+    /// Inbound interception mode: REDIRECT (nat) or TPROXY (mangle; keeps the client's address).
     #[arg(short = 'm', long = "istio-inbound-interception-mode", default_value = "REDIRECT")]
     pub inbound_interception_mode: String,
+    /// TPROXY mode: the packet mark that routes inbound packets to lo.
+    #[arg(
+        short = 't',
+        long = "istio-inbound-tproxy-mark",
+        alias = "inbound-tproxy-mark",
+        default_value = "1337"
+    )]
+    pub inbound_tproxy_mark: String,
+    /// TPROXY mode: the routing table holding `local default dev lo`.
+    #[arg(
+        short = 'r',
+        long = "istio-inbound-tproxy-route-table",
+        alias = "inbound-tproxy-route-table",
+        default_value = "133"
+    )]
+    pub inbound_tproxy_route_table: String,
     /// Inbound ports to redirect to Envoy ("*" for all); empty disables inbound capture.
     #[arg(short = 'b', long = "istio-inbound-ports", default_value = "")]
     pub inbound_ports_include: String,
@@ -65,6 +81,10 @@ pub struct IptablesArgs {
     /// With --redirect-dns, capture DNS to every server, not only those in /etc/resolv.conf.
     #[arg(long = "capture-all-dns", default_value_t = false)]
     pub capture_all_dns: bool,
+    /// Also capture IPv6 (ip6tables), as Istio's ENABLE_INBOUND_IPV6 (Istio sets it for IPv6 pods).
+    #[arg(long = "enable-inbound-ipv6", env = "ENABLE_INBOUND_IPV6", num_args = 0..=1, default_missing_value = "true",
+          default_value = "false", action = clap::ArgAction::Set)]
+    pub enable_ipv6: bool,
     /// Drop packets in INVALID conntrack state (mangle table).
     #[arg(long = "drop-invalid", default_value_t = false)]
     pub drop_invalid: bool,
@@ -91,16 +111,18 @@ pub enum ConfigError {
     Wildcard { flag: &'static str },
     #[error("invalid value {value:?} in {flag}")]
     Name { flag: &'static str, value: String },
-    #[error("inbound interception mode {0:?} is not supported (hint: use REDIRECT; TPROXY is not implemented)")]
+    #[error("inbound interception mode {0:?} is not supported (expected REDIRECT or TPROXY)")]
     Mode(String),
+    #[error("invalid number {value:?} in {flag}")]
+    Number { flag: &'static str, value: String },
     #[error("unknown --iptables-version {0:?} (expected legacy, nft or empty)")]
     Version(String),
 }
 
-/// An IPv4 network as given by the operator (not masked, as Istio prints it).
+/// A network as given by the operator (not masked, as Istio prints it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cidr {
-    pub addr: Ipv4Addr,
+    pub addr: IpAddr,
     pub prefix: u8,
 }
 
@@ -110,7 +132,7 @@ impl std::fmt::Display for Cidr {
     }
 }
 
-/// Istio's `NetworkRange` for IPv4: either everything or a list (IPv6 entries are dropped).
+/// Istio's `NetworkRange` for one IP family: either everything or a list.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NetworkRange {
     pub is_wildcard: bool,
@@ -124,7 +146,49 @@ impl NetworkRange {
     }
 }
 
-/// Validated capture configuration (IPv4 nat table).
+/// Istio's `SeparateV4V6`: one flag's ranges split by family ("*" is everything in both).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IpRanges {
+    pub v4: NetworkRange,
+    pub v6: NetworkRange,
+}
+
+/// The nameservers whose DNS traffic is captured, per family. Istio keeps them as text and
+/// prints them as given (its tests pass `::127.0.0.53`); `from_resolv_conf` normalises them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DnsServers {
+    pub v4: Vec<Ipv4Addr>,
+    pub v6: Vec<String>,
+}
+
+impl DnsServers {
+    /// The nameservers of a resolv.conf (Istio's `IPsSplitV4V6`; unparsable entries are skipped).
+    pub fn from_resolv_conf(text: &str) -> Self {
+        let mut servers = Self::default();
+        for addr in text
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("nameserver"))
+            .filter_map(|rest| rest.trim().parse::<IpAddr>().ok())
+        {
+            match addr {
+                IpAddr::V4(a) => servers.v4.push(a),
+                IpAddr::V6(a) => servers.v6.push(a.to_string()),
+            }
+        }
+        servers
+    }
+}
+
+/// How inbound traffic reaches Envoy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InterceptionMode {
+    /// nat REDIRECT: Envoy sees the original destination through SO_ORIGINAL_DST.
+    Redirect,
+    /// mangle TPROXY plus policy routing: the client's source address is kept.
+    Tproxy,
+}
+
+/// Validated capture configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     pub proxy_port: u16,
@@ -132,13 +196,16 @@ pub struct Config {
     pub inbound_tunnel_port: u16,
     pub proxy_uids: Vec<String>,
     pub proxy_gids: Vec<String>,
+    pub inbound_interception_mode: InterceptionMode,
+    pub inbound_tproxy_mark: u32,
+    pub inbound_tproxy_route_table: u32,
     /// `None`: no inbound capture; `Some(empty)`: all ports ("*"); otherwise the listed ports.
     pub inbound_ports_include: Option<Vec<u16>>,
     pub inbound_ports_exclude: Vec<u16>,
     pub outbound_ports_include: Vec<u16>,
     pub outbound_ports_exclude: Vec<u16>,
-    pub outbound_ip_ranges_include: NetworkRange,
-    pub outbound_ip_ranges_exclude: NetworkRange,
+    pub outbound_ip_ranges_include: IpRanges,
+    pub outbound_ip_ranges_exclude: IpRanges,
     pub kube_virt_interfaces: Vec<String>,
     pub exclude_interfaces: Vec<String>,
     pub owner_groups_include: Vec<String>,
@@ -146,8 +213,9 @@ pub struct Config {
     pub host_ipv4_loopback_cidr: Cidr,
     pub redirect_dns: bool,
     pub capture_all_dns: bool,
-    pub dns_servers_v4: Vec<Ipv4Addr>,
+    pub dns_servers: DnsServers,
     pub drop_invalid: bool,
+    pub enable_ipv6: bool,
 }
 
 /// Istio's `split`: comma separated, blanks dropped.
@@ -169,6 +237,13 @@ fn ports(flag: &'static str, value: &str) -> Result<Vec<u16>, ConfigError> {
     split(value).map(|p| port(flag, p)).collect()
 }
 
+fn number(flag: &'static str, value: &str) -> Result<u32, ConfigError> {
+    value.trim().parse::<u32>().map_err(|_| ConfigError::Number {
+        flag,
+        value: value.into(),
+    })
+}
+
 fn names(flag: &'static str, value: &str) -> Result<Vec<String>, ConfigError> {
     split(value)
         .map(|n| {
@@ -181,8 +256,8 @@ fn names(flag: &'static str, value: &str) -> Result<Vec<String>, ConfigError> {
         .collect()
 }
 
-/// Parses "a.b.c.d/n" or a bare address (/32 or /128).
-fn cidr(flag: &'static str, value: &str) -> Result<Option<Cidr>, ConfigError> {
+/// Parses "a.b.c.d/n", "x::/n" or a bare address (/32 or /128).
+fn cidr(flag: &'static str, value: &str) -> Result<Cidr, ConfigError> {
     let bad = || ConfigError::Cidr {
         flag,
         value: value.into(),
@@ -191,45 +266,51 @@ fn cidr(flag: &'static str, value: &str) -> Result<Option<Cidr>, ConfigError> {
         Some((a, p)) => (a, Some(p.parse::<u8>().map_err(|_| bad())?)),
         None => (value, None),
     };
-    match addr.parse::<IpAddr>().map_err(|_| bad())? {
-        IpAddr::V4(addr) => {
-            let prefix = prefix.unwrap_or(32);
-            if prefix > 32 {
-                return Err(bad());
-            }
-            Ok(Some(Cidr { addr, prefix }))
-        }
-        // IPv6 ranges belong to the ip6tables rule set, which is not generated here.
-        IpAddr::V6(_) if prefix.unwrap_or(128) <= 128 => Ok(None),
-        IpAddr::V6(_) => Err(bad()),
+    let addr = addr.parse::<IpAddr>().map_err(|_| bad())?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    let prefix = prefix.unwrap_or(max);
+    if prefix > max {
+        return Err(bad());
     }
+    Ok(Cidr { addr, prefix })
 }
 
-fn network_range(flag: &'static str, value: &str) -> Result<NetworkRange, ConfigError> {
+fn ip_ranges(flag: &'static str, value: &str) -> Result<IpRanges, ConfigError> {
     if value.trim() == "*" {
-        return Ok(NetworkRange {
+        let all = NetworkRange {
             is_wildcard: true,
             cidrs: Vec::new(),
+        };
+        return Ok(IpRanges {
+            v4: all.clone(),
+            v6: all,
         });
     }
-    let mut cidrs = Vec::new();
+    let mut ranges = IpRanges::default();
     for part in split(value) {
-        if let Some(c) = cidr(flag, part)? {
-            cidrs.push(c);
+        let c = cidr(flag, part)?;
+        match c.addr {
+            IpAddr::V4(_) => ranges.v4.cidrs.push(c),
+            IpAddr::V6(_) => ranges.v6.cidrs.push(c),
         }
     }
-    Ok(NetworkRange {
-        is_wildcard: false,
-        cidrs,
-    })
+    Ok(ranges)
+}
+
+fn interception_mode(value: &str) -> Result<InterceptionMode, ConfigError> {
+    if value.eq_ignore_ascii_case("REDIRECT") {
+        Ok(InterceptionMode::Redirect)
+    } else if value.eq_ignore_ascii_case("TPROXY") {
+        Ok(InterceptionMode::Tproxy)
+    } else {
+        Err(ConfigError::Mode(value.into()))
+    }
 }
 
 impl Config {
-    /// Validates the flags; `dns_servers_v4` come from the caller (Istio reads /etc/resolv.conf).
-    pub fn from_args(args: &IptablesArgs, dns_servers_v4: Vec<Ipv4Addr>) -> Result<Self, ConfigError> {
-        if !args.inbound_interception_mode.eq_ignore_ascii_case("REDIRECT") {
-            return Err(ConfigError::Mode(args.inbound_interception_mode.clone()));
-        }
+    /// Validates the flags; `dns_servers` come from the caller (Istio reads /etc/resolv.conf).
+    pub fn from_args(args: &IptablesArgs, dns_servers: DnsServers) -> Result<Self, ConfigError> {
+        let inbound_interception_mode = interception_mode(args.inbound_interception_mode.trim())?;
         if !["", "legacy", "nft"].contains(&args.iptables_version.as_str()) {
             return Err(ConfigError::Version(args.iptables_version.clone()));
         }
@@ -238,19 +319,19 @@ impl Config {
             "*" => Some(Vec::new()),
             list => Some(ports("--istio-inbound-ports (-b)", list)?),
         };
-        let outbound_ip_ranges_exclude =
-            network_range("--istio-service-exclude-cidr (-x)", &args.outbound_ip_ranges_exclude)?;
-        if outbound_ip_ranges_exclude.is_wildcard {
-            return Err(ConfigError::Wildcard {
-                flag: "--istio-service-exclude-cidr (-x)",
-            });
+        let exclude_flag = "--istio-service-exclude-cidr (-x)";
+        let outbound_ip_ranges_exclude = ip_ranges(exclude_flag, &args.outbound_ip_ranges_exclude)?;
+        if outbound_ip_ranges_exclude.v4.is_wildcard {
+            return Err(ConfigError::Wildcard { flag: exclude_flag });
         }
         let loopback_flag = "--host-ipv4-loopback-cidr";
-        let host_ipv4_loopback_cidr =
-            cidr(loopback_flag, args.host_ipv4_loopback_cidr.trim())?.ok_or_else(|| ConfigError::Cidr {
+        let host_ipv4_loopback_cidr = cidr(loopback_flag, args.host_ipv4_loopback_cidr.trim())?;
+        if !host_ipv4_loopback_cidr.addr.is_ipv4() {
+            return Err(ConfigError::Cidr {
                 flag: loopback_flag,
                 value: args.host_ipv4_loopback_cidr.clone(),
-            })?;
+            });
+        }
         let (owner_groups_include, owner_groups_exclude) = match args.owner_groups_exclude.trim() {
             "" if args.owner_groups_include.trim() == "*" => (vec!["*".to_string()], Vec::new()),
             "" => (
@@ -265,6 +346,12 @@ impl Config {
             inbound_tunnel_port: port("--inbound-tunnel-port (-e)", &args.inbound_tunnel_port)?,
             proxy_uids: names("--proxy-uid (-u)", &args.proxy_uid)?,
             proxy_gids: names("--proxy-gid (-g)", &args.proxy_gid)?,
+            inbound_interception_mode,
+            inbound_tproxy_mark: number("--istio-inbound-tproxy-mark (-t)", &args.inbound_tproxy_mark)?,
+            inbound_tproxy_route_table: number(
+                "--istio-inbound-tproxy-route-table (-r)",
+                &args.inbound_tproxy_route_table,
+            )?,
             inbound_ports_include,
             inbound_ports_exclude: ports("--istio-local-exclude-ports (-d)", &args.inbound_ports_exclude)?,
             outbound_ports_include: ports(
@@ -275,7 +362,7 @@ impl Config {
                 "--istio-local-outbound-ports-exclude (-o)",
                 &args.outbound_ports_exclude,
             )?,
-            outbound_ip_ranges_include: network_range("--istio-service-cidr (-i)", &args.outbound_ip_ranges_include)?,
+            outbound_ip_ranges_include: ip_ranges("--istio-service-cidr (-i)", &args.outbound_ip_ranges_include)?,
             outbound_ip_ranges_exclude,
             kube_virt_interfaces: names("--kube-virt-interfaces (-k)", &args.kube_virt_interfaces)?,
             exclude_interfaces: names("--exclude-interfaces (-c)", &args.exclude_interfaces)?,
@@ -284,16 +371,13 @@ impl Config {
             host_ipv4_loopback_cidr,
             redirect_dns: args.redirect_dns,
             capture_all_dns: args.capture_all_dns,
-            dns_servers_v4,
+            dns_servers,
             drop_invalid: args.drop_invalid,
+            enable_ipv6: args.enable_ipv6,
         })
     }
-}
 
-/// The IPv4 nameservers of a resolv.conf, as Istio's DNS capture uses them.
-pub fn resolv_conf_servers_v4(text: &str) -> Vec<Ipv4Addr> {
-    text.lines()
-        .filter_map(|l| l.trim().strip_prefix("nameserver"))
-        .filter_map(|rest| rest.trim().parse::<Ipv4Addr>().ok())
-        .collect()
+    pub fn tproxy(&self) -> bool {
+        self.inbound_interception_mode == InterceptionMode::Tproxy
+    }
 }
