@@ -330,11 +330,13 @@ spec:
 
 /// How many requests the app on `port` of `pod` got for `path` (read from inside the pod, as
 /// root, so not captured).
-fn app_requests(pod: &Pod, port: u16, path: &str) -> u64 {
-    let (code, body) = pod.curl_root(&format!("http://127.0.0.1:{port}/requests")).unwrap();
-    assert_eq!(code, 200, "{body}");
-    let seen: serde_json::Value = serde_json::from_str(&body).unwrap();
-    seen[path].as_u64().unwrap_or(0)
+fn app_requests(pod: &Pod, port: u16, path: &str) -> anyhow::Result<u64> {
+    let (code, body) = pod.curl_root(&format!("http://127.0.0.1:{port}/requests"))?;
+    if code != 200 {
+        bail!("/requests answered {code}: {body}");
+    }
+    let seen: serde_json::Value = serde_json::from_str(&body)?;
+    Ok(seen[path].as_u64().unwrap_or(0))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -355,7 +357,7 @@ async fn header_match_fault_timeout_and_retries_between_sidecars() {
     // Fault abort: answered by the client's sidecar, the backend never sees it.
     let (code, _) = mesh.client.curl_app(&format!("{URL}fault/x"), &[]).unwrap();
     assert_eq!(code, 418);
-    assert_eq!(app_requests(&mesh.reviews["v2"], 9080, "/fault/x"), 0);
+    assert_eq!(app_requests(&mesh.reviews["v2"], 9080, "/fault/x").unwrap(), 0);
 
     // Timeout: the backend answers after 3s, the route gives up after 1s with 504.
     let t0 = Instant::now();
@@ -363,12 +365,12 @@ async fn header_match_fault_timeout_and_retries_between_sidecars() {
     let took = t0.elapsed();
     assert_eq!(code, 504);
     assert!(took < Duration::from_millis(2500), "timed out after {took:?}");
-    assert_eq!(app_requests(&mesh.reviews["v2"], 9080, "/delay/3000"), 1);
+    assert_eq!(app_requests(&mesh.reviews["v2"], 9080, "/delay/3000").unwrap(), 1);
 
     // Retries: one request and three retries on 5xx reach the backend.
     let (code, _) = mesh.client.curl_app(&format!("{URL}status/503"), &[]).unwrap();
     assert_eq!(code, 503);
-    assert_eq!(app_requests(&mesh.reviews["v2"], 9080, "/status/503"), 4);
+    assert_eq!(app_requests(&mesh.reviews["v2"], 9080, "/status/503").unwrap(), 4);
     let v2 = "outbound|9080|v2|reviews.default.svc.cluster.local";
     assert!(mesh.client.cluster_stat(v2, "upstream_rq_retry").unwrap() >= 3);
     mesh.assert_no_rejects().unwrap();
