@@ -127,18 +127,29 @@ async fn router_gets_gateway_config_and_debug_endpoints_show_it() -> anyhow::Res
 }
 
 #[tokio::test]
-async fn full_push_in_cds_eds_lds_rds_order() -> anyhow::Result<()> {
+async fn full_pushes_in_cds_eds_lds_rds_order_with_the_types_a_change_affects() -> anyhow::Result<()> {
     let (dir, d) = start().await?;
     let mut client = AdsClient::connect(d.grpc_addr, NODE_ID, metadata()).await?;
     client.handshake(None).await?;
+    let mut pushed = async |n: usize| -> anyhow::Result<Vec<&'static str>> {
+        let mut order = Vec::new();
+        for _ in 0..n {
+            let r = client.recv_ack().await?;
+            order.push(type_url::short(r.type_url()));
+        }
+        client.expect_no_response(Duration::from_millis(500)).await?;
+        Ok(order)
+    };
+    // A DestinationRule can change every type.
+    std::fs::write(
+        dir.path().join("ratings-dr.yaml"),
+        "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: ratings, namespace: default}\n\
+         spec: {host: ratings.default.svc.cluster.local, trafficPolicy: {loadBalancer: {simple: RANDOM}}}\n",
+    )?;
+    assert_eq!(pushed(4).await?, ["cds", "eds", "lds", "rds"], "{}", d.logs());
+    // Routes never change endpoints: a VirtualService change skips EDS, as Istio's edsNeedsPush.
     std::fs::write(dir.path().join("virtual-service.yaml"), virtual_service_yaml(50))?;
-    let mut order = Vec::new();
-    for _ in 0..4 {
-        let r = client.recv_ack().await?;
-        order.push(type_url::short(r.type_url()));
-    }
-    assert_eq!(order, vec!["cds", "eds", "lds", "rds"], "{}", d.logs());
-    client.expect_no_response(Duration::from_millis(500)).await?;
+    assert_eq!(pushed(3).await?, ["cds", "lds", "rds"], "{}", d.logs());
     Ok(())
 }
 

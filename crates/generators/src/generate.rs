@@ -1,20 +1,45 @@
 //! Dispatch by type URL to the generators, as Istio's `XdsServer.Generators`, with per-push
-//! caches of encoded resources shared by proxies that get the same bytes: one
-//! `ClusterLoadAssignment` per (cluster, what shapes it) and one CDS response per proxy class.
+//! caches of encoded resources shared by proxies that get the same bytes: one CDS and one LDS
+//! response per proxy class, one route configuration per (name, class), one
+//! `ClusterLoadAssignment` per (cluster, what shapes it) and one EDS response per (class, names).
+//! The keys (`class`) name everything each type reads from a proxy.
 
-use std::collections::{BTreeMap, HashMap};
-use std::hash::Hash;
+mod class;
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use model::{NodeType, Proxy};
+use model::Proxy;
 use push_index::PushContext;
 use xds_api::{pbwkt, type_url};
 
+pub use class::{CdsKey, EndpointClass, LdsKey, RdsKey};
+
 /// One named, encoded resource.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct GeneratedResource {
     pub name: String,
     pub resource: Arc<pbwkt::Any>,
+    /// The resource's delta version (a hash of its type URL and bytes), computed by the first
+    /// delta stream that needs it and shared with every proxy that gets this `resource`.
+    pub version: Arc<OnceLock<String>>,
+}
+
+impl GeneratedResource {
+    pub fn new(name: String, resource: Arc<pbwkt::Any>) -> GeneratedResource {
+        GeneratedResource {
+            name,
+            resource,
+            version: Arc::default(),
+        }
+    }
+}
+
+impl PartialEq for GeneratedResource {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name && self.resource == other.resource
+    }
 }
 
 /// Why nothing could be generated.
@@ -35,23 +60,14 @@ pub fn generate(
     match type_url {
         type_url::CLUSTER => Ok(clusters(push, proxy).as_ref().clone()),
         type_url::ENDPOINT => Ok(load_assignments(push, proxy, names)),
-        type_url::LISTENER => Ok(crate::lds::build_listeners(proxy, push)
-            .into_iter()
-            .map(|l| resource(l.name.clone(), &l))
-            .collect()),
-        type_url::ROUTE => Ok(crate::rds::build_route_configs(proxy, push, names)
-            .into_iter()
-            .map(|r| resource(r.name.clone(), &r))
-            .collect()),
+        type_url::LISTENER => Ok(listeners(push, proxy).as_ref().clone()),
+        type_url::ROUTE => Ok(route_configs(push, proxy, names)),
         other => Err(GenerateError::UnknownTypeUrl(other.to_owned())),
     }
 }
 
 fn resource<M: prost::Message + prost::Name>(name: String, m: &M) -> GeneratedResource {
-    GeneratedResource {
-        name,
-        resource: Arc::new(xds_api::pack(m)),
-    }
+    GeneratedResource::new(name, Arc::new(xds_api::pack(m)))
 }
 
 /// A cache valid for one push: each key is computed once, by the first caller; later callers
@@ -86,65 +102,93 @@ impl<K: Eq + Hash, V: Clone> OnceCache<K, V> {
     }
 }
 
-/// Encoded ClusterLoadAssignments of one push.
-pub type EdsCache = OnceCache<crate::eds::EdsKey, Arc<pbwkt::Any>>;
-
-/// What the clusters of a proxy depend on besides the push: its namespace (visibility,
-/// DestinationRule lookup), type, labels (DestinationRule workload selectors, failover
-/// priorities), IP family (DNS lookup family) and locality (DNS cluster priorities).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct CdsKey {
-    namespace: String,
-    node_type: NodeType,
-    labels: BTreeMap<String, String>,
-    ipv6_only: bool,
-    locality: String,
-    /// Target ports of the proxy's service instances: sidecars get one inbound cluster each.
-    inbound_ports: Vec<u16>,
-}
+/// Encoded ClusterLoadAssignments of one push, per cluster and what shapes it.
+pub type EdsCache = OnceCache<crate::eds::EdsKey, GeneratedResource>;
 
 /// Encoded CDS responses of one push, per proxy class.
 pub type CdsCache = OnceCache<CdsKey, Arc<Vec<GeneratedResource>>>;
 
+/// Encoded LDS responses of one push, per proxy class.
+pub type LdsCache = OnceCache<LdsKey, Arc<Vec<GeneratedResource>>>;
+
+/// Encoded route configurations of one push, per name and proxy class.
+pub type RdsCache = OnceCache<RdsKey, GeneratedResource>;
+
+/// EDS responses of one push: per (endpoint class, hash of the names asked) the names and the
+/// response; a different list with the same hash is generated uncached.
+pub type EdsResponseCache = OnceCache<(EndpointClass, u64), Arc<(Vec<String>, Vec<GeneratedResource>)>>;
+
 fn clusters(push: &PushContext, proxy: &Proxy) -> Arc<Vec<GeneratedResource>> {
-    let key = CdsKey {
-        namespace: proxy.config_namespace.clone(),
-        node_type: proxy.node_type,
-        labels: proxy.labels.clone(),
-        ipv6_only: !proxy.ip_addresses.is_empty() && proxy.ip_addresses.iter().all(|ip| ip.is_ipv6()),
-        locality: proxy.locality.to_string(),
-        inbound_ports: crate::cds::inbound::inbound_ports(proxy, push),
-    };
-    push.caches().get::<CdsCache>().get_or_build(key, || {
-        Arc::new(
-            crate::cds::build_clusters(proxy, push)
-                .into_iter()
-                .map(|c| resource(c.name.clone(), &c))
-                .collect(),
-        )
-    })
+    push.caches()
+        .get::<CdsCache>()
+        .get_or_build(CdsKey::new(push, proxy), || {
+            Arc::new(
+                crate::cds::build_clusters(proxy, push)
+                    .into_iter()
+                    .map(|c| resource(c.name.clone(), &c))
+                    .collect(),
+            )
+        })
+}
+
+fn listeners(push: &PushContext, proxy: &Proxy) -> Arc<Vec<GeneratedResource>> {
+    push.caches()
+        .get::<LdsCache>()
+        .get_or_build(LdsKey::new(push, proxy), || {
+            Arc::new(
+                crate::lds::build_listeners(proxy, push)
+                    .into_iter()
+                    .map(|l| resource(l.name.clone(), &l))
+                    .collect(),
+            )
+        })
+}
+
+fn route_configs(push: &PushContext, proxy: &Proxy, names: &[String]) -> Vec<GeneratedResource> {
+    let cache = push.caches().get::<RdsCache>();
+    RdsKey::for_names(push, proxy, names)
+        .into_iter()
+        .zip(names)
+        .map(|(key, name)| {
+            cache.get_or_build(key, || {
+                let mut built = crate::rds::build_route_configs(proxy, push, std::slice::from_ref(name));
+                let config = built.pop().unwrap_or_else(|| crate::rds::empty_route_config(name));
+                resource(name.clone(), &config)
+            })
+        })
+        .collect()
 }
 
 fn load_assignments(push: &PushContext, proxy: &Proxy, names: &[String]) -> Vec<GeneratedResource> {
+    let class = EndpointClass::new(push, proxy);
+    let mut hasher = DefaultHasher::new();
+    names.hash(&mut hasher);
+    let hash = hasher.finish();
+    let cached = push.caches().get::<EdsResponseCache>().get_or_build((class, hash), || {
+        Arc::new((names.to_vec(), uncached_load_assignments(push, proxy, names)))
+    });
+    if cached.0 == names {
+        return cached.1.clone();
+    }
+    uncached_load_assignments(push, proxy, names)
+}
+
+/// Each assignment from the per-cluster cache.
+fn uncached_load_assignments(push: &PushContext, proxy: &Proxy, names: &[String]) -> Vec<GeneratedResource> {
     let cache = push.caches().get::<EdsCache>();
     names
         .iter()
-        .map(|name| {
-            let any = match crate::eds::Target::resolve(proxy, push, name) {
-                Some(target) => cache.get_or_build(target.key(proxy, push), || {
-                    Arc::new(xds_api::pack(&target.build(proxy, push)))
-                }),
-                None => Arc::new(xds_api::pack(
-                    &xds_api::envoy::config::endpoint::v3::ClusterLoadAssignment {
-                        cluster_name: name.clone(),
-                        ..Default::default()
-                    },
-                )),
-            };
-            GeneratedResource {
-                name: name.clone(),
-                resource: any,
-            }
+        .map(|name| match crate::eds::Target::resolve(proxy, push, name) {
+            Some(target) => cache.get_or_build(target.key(proxy, push), || {
+                resource(name.clone(), &target.build(proxy, push))
+            }),
+            None => resource(
+                name.clone(),
+                &xds_api::envoy::config::endpoint::v3::ClusterLoadAssignment {
+                    cluster_name: name.clone(),
+                    ..Default::default()
+                },
+            ),
         })
         .collect()
 }

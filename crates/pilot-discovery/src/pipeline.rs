@@ -196,6 +196,7 @@ impl PushSnapshot for Snapshot {
                 .map(|r| Resource {
                     name: r.name,
                     resource: r.resource,
+                    version: r.version,
                 })
                 .collect()),
             Err(e) => Err(GenerateError::Failed {

@@ -1,9 +1,11 @@
 //! The service instances a proxy runs, as Istio's `GetProxyServiceTargets`: every service port one
 //! of whose endpoints has one of the proxy's IP addresses. Sidecars build their inbound listener
-//! chains and `inbound|<port>||` clusters from them.
+//! chains and `inbound|<port>||` clusters from them. The instances of every endpoint address are
+//! indexed once per push (on first use), so a lookup costs what the proxy's IPs have.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use model::{Port, Proxy, Service};
 
@@ -19,40 +21,79 @@ pub struct ServiceInstance {
     pub target_port: u16,
 }
 
-impl PushContext {
-    /// The proxy's service instances, in service order (hostname, namespace) then port order; one
-    /// per (service, service port, target port), whatever the number of matching endpoints.
-    pub fn service_instances(&self, proxy: &Proxy) -> Vec<ServiceInstance> {
-        let mut out: Vec<ServiceInstance> = Vec::new();
-        if proxy.ip_addresses.is_empty() {
-            return out;
-        }
-        for service in &self.registry().services {
-            let endpoints = self.endpoints(&service.hostname, service.namespace());
-            for port in &service.ports {
-                for e in endpoints.iter().filter(|e| e.service_port_name == port.name) {
-                    if !is_proxy_address(proxy, &e.address) {
+/// Where an instance comes from: (service, port, endpoint) positions in the registry, for the
+/// order and the de-duplication of `service_instances` across a proxy's addresses.
+type Position = (usize, usize, usize);
+
+/// The instances of every endpoint address of a push, as (position, target port) in registry
+/// order (service, then port, then endpoint), one per (service, port, target port) and address.
+#[derive(Debug, Default)]
+struct InstancesByAddress(OnceLock<HashMap<IpAddr, Vec<(Position, u16)>>>);
+
+impl InstancesByAddress {
+    fn build(push: &PushContext) -> HashMap<IpAddr, Vec<(Position, u16)>> {
+        let mut out: HashMap<IpAddr, Vec<(Position, u16)>> = HashMap::new();
+        for (si, service) in push.registry().services.iter().enumerate() {
+            let endpoints = push.endpoints(&service.hostname, service.namespace());
+            for (pi, port) in service.ports.iter().enumerate() {
+                let of_port = endpoints
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, e)| e.service_port_name == port.name);
+                for (ei, e) in of_port {
+                    let Ok(ip) = e.address.parse::<IpAddr>() else {
                         continue;
-                    }
+                    };
                     let target_port = if e.endpoint_port == 0 {
                         port.port
                     } else {
                         e.endpoint_port
                     };
-                    let seen = out.iter().any(|i| {
-                        Arc::ptr_eq(&i.service, service) && i.service_port == *port && i.target_port == target_port
-                    });
-                    if !seen {
-                        out.push(ServiceInstance {
-                            service: service.clone(),
-                            service_port: port.clone(),
-                            target_port,
-                        });
+                    let list = out.entry(ip).or_default();
+                    if !list
+                        .iter()
+                        .any(|((s, p, _), t)| (*s, *p) == (si, pi) && *t == target_port)
+                    {
+                        list.push(((si, pi, ei), target_port));
                     }
                 }
             }
         }
         out
+    }
+}
+
+impl PushContext {
+    /// The proxy's service instances, in service order (hostname, namespace) then port order; one
+    /// per (service, service port, target port), whatever the number of matching endpoints.
+    pub fn service_instances(&self, proxy: &Proxy) -> Vec<ServiceInstance> {
+        let index = self.caches().get::<InstancesByAddress>();
+        let by_address = index.0.get_or_init(|| InstancesByAddress::build(self));
+        let mut found: Vec<(Position, u16)> = proxy
+            .ip_addresses
+            .iter()
+            .filter_map(|ip| by_address.get(ip))
+            .flatten()
+            .copied()
+            .collect();
+        if proxy.ip_addresses.len() > 1 {
+            // several addresses: back to registry order, and one instance for all of them
+            found.sort_unstable();
+            let mut seen = std::collections::HashSet::new();
+            found.retain(|((s, p, _), t)| seen.insert((*s, *p, *t)));
+        }
+        let services = &self.registry().services;
+        found
+            .into_iter()
+            .filter_map(|((si, pi, _), target_port)| {
+                let service = services.get(si)?;
+                Some(ServiceInstance {
+                    service: service.clone(),
+                    service_port: service.ports.get(pi)?.clone(),
+                    target_port,
+                })
+            })
+            .collect()
     }
 }
 
@@ -111,5 +152,53 @@ mod tests {
         assert_eq!(mine[0].service_port.protocol, Protocol::Http);
         assert_eq!(mine[0].service.hostname, "reviews.default.svc.cluster.local");
         assert!(p.service_instances(&proxy("10.0.0.11")).is_empty());
+    }
+
+    #[test]
+    fn a_proxy_with_several_addresses_gets_each_instance_once_in_registry_order() {
+        let se = |name: &str, endpoints: serde_json::Value| {
+            json!({
+                "apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"hosts": [format!("{name}.default.svc.cluster.local")], "location": "MESH_INTERNAL",
+                    "resolution": "STATIC",
+                    "ports": [{"number": 80, "name": "http", "protocol": "HTTP", "targetPort": 8080}],
+                    "endpoints": endpoints}
+            })
+        };
+        let p = push(vec![
+            se(
+                "a",
+                json!([{"address": "10.0.0.10"}, {"address": "10.0.0.9", "ports": {"http": 9000}}]),
+            ),
+            se(
+                "b",
+                json!([{"address": "10.0.0.9"}, {"address": "10.0.0.10"}, {"address": "10.0.0.11"}]),
+            ),
+        ]);
+        let md =
+            NodeMetadata::from_json("test", &json!({"NAMESPACE": "default", "INSTANCE_IPS": "10.0.0.10"})).unwrap();
+        let two = Proxy::parse("sidecar~10.0.0.9~p.default~default.svc.cluster.local", md).unwrap();
+        let got: Vec<_> = p
+            .service_instances(&two)
+            .iter()
+            .map(|i| (i.service.hostname.clone(), i.target_port))
+            .collect();
+        // service a: the 10.0.0.10 endpoint (8080) comes first in the registry, then 10.0.0.9's 9000;
+        // service b: both addresses share target port 8080, so one instance
+        assert_eq!(
+            got,
+            [
+                ("a.default.svc.cluster.local".to_owned(), 8080),
+                ("a.default.svc.cluster.local".to_owned(), 9000),
+                ("b.default.svc.cluster.local".to_owned(), 8080),
+            ]
+        );
+        let one: Vec<_> = p
+            .service_instances(&proxy("10.0.0.11"))
+            .iter()
+            .map(|i| i.target_port)
+            .collect();
+        assert_eq!(one, [8080]);
     }
 }

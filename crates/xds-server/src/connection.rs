@@ -89,11 +89,19 @@ impl Connection {
         }
     }
 
-    /// The watches a push covers: every type for a full push, EDS only otherwise; in push order.
+    /// The watches a push covers: for a full push every type the changed kinds can affect (Istio's
+    /// per-generator `*NeedsPush`), EDS only otherwise; in push order.
     pub fn push_targets(&self, req: &PushRequest) -> Vec<WatchedResource> {
         let mut targets: Vec<WatchedResource> = lock(&self.watched)
             .values()
-            .filter(|w| req.full || w.resource.type_url == type_url::ENDPOINT)
+            .filter(|w| {
+                let t = w.resource.type_url.as_str();
+                if req.full {
+                    crate::type_filter::type_needs_push(t, self.proxy.node_type, req)
+                } else {
+                    t == type_url::ENDPOINT
+                }
+            })
             .map(|w| w.resource.clone())
             .collect();
         targets.sort_by(|a, b| {
@@ -183,7 +191,8 @@ impl Drop for Registration {
 pub(crate) struct Generated {
     pub watched: WatchedResource,
     pub resources: Result<Vec<Resource>, GenerateError>,
-    /// Delta only: the version of each resource (a hash of its bytes), same order.
+    /// Delta only: the version of each resource (a hash of its bytes, computed once per shared
+    /// resource), same order.
     pub versions: Vec<String>,
     pub elapsed: Duration,
 }
@@ -211,7 +220,7 @@ pub(crate) async fn generate(
                         rs
                     });
                 let versions = match (&resources, delta) {
-                    (Ok(rs), true) => rs.iter().map(|r| resource_version(&r.resource)).collect(),
+                    (Ok(rs), true) => rs.iter().map(|r| r.version().to_owned()).collect(),
                     _ => Vec::new(),
                 };
                 Generated {
@@ -321,6 +330,21 @@ mod tests {
         };
         assert_eq!(resource_version(&a), resource_version(&a.clone()));
         assert_ne!(resource_version(&a), resource_version(&b));
+    }
+
+    #[test]
+    fn a_shared_resource_is_versioned_once_with_the_hash_of_its_bytes() {
+        let r = Resource::new("a", &pbwkt::Duration { seconds: 1, nanos: 0 });
+        let shared = Resource {
+            name: "a".into(),
+            ..r.clone()
+        };
+        assert!(shared.version.get().is_none());
+        assert_eq!(r.version(), resource_version(&r.resource));
+        // the copy handed to another proxy finds the version already computed
+        assert_eq!(shared.version.get().map(String::as_str), Some(r.version()));
+        let other = Resource::new("a", &pbwkt::Duration { seconds: 2, nanos: 0 });
+        assert_ne!(other.version(), r.version());
     }
 
     fn node() -> Node {

@@ -14,9 +14,10 @@ mod push_request;
 mod server;
 mod sotw;
 mod status;
+mod type_filter;
 mod watched;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 pub use clock::rfc3339;
 pub use model::Proxy;
@@ -63,6 +64,9 @@ pub trait SnapshotBuilder: Send + Sync + 'static {
 pub struct Resource {
     pub name: String,
     pub resource: Arc<xds_api::pbwkt::Any>,
+    /// The delta version of `resource`, computed on first use (`Resource::version`). Generators
+    /// that share `resource` share this slot with it, so each shared resource is hashed once.
+    pub version: Arc<OnceLock<String>>,
 }
 
 impl Resource {
@@ -71,7 +75,14 @@ impl Resource {
         Resource {
             name: name.into(),
             resource: Arc::new(xds_api::pack(m)),
+            version: Arc::default(),
         }
+    }
+
+    /// The delta version: a hash of the resource's type URL and bytes.
+    pub fn version(&self) -> &str {
+        self.version
+            .get_or_init(|| connection::resource_version(&self.resource))
     }
 }
 

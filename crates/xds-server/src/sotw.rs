@@ -139,6 +139,10 @@ impl SotwStream {
         self.nonce += 1;
         let nonce = self.server.nonce(self.nonce);
         let version = snapshot.version();
+        // Each shared `Any` is copied out of its `Arc`: ~165 µs per full push at 1,000 services
+        // (1.3 MB; half of the encoding's cost). envoy-types' `Any.value` is a `Vec<u8>` and the
+        // generated ADS service takes owned responses, so sharing the bytes would need regenerated
+        // protos (prost `bytes`) or a hand-written service.
         let resp = DiscoveryResponse {
             version_info: version.to_owned(),
             resources: resources.iter().map(|r| (*r.resource).clone()).collect(),

@@ -4,7 +4,7 @@
 //! to the connection's original destination (the local app), from source address 127.0.0.6 so
 //! that the sidecar's iptables rules let the traffic through.
 
-use model::{Port, Proxy};
+use model::{Port, Protocol, Proxy};
 use push_index::{PushContext, ServiceInstance};
 use xds_api::envoy::config::cluster::v3::{Cluster, cluster};
 use xds_api::envoy::config::core::v3 as core;
@@ -24,13 +24,21 @@ pub fn inbound_cluster_name(target_port: u16) -> String {
     names::subset_key(TrafficDirection::Inbound, "", "", target_port)
 }
 
-/// The distinct target ports of the proxy's service instances, sorted (none for routers): what
-/// its inbound clusters depend on, so a key for caching them.
-pub fn inbound_ports(proxy: &Proxy, push: &PushContext) -> Vec<u16> {
+/// The distinct target ports of the proxy's service instances, sorted, each with the protocol of
+/// its first instance (none for routers): what its inbound clusters depend on, so a key for
+/// caching them.
+pub fn inbound_ports(proxy: &Proxy, push: &PushContext) -> Vec<(u16, Protocol)> {
     if proxy.is_router() {
         return Vec::new();
     }
-    target_ports(&push.service_instances(proxy))
+    let instances = push.service_instances(proxy);
+    target_ports(&instances)
+        .into_iter()
+        .filter_map(|port| {
+            let first = instances.iter().find(|i| i.target_port == port)?;
+            Some((port, first.service_port.protocol))
+        })
+        .collect()
 }
 
 fn target_ports(instances: &[ServiceInstance]) -> Vec<u16> {

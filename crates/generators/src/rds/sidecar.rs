@@ -9,7 +9,7 @@
 //!
 //! Not yet: egress listener ports of the Sidecar resource (hosts are the union of all listeners).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use model::networking::{Destination, PortSelector};
@@ -82,37 +82,33 @@ pub fn build_sidecar_outbound_http_route_config<P: SidecarPushView>(
         })
         .collect();
     let virtual_services = push.virtual_services_for_mesh(proxy);
-    let mut used = HashSet::new();
-    let mut virtual_hosts = Vec::new();
+    let owners = VirtualServiceOwners::new(&virtual_services, push.domain());
+    let services_by_host: HashMap<&str, &Arc<Service>> = services.iter().map(|s| (s.hostname.as_str(), s)).collect();
+    let mut vhosts = VirtualHosts::default();
     let mut services_with_vs: HashSet<&str> = HashSet::new();
 
-    for vs_config in &virtual_services {
-        let Some(vs) = route::virtual_service(vs_config) else {
+    for (vs_index, vs_config) in virtual_services.iter().enumerate() {
+        let Some(vs_hosts) = owners.hosts.get(vs_index) else {
             continue;
         };
-        let ns = &vs_config.meta.namespace;
-        let vs_hosts: Vec<String> = vs
-            .hosts
-            .iter()
-            .map(|h| model::host::resolve_short_name(h, ns, push.domain()).to_ascii_lowercase())
-            .filter(|h| wanted(h))
-            .collect();
+        let vs_hosts: Vec<&str> = vs_hosts.iter().map(String::as_str).filter(|h| wanted(h)).collect();
         // Istio's separateVSHostsAndServices: hosts naming services, else the hosts themselves
         let mut own_services: Vec<&Arc<Service>> = Vec::new();
         let mut plain_hosts: Vec<&str> = Vec::new();
-        for h in &vs_hosts {
-            let matching: Vec<&Arc<Service>> = services
-                .iter()
-                .filter(|s| s.hostname == *h || (model::host::is_wildcard(h) && model::host::subset_of(&s.hostname, h)))
-                .collect();
+        for h in vs_hosts {
+            let matching: Vec<&Arc<Service>> = if model::host::is_wildcard(h) {
+                services
+                    .iter()
+                    .filter(|s| s.hostname == h || model::host::subset_of(&s.hostname, h))
+                    .collect()
+            } else {
+                services_by_host.get(h).copied().into_iter().collect()
+            };
             if matching.is_empty() {
                 plain_hosts.push(h);
             }
             for s in matching {
-                if owning_virtual_service(&virtual_services, &s.hostname, push.domain())
-                    .is_some_and(|o| Arc::ptr_eq(o, vs_config))
-                    && services_with_vs.insert(s.hostname.as_str())
-                {
+                if owners.owner(&s.hostname) == Some(vs_index) && services_with_vs.insert(s.hostname.as_str()) {
                     own_services.push(s);
                 }
             }
@@ -129,23 +125,11 @@ pub fn build_sidecar_outbound_http_route_config<P: SidecarPushView>(
             continue;
         }
         for h in plain_hosts {
-            push_vhost(
-                &mut virtual_hosts,
-                &mut used,
-                domain_name(h, port),
-                vec![h.to_owned()],
-                &routes,
-            );
+            vhosts.push(domain_name(h, port), vec![h.to_owned()], &routes);
         }
         for s in own_services {
             let domains = generate_virtual_host_domains(s, proxy);
-            push_vhost(
-                &mut virtual_hosts,
-                &mut used,
-                domain_name(&s.hostname, port),
-                domains,
-                &routes,
-            );
+            vhosts.push(domain_name(&s.hostname, port), domains, &routes);
         }
     }
     for s in services
@@ -154,14 +138,13 @@ pub fn build_sidecar_outbound_http_route_config<P: SidecarPushView>(
     {
         let routes = [default_route(proxy, push, s, port)];
         let domains = generate_virtual_host_domains(s, proxy);
-        push_vhost(
-            &mut virtual_hosts,
-            &mut used,
-            domain_name(&s.hostname, port),
-            domains,
-            &routes,
-        );
+        vhosts.push(domain_name(&s.hostname, port), domains, &routes);
     }
+    let VirtualHosts {
+        out: mut virtual_hosts,
+        used,
+        ..
+    } = vhosts;
     virtual_hosts.sort_by(|a, b| a.name.cmp(&b.name));
     if only_host.is_none() && !used.contains("*") {
         virtual_hosts.push(catch_all_virtual_host(push.registry_only(proxy)));
@@ -188,58 +171,92 @@ fn parse_route_name(name: &str) -> Option<(Option<&str>, u16)> {
     Some((Some(host), port.parse().ok()?))
 }
 
-/// The VirtualService whose routes a service gets: the first naming its hostname exactly, else
-/// the one with the most specific wildcard host matching it (Istio's `mostSpecificWildcardVsIndex`).
-fn owning_virtual_service<'a>(vses: &'a [Arc<Config>], hostname: &str, domain: &str) -> Option<&'a Arc<Config>> {
-    let hosts = |c: &Config| -> Vec<String> {
-        route::virtual_service(c).map_or_else(Vec::new, |vs| {
-            vs.hosts
-                .iter()
-                .map(|h| model::host::resolve_short_name(h, &c.meta.namespace, domain).to_ascii_lowercase())
-                .collect()
-        })
-    };
-    if let Some(exact) = vses.iter().find(|c| hosts(c).iter().any(|h| h == hostname)) {
-        return Some(exact);
-    }
-    let mut best: Option<(usize, &Arc<Config>)> = None;
-    for c in vses {
-        for h in hosts(c) {
-            if model::host::is_wildcard(&h)
-                && model::host::subset_of(hostname, &h)
-                && best.is_none_or(|(len, _)| h.len() > len)
-            {
-                best = Some((h.len(), c));
-            }
-        }
-    }
-    best.map(|(_, c)| c)
+/// The resolved hosts of the mesh VirtualServices, and which one a service gets its routes from:
+/// the first naming its hostname exactly, else the one with the most specific wildcard host
+/// matching it (Istio's `mostSpecificWildcardVsIndex`).
+struct VirtualServiceOwners {
+    /// Hosts of each VirtualService (by index), resolved to lower-case FQDNs.
+    hosts: Vec<Vec<String>>,
+    /// The first VirtualService naming each exact host.
+    exact: HashMap<String, usize>,
+    /// Wildcard hosts with their VirtualService, in order.
+    wildcards: Vec<(String, usize)>,
 }
 
-/// Adds a virtual host with the domains no earlier one claimed (Envoy refuses duplicates); none
-/// left means no virtual host, as Istio's `dedupeDomains`. A name already taken is skipped.
-fn push_vhost(
-    out: &mut Vec<VirtualHost>,
-    used: &mut HashSet<String>,
-    name: String,
-    domains: Vec<String>,
-    routes: &[Route],
-) {
-    if out.iter().any(|v| v.name == name) {
-        tracing::debug!(vhost = name, "duplicate virtual host; the first wins");
-        return;
+impl VirtualServiceOwners {
+    fn new(vses: &[Arc<Config>], domain: &str) -> VirtualServiceOwners {
+        let hosts: Vec<Vec<String>> = vses
+            .iter()
+            .map(|c| {
+                route::virtual_service(c).map_or_else(Vec::new, |vs| {
+                    vs.hosts
+                        .iter()
+                        .map(|h| model::host::resolve_short_name(h, &c.meta.namespace, domain).to_ascii_lowercase())
+                        .collect()
+                })
+            })
+            .collect();
+        let mut exact = HashMap::new();
+        let mut wildcards = Vec::new();
+        for (i, list) in hosts.iter().enumerate() {
+            for h in list {
+                exact.entry(h.clone()).or_insert(i);
+                if model::host::is_wildcard(h) {
+                    wildcards.push((h.clone(), i));
+                }
+            }
+        }
+        VirtualServiceOwners {
+            hosts,
+            exact,
+            wildcards,
+        }
     }
-    let domains: Vec<String> = domains.into_iter().filter(|d| used.insert(d.clone())).collect();
-    if domains.is_empty() {
-        return;
+
+    /// The index of the VirtualService owning `hostname`, if any.
+    fn owner(&self, hostname: &str) -> Option<usize> {
+        if let Some(i) = self.exact.get(hostname) {
+            return Some(*i);
+        }
+        let mut best: Option<(usize, usize)> = None;
+        for (h, i) in &self.wildcards {
+            if model::host::subset_of(hostname, h) && best.is_none_or(|(len, _)| h.len() > len) {
+                best = Some((h.len(), *i));
+            }
+        }
+        best.map(|(_, i)| i)
     }
-    out.push(VirtualHost {
-        name,
-        domains,
-        routes: route::sort_vhost_routes(routes.to_vec()),
-        include_request_attempt_count: true,
-        ..Default::default()
-    });
+}
+
+/// The virtual hosts of a route configuration being built, with the names and domains taken.
+#[derive(Default)]
+struct VirtualHosts {
+    out: Vec<VirtualHost>,
+    names: HashSet<String>,
+    used: HashSet<String>,
+}
+
+impl VirtualHosts {
+    /// Adds a virtual host with the domains no earlier one claimed (Envoy refuses duplicates);
+    /// none left means no virtual host, as Istio's `dedupeDomains`. A name already taken is skipped.
+    fn push(&mut self, name: String, domains: Vec<String>, routes: &[Route]) {
+        if self.names.contains(&name) {
+            tracing::debug!(vhost = name, "duplicate virtual host; the first wins");
+            return;
+        }
+        let domains: Vec<String> = domains.into_iter().filter(|d| self.used.insert(d.clone())).collect();
+        if domains.is_empty() {
+            return;
+        }
+        self.names.insert(name.clone());
+        self.out.push(VirtualHost {
+            name,
+            domains,
+            routes: route::sort_vhost_routes(routes.to_vec()),
+            include_request_attempt_count: true,
+            ..Default::default()
+        });
+    }
 }
 
 /// Istio's `generateVirtualHostDomains` for sidecars (ports ignored in host matching): the FQDN,

@@ -1,0 +1,285 @@
+//! Proxy classes: for each xDS type, everything the generated resources read from a proxy, so that
+//! proxies with equal keys share one encoded copy per push. A field missing here is a correctness
+//! bug (a proxy would get another's config); `class_tests` checks each field, and
+//! `class_guard_tests` fails when a generator starts reading a proxy field that no key covers.
+//!
+//! Labels are keyed only on the keys some config of the push can match: DestinationRule workload
+//! selectors and `failoverPriority` labels, VirtualService `sourceLabels`. Sidecar selection is
+//! keyed by its outcome (the `Sidecar` in effect), gateway selection by the full labels (routers).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::{Arc, OnceLock};
+
+use model::networking::{DestinationRule, LoadBalancerSettings, LocalityLbSetting, VirtualService};
+use model::{ConfigKey, ConfigSpec, NodeType, Protocol, Proxy};
+use push_index::PushContext;
+
+/// Node metadata (`metadata.raw`) keys that listeners read: `HTTP10` (HTTP/1.0 on HCMs) and
+/// `IDLE_TIMEOUT` (HCM and tcp_proxy idle timeouts).
+pub const LDS_METADATA_KEYS: &[&str] = &["HTTP10", "IDLE_TIMEOUT"];
+
+/// Label keys that the configs of one push can read from a proxy's labels.
+#[derive(Debug, Default, PartialEq)]
+pub struct LabelKeys {
+    /// DestinationRule `workloadSelector` keys and `failoverPriority` labels (mesh config too).
+    destination_rules: BTreeSet<String>,
+    /// VirtualService `sourceLabels` keys of http, tls and tcp matches.
+    virtual_services: BTreeSet<String>,
+    /// Whether some `failoverPriority` is set: it leaves proxies without any label alone.
+    failover_priority: bool,
+}
+
+impl LabelKeys {
+    /// The label keys of this push, collected once (on first use) and shared.
+    pub fn of(push: &PushContext) -> Arc<LabelKeys> {
+        #[derive(Default)]
+        struct Slot(OnceLock<Arc<LabelKeys>>);
+        push.caches()
+            .get::<Slot>()
+            .0
+            .get_or_init(|| Arc::new(LabelKeys::collect(push)))
+            .clone()
+    }
+
+    fn collect(push: &PushContext) -> LabelKeys {
+        let mut keys = LabelKeys::default();
+        if let Some(setting) = &push.mesh().locality_lb_setting {
+            keys.add_locality(setting);
+        }
+        for config in push.configs() {
+            match &config.spec {
+                ConfigSpec::DestinationRule(dr) => keys.add_destination_rule(dr),
+                ConfigSpec::VirtualService(vs) => keys.add_virtual_service(vs),
+                _ => {}
+            }
+        }
+        keys
+    }
+
+    fn add_destination_rule(&mut self, dr: &DestinationRule) {
+        if let Some(selector) = &dr.workload_selector {
+            self.destination_rules.extend(selector.match_labels.keys().cloned());
+        }
+        let policies = dr
+            .traffic_policy
+            .iter()
+            .chain(dr.subsets.iter().filter_map(|s| s.traffic_policy.as_ref()));
+        for policy in policies {
+            let port_level = policy.port_level_settings.iter().map(|p| p.load_balancer.as_ref());
+            for lb in std::iter::once(policy.load_balancer.as_ref())
+                .chain(port_level)
+                .flatten()
+            {
+                self.add_load_balancer(lb);
+            }
+        }
+    }
+
+    fn add_load_balancer(&mut self, lb: &LoadBalancerSettings) {
+        if let Some(setting) = &lb.locality_lb_setting {
+            self.add_locality(setting);
+        }
+    }
+
+    fn add_locality(&mut self, setting: &LocalityLbSetting) {
+        for label in &setting.failover_priority {
+            self.failover_priority = true;
+            // `label=value` compares endpoints with the value, but keep the key anyway
+            let key = label.split_once('=').map_or(label.as_str(), |(k, _)| k);
+            self.destination_rules.insert(key.to_owned());
+        }
+    }
+
+    fn add_virtual_service(&mut self, vs: &VirtualService) {
+        let http = vs.http.iter().flat_map(|r| &r.match_).map(|m| &m.source_labels);
+        let tls = vs.tls.iter().flat_map(|r| &r.match_).map(|m| &m.source_labels);
+        let tcp = vs.tcp.iter().flat_map(|r| &r.match_).map(|m| &m.source_labels);
+        for labels in http.chain(tls).chain(tcp) {
+            self.virtual_services.extend(labels.keys().cloned());
+        }
+    }
+}
+
+/// Which labels a type can read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LabelUse {
+    /// Through DestinationRules only (clusters, endpoints).
+    DestinationRules,
+    /// Also through VirtualService matches; routers also select gateways by any label.
+    Routes,
+}
+
+/// What every type depends on: the proxy's type, its namespace (visibility of services,
+/// VirtualServices, DestinationRules; `sourceNamespace` matches), the Sidecar in effect (with the
+/// namespace it decides the `SidecarScope`) and the labels that configs can match.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ProxyClass {
+    node_type: NodeType,
+    namespace: String,
+    sidecar: Option<ConfigKey>,
+    labels: BTreeMap<String, String>,
+}
+
+impl ProxyClass {
+    fn new(push: &PushContext, proxy: &Proxy, keys: &LabelKeys, uses: LabelUse) -> ProxyClass {
+        let labels = if uses == LabelUse::Routes && !proxy.is_sidecar() {
+            proxy.labels.clone()
+        } else {
+            proxy
+                .labels
+                .iter()
+                .filter(|(k, _)| {
+                    keys.destination_rules.contains(*k)
+                        || (uses == LabelUse::Routes && keys.virtual_services.contains(*k))
+                })
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        };
+        ProxyClass {
+            node_type: proxy.node_type,
+            namespace: proxy.config_namespace.clone(),
+            sidecar: push.sidecar_scope(proxy).sidecar().cloned(),
+            labels,
+        }
+    }
+}
+
+/// Clusters and endpoints: the class (labels through DestinationRules), whether the proxy has
+/// labels at all when `failoverPriority` is used, and its locality (locality load balancing of
+/// DNS clusters and endpoints).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EndpointClass {
+    class: ProxyClass,
+    has_labels: Option<bool>,
+    locality: String,
+}
+
+impl EndpointClass {
+    pub fn new(push: &PushContext, proxy: &Proxy) -> EndpointClass {
+        let keys = LabelKeys::of(push);
+        EndpointClass {
+            class: ProxyClass::new(push, proxy, &keys, LabelUse::DestinationRules),
+            has_labels: keys.failover_priority.then_some(!proxy.labels.is_empty()),
+            locality: proxy.locality.to_string(),
+        }
+    }
+}
+
+/// The proxy's IP family: IPv6-only proxies resolve AAAA records (DNS lookup family).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IpFamily {
+    V4,
+    V6,
+    Dual,
+}
+
+impl IpFamily {
+    pub fn of(ips: &[IpAddr]) -> IpFamily {
+        match (ips.iter().any(IpAddr::is_ipv4), ips.iter().any(IpAddr::is_ipv6)) {
+            (_, false) => IpFamily::V4,
+            (false, true) => IpFamily::V6,
+            (true, true) => IpFamily::Dual,
+        }
+    }
+}
+
+/// A CDS response: the endpoint class, the IP family (DNS lookup family) and the inbound
+/// clusters' target ports with the protocol that decides each one's upstream protocol.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CdsKey {
+    endpoints: EndpointClass,
+    ip_family: IpFamily,
+    inbound: Vec<(u16, Protocol)>,
+}
+
+impl CdsKey {
+    pub fn new(push: &PushContext, proxy: &Proxy) -> CdsKey {
+        CdsKey {
+            endpoints: EndpointClass::new(push, proxy),
+            ip_family: IpFamily::of(&proxy.ip_addresses),
+            inbound: crate::cds::inbound::inbound_ports(proxy, push),
+        }
+    }
+}
+
+/// One route configuration: its name, the class (labels through VirtualService matches and
+/// DestinationRules; all labels for routers, whose gateways select them) and the DNS domain
+/// (the short host names of `generateVirtualHostDomains`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RdsKey {
+    class: ProxyClass,
+    dns_domain: String,
+    route_name: String,
+}
+
+impl RdsKey {
+    /// The key of each of `names`, in order.
+    pub fn for_names(push: &PushContext, proxy: &Proxy, names: &[String]) -> Vec<RdsKey> {
+        let class = ProxyClass::new(push, proxy, &LabelKeys::of(push), LabelUse::Routes);
+        names
+            .iter()
+            .map(|n| RdsKey {
+                class: class.clone(),
+                dns_domain: proxy.dns_domain.clone(),
+                route_name: n.clone(),
+            })
+            .collect()
+    }
+}
+
+/// One service instance as listeners see it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct InstanceKey {
+    hostname: String,
+    namespace: String,
+    port: u16,
+    port_name: String,
+    protocol: Protocol,
+    target_port: u16,
+}
+
+/// An LDS response: the class (as routes), the node metadata that listeners read and the service
+/// instances (virtualInbound chains).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LdsKey {
+    class: ProxyClass,
+    metadata: Vec<Option<String>>,
+    instances: Vec<InstanceKey>,
+}
+
+impl LdsKey {
+    pub fn new(push: &PushContext, proxy: &Proxy) -> LdsKey {
+        let instances = if proxy.is_router() {
+            Vec::new()
+        } else {
+            push.service_instances(proxy)
+                .into_iter()
+                .map(|i| InstanceKey {
+                    hostname: i.service.hostname.clone(),
+                    namespace: i.service.namespace().to_owned(),
+                    port: i.service_port.port,
+                    port_name: i.service_port.name,
+                    protocol: i.service_port.protocol,
+                    target_port: i.target_port,
+                })
+                .collect()
+        };
+        LdsKey {
+            class: ProxyClass::new(push, proxy, &LabelKeys::of(push), LabelUse::Routes),
+            metadata: LDS_METADATA_KEYS
+                .iter()
+                .map(|k| proxy.metadata.raw.get(*k).map(ToString::to_string))
+                .collect(),
+            instances,
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "class_tests.rs"]
+mod class_tests;
+
+#[cfg(test)]
+#[path = "class_guard_tests.rs"]
+mod class_guard_tests;

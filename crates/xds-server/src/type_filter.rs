@@ -1,0 +1,135 @@
+//! Which types a full push sends, by the kinds of config that changed, as Istio's per-generator
+//! `cdsNeedsPush`, `edsNeedsPush`, `ldsNeedsPush` and `rdsNeedsPush` (`skipped*Configs`): a type
+//! is pushed unless every changed config is of a kind that cannot affect it. An empty change set
+//! means "everything". Kinds Istio skips that this project does not model (Secret, DNSName) have
+//! no counterpart here.
+
+use model::{ConfigKind, NodeType};
+use xds_api::type_url;
+
+use crate::PushRequest;
+
+use ConfigKind::*;
+
+/// Istio's `skippedCdsConfigs`.
+const SKIPPED_CDS: &[ConfigKind] = &[
+    Gateway,
+    WorkloadEntry,
+    WorkloadGroup,
+    AuthorizationPolicy,
+    RequestAuthentication,
+    Telemetry,
+    WasmPlugin,
+    ProxyConfig,
+];
+
+/// Istio's `skippedEdsConfigs`: routes never change endpoints.
+const SKIPPED_EDS: &[ConfigKind] = &[
+    Gateway,
+    VirtualService,
+    WorkloadGroup,
+    AuthorizationPolicy,
+    RequestAuthentication,
+    Telemetry,
+    WasmPlugin,
+    ProxyConfig,
+];
+
+/// Istio's `skippedLdsConfigs[Router]`.
+const SKIPPED_LDS_ROUTER: &[ConfigKind] = &[WorkloadGroup, WorkloadEntry, ProxyConfig];
+
+/// Istio's `skippedLdsConfigs[SidecarProxy]` (and `Waypoint`): Gateways shape gateways only.
+const SKIPPED_LDS_SIDECAR: &[ConfigKind] = &[Gateway, WorkloadGroup, WorkloadEntry, ProxyConfig];
+
+/// Istio's `skippedRdsConfigs`.
+const SKIPPED_RDS: &[ConfigKind] = &[
+    WorkloadEntry,
+    WorkloadGroup,
+    AuthorizationPolicy,
+    RequestAuthentication,
+    PeerAuthentication,
+    WasmPlugin,
+    Telemetry,
+    ProxyConfig,
+];
+
+/// Whether a full push `req` sends `type_url` to a proxy of type `node`.
+pub(crate) fn type_needs_push(type_url: &str, node: NodeType, req: &PushRequest) -> bool {
+    if req.configs_updated.is_empty() {
+        return true;
+    }
+    let skipped: &[ConfigKind] = match type_url {
+        type_url::CLUSTER => SKIPPED_CDS,
+        type_url::ENDPOINT => SKIPPED_EDS,
+        type_url::LISTENER if node == NodeType::Router => SKIPPED_LDS_ROUTER,
+        type_url::LISTENER => SKIPPED_LDS_SIDECAR,
+        type_url::ROUTE => SKIPPED_RDS,
+        _ => &[],
+    };
+    req.configs_updated.iter().any(|k| !skipped.contains(&k.kind))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use model::ConfigKey;
+
+    fn change(kinds: &[ConfigKind]) -> PushRequest {
+        PushRequest::config_update(kinds.iter().map(|k| ConfigKey {
+            kind: *k,
+            namespace: "ns".into(),
+            name: "n".into(),
+        }))
+    }
+
+    fn pushed(node: NodeType, req: &PushRequest) -> Vec<&'static str> {
+        [
+            type_url::CLUSTER,
+            type_url::ENDPOINT,
+            type_url::LISTENER,
+            type_url::ROUTE,
+        ]
+        .into_iter()
+        .filter(|t| type_needs_push(t, node, req))
+        .map(type_url::short)
+        .collect()
+    }
+
+    #[test]
+    fn a_virtual_service_change_skips_endpoints() {
+        let req = change(&[VirtualService]);
+        assert_eq!(pushed(NodeType::SidecarProxy, &req), ["cds", "lds", "rds"]);
+        assert_eq!(pushed(NodeType::Router, &req), ["cds", "lds", "rds"]);
+    }
+
+    #[test]
+    fn a_gateway_change_reaches_gateways_listeners_and_routes_only() {
+        let req = change(&[Gateway]);
+        assert_eq!(pushed(NodeType::Router, &req), ["lds", "rds"]);
+        assert_eq!(pushed(NodeType::SidecarProxy, &req), ["rds"]);
+    }
+
+    #[test]
+    fn services_destination_rules_and_sidecars_reach_every_type() {
+        for kind in [ServiceEntry, DestinationRule, Sidecar] {
+            assert_eq!(
+                pushed(NodeType::SidecarProxy, &change(&[kind])),
+                ["cds", "eds", "lds", "rds"]
+            );
+        }
+    }
+
+    #[test]
+    fn one_relevant_kind_among_skipped_ones_is_enough_and_empty_means_everything() {
+        assert_eq!(
+            pushed(NodeType::SidecarProxy, &change(&[VirtualService, Gateway])),
+            ["cds", "lds", "rds"]
+        );
+        assert_eq!(
+            pushed(NodeType::SidecarProxy, &PushRequest::full(crate::reason::GLOBAL)),
+            ["cds", "eds", "lds", "rds"]
+        );
+        assert_eq!(pushed(NodeType::Router, &change(&[WorkloadEntry])), ["eds"]);
+        assert_eq!(pushed(NodeType::Router, &change(&[ProxyConfig])), Vec::<&str>::new());
+    }
+}
