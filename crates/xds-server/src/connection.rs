@@ -126,7 +126,7 @@ impl Connection {
 pub(crate) async fn accept<Req, Resp>(
     server: &Arc<DiscoveryServer>,
     inbound: &mut tonic::Streaming<Req>,
-    out: &tokio::sync::mpsc::Sender<Result<Resp, Status>>,
+    out: &crate::outbound::OutSender<Resp>,
     peer: String,
     delta: bool,
     node: impl Fn(&Req) -> Option<&Node>,
@@ -145,7 +145,7 @@ pub(crate) async fn accept<Req, Resp>(
         Err(status) => {
             tracing::warn!("ADS: {peer} refused: {}", status.message());
             server.metrics.invalid_nodes.inc();
-            let _ = out.send(Err(status)).await;
+            let _ = out.send(crate::outbound::Outbound::message(Err(status))).await;
             None
         }
     }

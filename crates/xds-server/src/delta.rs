@@ -7,17 +7,18 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
-use tokio::sync::mpsc;
-use tonic::{Status, Streaming};
+use tokio::sync::{OwnedSemaphorePermit, oneshot};
+use tonic::Streaming;
 use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource as PbResource};
 use xds_api::type_url;
 
 use crate::connection::{Connection, Generated, accept, generate, lock, log_generate_error};
+use crate::outbound::{self, OutSender, Outbound, drained};
 use crate::server::{Closed, DiscoveryServer};
 use crate::watched::{Respond, WatchedResource, delta_request};
 use crate::{PushRequest, PushSnapshot, reason};
 
-pub(crate) type DeltaSender = mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>;
+pub(crate) type DeltaSender = OutSender<DeltaDiscoveryResponse>;
 
 /// Serves one delta stream until the proxy goes away.
 pub(crate) async fn serve(
@@ -39,6 +40,7 @@ pub(crate) async fn serve(
         conn: conn.clone(),
         out,
         nonce: 0,
+        pushed: None,
     };
     let _ = stream.run(first, inbound).await;
     tracing::info!("ADS: {} {} delta terminated", conn.peer, conn.id);
@@ -49,6 +51,8 @@ struct DeltaStream {
     conn: Arc<Connection>,
     out: DeltaSender,
     nonce: u64,
+    /// Fires once tonic is past the last response a push sent.
+    pushed: Option<oneshot::Receiver<()>>,
 }
 
 /// Why a response is being built: answering a request always answers; a push only when
@@ -112,7 +116,7 @@ impl DeltaStream {
         lock(&self.conn.last_pushed).get_or_insert_with(|| snapshot.clone());
         let push = PushRequest::full(reason::PROXY_REQUEST);
         for g in generate(snapshot.clone(), self.conn.proxy.clone(), vec![target], push, true).await {
-            self.send(snapshot.as_ref(), g, Cause::Request).await?;
+            self.send(snapshot.as_ref(), g, Cause::Request, &mut None).await?;
         }
         Ok(())
     }
@@ -130,16 +134,21 @@ impl DeltaStream {
         if targets.is_empty() {
             return Ok(());
         }
-        let generated = {
-            let _permit = self.server.throttle().await;
-            generate(snapshot.clone(), self.conn.proxy.clone(), targets, req.clone(), true).await
-        };
+        // The slot is held from generation until the responses have left (see `outbound`).
+        let mut slot = self.server.throttle().await;
+        let generated = generate(snapshot.clone(), self.conn.proxy.clone(), targets, req.clone(), true).await;
         if req.full {
             *lock(&self.conn.last_pushed) = Some(snapshot.clone());
         }
         for g in generated {
-            self.send(snapshot.as_ref(), g, Cause::Push).await?;
+            self.send(snapshot.as_ref(), g, Cause::Push, &mut slot).await?;
         }
+        if let Some(pushed) = self.pushed.take()
+            && slot.is_some()
+        {
+            drained(pushed).await;
+        }
+        drop(slot);
         self.server
             .metrics
             .convergence
@@ -147,7 +156,13 @@ impl DeltaStream {
         Ok(())
     }
 
-    async fn send(&mut self, snapshot: &dyn PushSnapshot, g: Generated, cause: Cause) -> Result<(), Closed> {
+    async fn send(
+        &mut self,
+        snapshot: &dyn PushSnapshot,
+        g: Generated,
+        cause: Cause,
+        slot: &mut Option<OwnedSemaphorePermit>,
+    ) -> Result<(), Closed> {
         let t = g.watched.type_url.as_str();
         let resources = match g.resources {
             Ok(r) => r,
@@ -196,7 +211,15 @@ impl DeltaStream {
             ..Default::default()
         };
         let t0 = Instant::now();
-        if self.out.send(Ok(resp)).await.is_err() {
+        let taken = if cause == Cause::Push {
+            let (tx, rx) = oneshot::channel();
+            self.pushed = Some(rx);
+            Some(tx)
+        } else {
+            None
+        };
+        let out = Outbound { item: Ok(resp), taken };
+        if outbound::send(&self.out, out, slot).await.is_err() {
             if cause == Cause::Push {
                 self.server.metrics.record_send_error(t);
             }

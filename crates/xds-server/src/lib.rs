@@ -10,6 +10,7 @@ mod connection;
 mod debounce;
 mod delta;
 mod metrics;
+mod outbound;
 mod push_request;
 mod server;
 mod sotw;

@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use xds_api::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
@@ -31,8 +30,6 @@ use crate::{Proxy, PushRequest, PushSnapshot, SnapshotBuilder, reason};
 
 /// Largest xDS message either way (Envoy's config for a big mesh can exceed tonic's 4 MiB).
 const MAX_MESSAGE_SIZE: usize = 100 * 1024 * 1024;
-/// Responses queued per stream before the stream's task waits for the proxy to read.
-const STREAM_BUFFER: usize = 4;
 
 /// Tuning of pushes, as Istio's `PILOT_*` settings. Reading the environment is the binary's job.
 #[derive(Debug, Clone)]
@@ -320,8 +317,8 @@ fn peer_of<T>(req: &Request<T>) -> String {
 
 #[tonic::async_trait]
 impl AggregatedDiscoveryService for AdsService {
-    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
-    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+    type StreamAggregatedResourcesStream = crate::outbound::ResponseStream<DiscoveryResponse>;
+    type DeltaAggregatedResourcesStream = crate::outbound::ResponseStream<DeltaDiscoveryResponse>;
 
     async fn stream_aggregated_resources(
         &self,
@@ -333,9 +330,9 @@ impl AggregatedDiscoveryService for AdsService {
             ));
         }
         let peer = peer_of(&request);
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let (tx, rx) = crate::outbound::channel();
         tokio::spawn(crate::sotw::serve(self.server.clone(), request.into_inner(), tx, peer));
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(rx))
     }
 
     async fn delta_aggregated_resources(
@@ -348,8 +345,8 @@ impl AggregatedDiscoveryService for AdsService {
             ));
         }
         let peer = peer_of(&request);
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let (tx, rx) = crate::outbound::channel();
         tokio::spawn(crate::delta::serve(self.server.clone(), request.into_inner(), tx, peer));
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(rx))
     }
 }

@@ -6,17 +6,18 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
-use tokio::sync::mpsc;
-use tonic::{Status, Streaming};
+use tokio::sync::{OwnedSemaphorePermit, oneshot};
+use tonic::Streaming;
 use xds_api::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use xds_api::type_url;
 
 use crate::connection::{Connection, Generated, accept, generate, lock, log_generate_error};
+use crate::outbound::{self, OutSender, Outbound, drained};
 use crate::server::{Closed, DiscoveryServer};
 use crate::watched::{Respond, sotw_request};
 use crate::{PushRequest, PushSnapshot, reason};
 
-pub(crate) type SotwSender = mpsc::Sender<Result<DiscoveryResponse, Status>>;
+pub(crate) type SotwSender = OutSender<DiscoveryResponse>;
 
 /// Serves one stream until the proxy goes away.
 pub(crate) async fn serve(
@@ -38,6 +39,7 @@ pub(crate) async fn serve(
         conn: conn.clone(),
         out,
         nonce: 0,
+        pushed: None,
     };
     let _ = stream.run(first, inbound).await;
     tracing::info!("ADS: {} {} terminated", conn.peer, conn.id);
@@ -48,6 +50,8 @@ struct SotwStream {
     conn: Arc<Connection>,
     out: SotwSender,
     nonce: u64,
+    /// Fires once tonic is past the last response a push sent.
+    pushed: Option<oneshot::Receiver<()>>,
 }
 
 impl SotwStream {
@@ -92,7 +96,7 @@ impl SotwStream {
         lock(&self.conn.last_pushed).get_or_insert_with(|| snapshot.clone());
         let push = PushRequest::full(reason::PROXY_REQUEST);
         for g in generate(snapshot.clone(), self.conn.proxy.clone(), vec![watched], push, false).await {
-            self.send(snapshot.as_ref(), g, false).await?;
+            self.send(snapshot.as_ref(), g, false, &mut None).await?;
         }
         Ok(())
     }
@@ -110,16 +114,21 @@ impl SotwStream {
         if targets.is_empty() {
             return Ok(());
         }
-        let generated = {
-            let _permit = self.server.throttle().await;
-            generate(snapshot.clone(), self.conn.proxy.clone(), targets, req.clone(), false).await
-        };
+        // The slot is held from generation until the responses have left (see `outbound`).
+        let mut slot = self.server.throttle().await;
+        let generated = generate(snapshot.clone(), self.conn.proxy.clone(), targets, req.clone(), false).await;
         if req.full {
             *lock(&self.conn.last_pushed) = Some(snapshot.clone());
         }
         for g in generated {
-            self.send(snapshot.as_ref(), g, true).await?;
+            self.send(snapshot.as_ref(), g, true, &mut slot).await?;
         }
+        if let Some(pushed) = self.pushed.take()
+            && slot.is_some()
+        {
+            drained(pushed).await;
+        }
+        drop(slot);
         self.server
             .metrics
             .convergence
@@ -127,7 +136,13 @@ impl SotwStream {
         Ok(())
     }
 
-    async fn send(&mut self, snapshot: &dyn PushSnapshot, g: Generated, push: bool) -> Result<(), Closed> {
+    async fn send(
+        &mut self,
+        snapshot: &dyn PushSnapshot,
+        g: Generated,
+        push: bool,
+        slot: &mut Option<OwnedSemaphorePermit>,
+    ) -> Result<(), Closed> {
         let t = g.watched.type_url.as_str();
         let resources = match g.resources {
             Ok(r) => r,
@@ -151,7 +166,15 @@ impl SotwStream {
             ..Default::default()
         };
         let t0 = Instant::now();
-        if self.out.send(Ok(resp)).await.is_err() {
+        let taken = if push {
+            let (tx, rx) = oneshot::channel();
+            self.pushed = Some(rx);
+            Some(tx)
+        } else {
+            None
+        };
+        let out = Outbound { item: Ok(resp), taken };
+        if outbound::send(&self.out, out, slot).await.is_err() {
             if push {
                 self.server.metrics.record_send_error(t);
             }
