@@ -115,9 +115,13 @@ impl DeltaStream {
         };
         lock(&self.conn.last_pushed).get_or_insert_with(|| snapshot.clone());
         let push = PushRequest::full(reason::PROXY_REQUEST);
+        // Answers take a throttle slot as pushes do: a thousand proxies connecting at once must
+        // not hold a thousand full responses in memory.
+        let mut slot = self.server.throttle().await;
         for g in generate(snapshot.clone(), self.conn.proxy.clone(), vec![target], push, true).await {
-            self.send(snapshot.as_ref(), g, Cause::Request, &mut None).await?;
+            self.send(snapshot.as_ref(), g, Cause::Request, &mut slot).await?;
         }
+        self.release(slot).await;
         Ok(())
     }
 
@@ -143,17 +147,22 @@ impl DeltaStream {
         for g in generated {
             self.send(snapshot.as_ref(), g, Cause::Push, &mut slot).await?;
         }
+        self.release(slot).await;
+        self.server
+            .metrics
+            .convergence
+            .observe(req.start.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// Gives a throttle slot back once tonic is past the last response sent under it.
+    async fn release(&mut self, slot: Option<OwnedSemaphorePermit>) {
         if let Some(pushed) = self.pushed.take()
             && slot.is_some()
         {
             drained(pushed).await;
         }
         drop(slot);
-        self.server
-            .metrics
-            .convergence
-            .observe(req.start.elapsed().as_secs_f64());
-        Ok(())
     }
 
     async fn send(
@@ -211,7 +220,7 @@ impl DeltaStream {
             ..Default::default()
         };
         let t0 = Instant::now();
-        let taken = if cause == Cause::Push {
+        let taken = if slot.is_some() {
             let (tx, rx) = oneshot::channel();
             self.pushed = Some(rx);
             Some(tx)

@@ -95,9 +95,13 @@ impl SotwStream {
         };
         lock(&self.conn.last_pushed).get_or_insert_with(|| snapshot.clone());
         let push = PushRequest::full(reason::PROXY_REQUEST);
+        // Answers take a throttle slot as pushes do: a thousand proxies connecting at once must
+        // not hold a thousand full responses in memory.
+        let mut slot = self.server.throttle().await;
         for g in generate(snapshot.clone(), self.conn.proxy.clone(), vec![watched], push, false).await {
-            self.send(snapshot.as_ref(), g, false, &mut None).await?;
+            self.send(snapshot.as_ref(), g, false, &mut slot).await?;
         }
+        self.release(slot).await;
         Ok(())
     }
 
@@ -123,17 +127,22 @@ impl SotwStream {
         for g in generated {
             self.send(snapshot.as_ref(), g, true, &mut slot).await?;
         }
+        self.release(slot).await;
+        self.server
+            .metrics
+            .convergence
+            .observe(req.start.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// Gives a throttle slot back once tonic is past the last response sent under it.
+    async fn release(&mut self, slot: Option<OwnedSemaphorePermit>) {
         if let Some(pushed) = self.pushed.take()
             && slot.is_some()
         {
             drained(pushed).await;
         }
         drop(slot);
-        self.server
-            .metrics
-            .convergence
-            .observe(req.start.elapsed().as_secs_f64());
-        Ok(())
     }
 
     async fn send(
@@ -166,7 +175,7 @@ impl SotwStream {
             ..Default::default()
         };
         let t0 = Instant::now();
-        let taken = if push {
+        let taken = if slot.is_some() {
             let (tx, rx) = oneshot::channel();
             self.pushed = Some(rx);
             Some(tx)
