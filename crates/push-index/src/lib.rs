@@ -34,7 +34,7 @@ pub use destination_rules::{DestinationRuleIndex, MergedDestinationRule};
 pub use gateways::GatewayIndex;
 pub use instances::ServiceInstance;
 pub use services::ServiceIndex;
-pub use sidecar_scope::SidecarScope;
+pub use sidecar_scope::{EgressListener, SidecarScope, UNIX_ADDRESS_PREFIX};
 pub use virtual_services::{MESH_GATEWAY, VirtualServiceIndex, resolve_gateway_name, resolve_short_names};
 
 /// A proxy's namespace and labels: all that decides its Sidecar scope.

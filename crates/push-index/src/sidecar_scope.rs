@@ -1,27 +1,38 @@
-//! `SidecarScope`: what one proxy may see, as Istio's `model.SidecarScope` built from the `Sidecar`
-//! resource that applies to it (workload selector in the proxy's namespace, else the namespace's
-//! Sidecar without selector, else the root namespace's). Without one, everything is visible.
+//! `SidecarScope`: what one proxy may see and which listeners it gets, as Istio's `model.SidecarScope`
+//! built from the `Sidecar` resource that applies to it (workload selector in the proxy's namespace,
+//! else the namespace's Sidecar without selector, else the root namespace's). Without one, everything
+//! is visible.
 //!
-//! Egress hosts are `namespace/dnsName`: `.` is the proxy's namespace, `*` any namespace, `~` none.
-//! Hosts are the union over all egress listeners (per-port egress listeners are not told apart).
+//! Each egress listener (`EgressListener`, Istio's `IstioEgressListenerWrapper`) imports its own
+//! hosts; a Sidecar without egress listeners imports `*/*`. Ingress listeners, when present, replace
+//! the proxy's service instances as its inbound configuration (`ingress_listeners`).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
-use model::{Config, ConfigKey, ConfigKind, ConfigSpec, MeshConfig, Proxy};
+use model::networking::{ConnectionPoolSettings, IstioIngressListener};
+use model::{Config, ConfigKey, ConfigKind, ConfigSpec, MeshConfig, Proxy, Service};
 
-/// Namespace part of an egress host meaning "any namespace".
-const WILDCARD_NAMESPACE: &str = "*";
-/// Namespace part meaning "the proxy's namespace".
-const CURRENT_NAMESPACE: &str = ".";
+#[path = "sidecar_egress.rs"]
+mod egress;
 
-/// The visibility a `Sidecar` resource gives one proxy.
+pub use egress::{EgressListener, UNIX_ADDRESS_PREFIX};
+use egress::{ImportedServices, WILDCARD_NAMESPACE, destinations, service_matching_ports};
+
+/// Istio's default egress listener: `*/*` on every port.
+static CATCH_ALL: LazyLock<EgressListener> = LazyLock::new(EgressListener::catch_all);
+
+/// The visibility and listener layout a `Sidecar` resource gives one proxy.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SidecarScope {
     /// The Sidecar in effect; `None` is Istio's default scope (everything visible).
     sidecar: Option<ConfigKey>,
-    /// (namespace, host) pairs of the egress listeners, `.` resolved to the proxy's namespace.
-    egress_hosts: Vec<(String, String)>,
+    /// The proxy's namespace (where the scope takes effect).
+    namespace: String,
+    /// The egress listeners, in the Sidecar's order (the catch-all, if any, last).
+    egress_listeners: Vec<EgressListener>,
+    ingress_listeners: Vec<IstioIngressListener>,
+    inbound_connection_pool: Option<ConnectionPoolSettings>,
     /// The Sidecar's `outboundTrafficPolicy.mode`, overriding the mesh's.
     outbound_traffic_policy_mode: Option<String>,
 }
@@ -64,23 +75,20 @@ impl SidecarScope {
         let ConfigSpec::Sidecar(sc) = &config.spec else {
             return SidecarScope::default();
         };
-        let mut egress_hosts: Vec<(String, String)> = Vec::new();
-        for listener in &sc.egress {
-            for h in &listener.hosts {
-                let Some((ns, host)) = h.split_once('/') else {
-                    tracing::debug!(sidecar = %config.key(), host = h, "egress host without namespace ignored");
-                    continue;
-                };
-                let ns = if ns == CURRENT_NAMESPACE { namespace } else { ns };
-                let pair = (ns.to_owned(), host.to_ascii_lowercase());
-                if !egress_hosts.contains(&pair) {
-                    egress_hosts.push(pair);
-                }
-            }
+        let mut egress_listeners: Vec<EgressListener> = sc
+            .egress
+            .iter()
+            .map(|l| EgressListener::new(l, namespace, &config.key()))
+            .collect();
+        if egress_listeners.is_empty() {
+            egress_listeners.push(EgressListener::catch_all());
         }
         SidecarScope {
             sidecar: Some(config.key()),
-            egress_hosts,
+            namespace: namespace.to_owned(),
+            egress_listeners,
+            ingress_listeners: sc.ingress.iter().filter(|l| l.port.is_some()).cloned().collect(),
+            inbound_connection_pool: sc.inbound_connection_pool.clone(),
             outbound_traffic_policy_mode: sc.outbound_traffic_policy.as_ref().and_then(|p| p.mode.clone()),
         }
     }
@@ -95,31 +103,104 @@ impl SidecarScope {
         self.sidecar.as_ref()
     }
 
-    /// Whether a config of `namespace` with hostname `host` is imported: an egress host of that
-    /// namespace (or `*`) matches it, wildcards either way as Istio's `host.Name.Matches`.
-    pub fn imports(&self, namespace: &str, host: &str) -> bool {
-        if self.is_default() {
-            return true;
+    /// The egress listeners: the Sidecar's, or Istio's single catch-all `*/*` listener.
+    pub fn egress_listeners(&self) -> &[EgressListener] {
+        if self.egress_listeners.is_empty() {
+            std::slice::from_ref(&*CATCH_ALL)
+        } else {
+            &self.egress_listeners
         }
-        self.egress_hosts
+    }
+
+    /// Istio's `GetEgressListenerForRDS`: the listener on `port` (a unix socket listener, port 0,
+    /// by its `bind`), else the catch-all; `None` when the Sidecar has neither.
+    pub fn egress_listener_for_rds(&self, port: u16, bind: &str) -> Option<&EgressListener> {
+        self.egress_listeners().iter().find(|l| match l.port() {
+            None => true,
+            Some(p) if p.number == 0 => port == 0 && l.bind() == bind,
+            Some(p) => p.number == u32::from(port),
+        })
+    }
+
+    /// Istio's `HasIngressListener`: the Sidecar declares the proxy's inbound listeners.
+    pub fn has_ingress_listener(&self) -> bool {
+        !self.ingress_listeners.is_empty()
+    }
+
+    /// The Sidecar's ingress listeners (each with a port).
+    pub fn ingress_listeners(&self) -> &[IstioIngressListener] {
+        &self.ingress_listeners
+    }
+
+    /// Istio's `InboundConnectionPoolForPort`: the ingress listener's `connectionPool` for `port`,
+    /// else the Sidecar's `inboundConnectionPool`.
+    pub fn inbound_connection_pool_for_port(&self, port: u32) -> Option<&ConnectionPoolSettings> {
+        self.ingress_listeners
             .iter()
-            .filter(|(ns, _)| ns == namespace || ns == WILDCARD_NAMESPACE)
-            .any(|(_, h)| h == "*" || model::host::matches(h, host))
+            .filter(|l| l.port.as_ref().is_some_and(|p| p.number == port))
+            .find_map(|l| l.connection_pool.as_ref())
+            .or(self.inbound_connection_pool.as_ref())
+    }
+
+    /// Whether a config of `namespace` with hostname `host` is imported by some egress listener: an
+    /// egress host of that namespace (or `*`) matches it, wildcards either way as Istio's `host.Name.Matches`.
+    pub fn imports(&self, namespace: &str, host: &str) -> bool {
+        self.is_default() || self.egress_listeners().iter().any(|l| l.imports(namespace, host))
     }
 
     /// Whether an egress host of any namespace matches `host` (a DestinationRule's host may name
     /// a service of another namespace than its own).
     pub fn imports_any_namespace(&self, host: &str) -> bool {
-        self.is_default()
-            || self
-                .egress_hosts
-                .iter()
-                .any(|(_, h)| h == "*" || model::host::matches(h, host) || model::host::matches(host, h))
+        self.is_default() || self.egress_listeners().iter().any(|l| l.imports_any_namespace(host))
     }
 
     /// Whether a VirtualService of `namespace` naming `hosts` is imported (any of its hosts is).
     pub fn imports_any(&self, namespace: &str, hosts: &[String]) -> bool {
         self.is_default() || hosts.iter().any(|h| self.imports(namespace, h))
+    }
+
+    /// Istio's `SidecarScope.Services()`, what CDS builds clusters for: the union over the egress
+    /// listeners of their services (trimmed to the listener's port for listeners with one) and of
+    /// the destinations of their VirtualServices (`collectImportedServices`), one per hostname (ports
+    /// of one namespace's service merged), sorted by hostname. `visible` are the services exported
+    /// to the proxy's namespace; `virtual_services` the mesh VirtualServices it sees (resolved);
+    /// `service_for_host` finds a visible service by hostname. The default scope gives `visible`.
+    pub fn services(
+        &self,
+        visible: &[Arc<Service>],
+        virtual_services: impl FnOnce() -> Vec<Arc<Config>>,
+        service_for_host: impl Fn(&str) -> Option<Arc<Service>>,
+    ) -> Vec<Arc<Service>> {
+        if self.is_default() {
+            return visible.to_vec();
+        }
+        let virtual_services = virtual_services();
+        let mut imported = ImportedServices::default();
+        for listener in self.egress_listeners() {
+            for service in visible.iter().filter_map(|s| listener.select_service(s)) {
+                imported.add(service);
+            }
+            for config in virtual_services.iter().filter(|c| listener.imports_virtual_service(c)) {
+                let ConfigSpec::VirtualService(vs) = &config.spec else {
+                    continue;
+                };
+                for (host, ports) in destinations(vs, &self.namespace) {
+                    let Some(service) = service_for_host(host).filter(|s| s.hostname == host) else {
+                        tracing::debug!(vs = %config.key(), host, "VirtualService destination is no visible service");
+                        continue;
+                    };
+                    let matched = if listener.match_port() {
+                        listener.select_port(&service)
+                    } else {
+                        service_matching_ports(&service, &ports)
+                    };
+                    if let Some(service) = matched {
+                        imported.add(service);
+                    }
+                }
+            }
+        }
+        imported.into_sorted()
     }
 
     /// `REGISTRY_ONLY` from the Sidecar's `outboundTrafficPolicy`, else from the mesh config.
@@ -137,9 +218,9 @@ impl SidecarScope {
         if self.is_default() || key.kind == ConfigKind::Sidecar {
             return true;
         }
-        self.egress_hosts
+        self.egress_listeners()
             .iter()
-            .any(|(ns, _)| ns == WILDCARD_NAMESPACE || *ns == key.namespace)
+            .any(|l| l.namespaces().any(|ns| ns == WILDCARD_NAMESPACE || ns == key.namespace))
     }
 }
 

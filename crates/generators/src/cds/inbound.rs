@@ -1,13 +1,21 @@
-//! Inbound clusters of a sidecar, as Istio's `buildInboundClusters` (inbound passthrough mode,
-//! Istio ≥ 1.10): one `inbound|<targetPort>||` ORIGINAL_DST cluster per port of the proxy's
-//! service instances, and `InboundPassthroughCluster` for ports no service declares. Both forward
-//! to the connection's original destination (the local app), from source address 127.0.0.6 so
-//! that the sidecar's iptables rules let the traffic through.
+//! Inbound clusters of a sidecar, as Istio's `buildInboundClusters`: one `inbound|<port>||`
+//! cluster per application port, then `InboundPassthroughCluster` for ports no service declares.
+//! Without Sidecar ingress listeners the ports are the target ports of the proxy's service
+//! instances and each cluster is ORIGINAL_DST (inbound passthrough mode, Istio ≥ 1.10), forwarding
+//! to the connection's original destination (the local app). With ingress listeners
+//! (`buildInboundClustersFromSidecar`) the ports are theirs and a `defaultEndpoint` makes the cluster
+//! STATIC to that address: `127.0.0.1:<port>` (or `[::1]`), `0.0.0.0:<port>` (the proxy's IPv4
+//! address, `[::]` its IPv6 one; localhost without one) or `unix://<path>`. Connections to anything
+//! but localhost leave from 127.0.0.6 so that the sidecar's iptables rules let them through. The
+//! Sidecar's `connectionPool` of the port, else its `inboundConnectionPool`, sets the circuit breakers.
+
+use std::net::IpAddr;
 
 use model::{Port, Protocol, Proxy};
-use push_index::{PushContext, ServiceInstance};
+use push_index::{PushContext, ServiceInstance, SidecarScope, UNIX_ADDRESS_PREFIX};
 use xds_api::envoy::config::cluster::v3::{Cluster, cluster};
 use xds_api::envoy::config::core::v3 as core;
+use xds_api::envoy::config::endpoint::v3::{ClusterLoadAssignment, LbEndpoint, LocalityLbEndpoints, lb_endpoint};
 use xds_api::pbwkt;
 
 use super::{ClusterWrapper, mesh_connect_timeout, passthrough_cluster, traffic_policy};
@@ -18,73 +26,218 @@ pub const INBOUND_PASSTHROUGH_BIND_IPV4: &str = "127.0.0.6";
 /// Istio's `maxSecondsValue` (about 292 years, what fits in nanoseconds): inbound clusters are
 /// never cleaned up.
 const MAX_SECONDS: i64 = 9_223_372_035;
+const LOCALHOST_IPV4: &str = "127.0.0.1";
+const LOCALHOST_IPV6: &str = "::1";
 
 /// The inbound cluster name of a target port: `inbound|<port>||`.
 pub fn inbound_cluster_name(target_port: u16) -> String {
     names::subset_key(TrafficDirection::Inbound, "", "", target_port)
 }
 
-/// The distinct target ports of the proxy's service instances, sorted, each with the protocol of
-/// its first instance (none for routers): what its inbound clusters depend on, so a key for
-/// caching them.
-pub fn inbound_ports(proxy: &Proxy, push: &PushContext) -> Vec<(u16, Protocol)> {
+/// Where an inbound cluster sends connections.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum InboundEndpoint {
+    /// The connection's original destination (ORIGINAL_DST).
+    OriginalDestination,
+    /// An address and port (STATIC).
+    Socket { address: IpAddr, port: u16 },
+    /// A unix domain socket path (STATIC).
+    Pipe(String),
+}
+
+/// What one inbound cluster is built from: everything it reads, so also a key for caching it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct InboundClusterSpec {
+    /// The cluster's port: `inbound|<port>||`.
+    pub port: u16,
+    /// The protocol that decides the upstream protocol.
+    pub protocol: Protocol,
+    pub endpoint: InboundEndpoint,
+}
+
+/// The inbound clusters `proxy` gets (none for routers), without the passthrough cluster.
+pub fn inbound_cluster_specs(proxy: &Proxy, push: &PushContext) -> Vec<InboundClusterSpec> {
     if proxy.is_router() {
         return Vec::new();
     }
-    let instances = push.service_instances(proxy);
-    target_ports(&instances)
-        .into_iter()
-        .filter_map(|port| {
-            let first = instances.iter().find(|i| i.target_port == port)?;
-            Some((port, first.service_port.protocol))
-        })
-        .collect()
+    let scope = push.sidecar_scope(proxy);
+    if scope.has_ingress_listener() {
+        return ingress_specs(proxy, &scope);
+    }
+    instance_specs(&push.service_instances(proxy))
 }
 
-fn target_ports(instances: &[ServiceInstance]) -> Vec<u16> {
-    let mut ports: Vec<u16> = instances.iter().map(|i| i.target_port).collect();
-    ports.sort_unstable();
-    ports.dedup();
-    ports
+/// One ORIGINAL_DST cluster per distinct target port, sorted, with the protocol of its first instance.
+pub fn instance_specs(instances: &[ServiceInstance]) -> Vec<InboundClusterSpec> {
+    let mut out: Vec<InboundClusterSpec> = Vec::new();
+    for instance in instances {
+        if out.iter().all(|s| s.port != instance.target_port) {
+            out.push(InboundClusterSpec {
+                port: instance.target_port,
+                protocol: instance.service_port.protocol,
+                endpoint: InboundEndpoint::OriginalDestination,
+            });
+        }
+    }
+    out.sort_by_key(|s| s.port);
+    out
 }
 
-/// The inbound clusters of `proxy`: one per distinct target port of its service instances, then
-/// `InboundPassthroughCluster`. Routers get none.
+/// Istio's `buildInboundClustersFromSidecar`: one cluster per ingress listener, to its
+/// `defaultEndpoint`; a listener whose endpoint has no valid port gets none.
+fn ingress_specs(proxy: &Proxy, scope: &SidecarScope) -> Vec<InboundClusterSpec> {
+    let mut out: Vec<InboundClusterSpec> = Vec::new();
+    for ingress in scope.ingress_listeners() {
+        let Some(port) = &ingress.port else { continue };
+        let Ok(number) = u16::try_from(port.number) else {
+            continue;
+        };
+        let Some(endpoint) = default_endpoint(proxy, &ingress.default_endpoint) else {
+            tracing::debug!(
+                port = number,
+                endpoint = ingress.default_endpoint,
+                "ingress defaultEndpoint without a port: no cluster"
+            );
+            continue;
+        };
+        if out.iter().any(|s| s.port == number) {
+            continue;
+        }
+        out.push(InboundClusterSpec {
+            port: number,
+            protocol: Protocol::parse(&port.protocol),
+            endpoint,
+        });
+    }
+    out
+}
+
+/// Where a `defaultEndpoint` points for this proxy; `None` when its port is missing or invalid.
+fn default_endpoint(proxy: &Proxy, endpoint: &str) -> Option<InboundEndpoint> {
+    if endpoint.is_empty() {
+        return Some(InboundEndpoint::OriginalDestination);
+    }
+    if let Some(path) = endpoint.strip_prefix(UNIX_ADDRESS_PREFIX) {
+        return Some(InboundEndpoint::Pipe(path.to_owned()));
+    }
+    let (host, port) = match endpoint.strip_prefix('[') {
+        Some(rest) => {
+            let (host, after) = rest.split_once(']')?;
+            (host, after.strip_prefix(':')?)
+        }
+        None => endpoint.rsplit_once(':')?,
+    };
+    let port: u16 = port.parse().ok()?;
+    let first = |v4: bool| proxy.ip_addresses.iter().copied().find(|ip| ip.is_ipv4() == v4);
+    // Istio's `actualLocalHosts` of the proxy's IP mode (IPv4 unless it has IPv6 addresses only),
+    // the preferred family when the mode has both
+    let has_v4 = proxy.ip_addresses.is_empty() || first(true).is_some();
+    let has_v6 = first(false).is_some();
+    let localhost = |prefer_v4: bool| {
+        let pick_v4 = if prefer_v4 { has_v4 } else { !has_v6 };
+        if pick_v4 { LOCALHOST_IPV4 } else { LOCALHOST_IPV6 }
+    };
+    let address = match host {
+        "0.0.0.0" => first(true).map_or_else(|| LOCALHOST_IPV4.to_owned(), |ip| ip.to_string()),
+        "::" => first(false).map_or_else(|| LOCALHOST_IPV6.to_owned(), |ip| ip.to_string()),
+        "127.0.0.1" => localhost(true).to_owned(),
+        "::1" => localhost(false).to_owned(),
+        _ => return Some(InboundEndpoint::OriginalDestination),
+    };
+    let address = address.parse().ok()?;
+    Some(InboundEndpoint::Socket { address, port })
+}
+
+/// The inbound clusters of `proxy` (`inbound_cluster_specs`), then `InboundPassthroughCluster`.
+/// Routers get none.
 pub fn build_inbound_clusters(proxy: &Proxy, push: &PushContext) -> Vec<Cluster> {
     if proxy.is_router() {
         return Vec::new();
     }
-    build_inbound_clusters_for(push, proxy, &push.service_instances(proxy))
-}
-
-/// As `build_inbound_clusters`, for the given instances (the first instance of a target port
-/// decides its upstream protocol, as Istio).
-pub fn build_inbound_clusters_for(push: &PushContext, proxy: &Proxy, instances: &[ServiceInstance]) -> Vec<Cluster> {
-    let mut out: Vec<Cluster> = target_ports(instances)
-        .into_iter()
-        .filter_map(|port| {
-            let first = instances.iter().find(|i| i.target_port == port)?;
-            Some(inbound_cluster(push, proxy, port, &first.service_port))
-        })
+    let scope = push.sidecar_scope(proxy);
+    let mut out: Vec<Cluster> = inbound_cluster_specs(proxy, push)
+        .iter()
+        .map(|spec| inbound_cluster(push, proxy, &scope, spec))
         .collect();
     out.push(inbound_passthrough_cluster(push));
     out
 }
 
-/// Istio's `buildInboundCluster` in passthrough mode: ORIGINAL_DST, never cleaned up, the mesh's
-/// default connection pool, the service port's upstream protocol, bound to 127.0.0.6.
-fn inbound_cluster(push: &PushContext, proxy: &Proxy, target_port: u16, port: &Port) -> Cluster {
-    let mut cw = ClusterWrapper::new(&inbound_cluster_name(target_port), cluster::DiscoveryType::OriginalDst);
-    cw.cluster.lb_policy = cluster::LbPolicy::ClusterProvided as i32;
+/// Istio's `buildInboundCluster`: ORIGINAL_DST and never cleaned up, or STATIC to the endpoint;
+/// the mesh's connection pool with the Sidecar's for the port on top, the port's upstream protocol,
+/// bound to 127.0.0.6 unless it goes to localhost.
+fn inbound_cluster(push: &PushContext, proxy: &Proxy, scope: &SidecarScope, spec: &InboundClusterSpec) -> Cluster {
+    let name = inbound_cluster_name(spec.port);
+    let address = match &spec.endpoint {
+        InboundEndpoint::OriginalDestination => None,
+        InboundEndpoint::Socket { address, port } => Some(socket_address(&address.to_string(), u32::from(*port))),
+        InboundEndpoint::Pipe(path) => Some(core::Address {
+            address: Some(core::address::Address::Pipe(core::Pipe {
+                path: path.clone(),
+                mode: 0,
+            })),
+        }),
+    };
+    let discovery = if address.is_some() {
+        cluster::DiscoveryType::Static
+    } else {
+        cluster::DiscoveryType::OriginalDst
+    };
+    let mut cw = ClusterWrapper::new(&name, discovery);
     cw.cluster.connect_timeout = mesh_connect_timeout(push);
-    cw.cluster.cleanup_interval = Some(pbwkt::Duration {
-        seconds: MAX_SECONDS,
-        nanos: 0,
-    });
-    cw.cluster.upstream_bind_config = Some(inbound_bind_config());
-    traffic_policy::apply_connection_pool(&mut cw, push.mesh(), &Default::default());
-    cw.set_upstream_protocol(port, proxy);
+    match address {
+        None => {
+            cw.cluster.lb_policy = cluster::LbPolicy::ClusterProvided as i32;
+            cw.cluster.cleanup_interval = Some(pbwkt::Duration {
+                seconds: MAX_SECONDS,
+                nanos: 0,
+            });
+        }
+        Some(address) => {
+            cw.cluster.load_assignment = Some(ClusterLoadAssignment {
+                cluster_name: name.clone(),
+                endpoints: vec![LocalityLbEndpoints {
+                    lb_endpoints: vec![LbEndpoint {
+                        host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(
+                            xds_api::envoy::config::endpoint::v3::Endpoint {
+                                address: Some(address),
+                                ..Default::default()
+                            },
+                        )),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            });
+        }
+    }
+    let to_localhost = matches!(&spec.endpoint, InboundEndpoint::Socket { address, .. } if address.is_loopback());
+    if !to_localhost {
+        cw.cluster.upstream_bind_config = Some(inbound_bind_config());
+    }
+    let pool = scope
+        .inbound_connection_pool_for_port(u32::from(spec.port))
+        .cloned()
+        .unwrap_or_default();
+    traffic_policy::apply_connection_pool(&mut cw, push.mesh(), &pool);
+    let port = Port {
+        name: String::new(),
+        port: spec.port,
+        protocol: spec.protocol,
+    };
+    cw.set_upstream_protocol(&port, proxy);
     cw.build()
+}
+
+fn socket_address(ip: &str, port: u32) -> core::Address {
+    core::Address {
+        address: Some(core::address::Address::SocketAddress(core::SocketAddress {
+            address: ip.to_owned(),
+            port_specifier: Some(core::socket_address::PortSpecifier::PortValue(port)),
+            ..Default::default()
+        })),
+    }
 }
 
 /// Istio's `buildInboundPassthroughCluster`: the default passthrough cluster (its stat name

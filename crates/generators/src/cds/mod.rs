@@ -38,11 +38,18 @@ const STAT_PREFIX_DELIMITER: &str = ";";
 const DNS_CARES_UDP_MAX_QUERIES: u32 = 100;
 const DNS_JITTER: Duration = Duration::from_millis(100);
 
-/// The clusters of `proxy`: outbound clusters of every visible service, then Istio's catch-all
-/// clusters. Cluster names are unique (the first of duplicates is kept, as `normalizeClusters`).
+/// The clusters of `proxy`: outbound clusters of every service its Sidecar scope imports (every
+/// visible one without a Sidecar), then Istio's catch-all clusters and the inbound clusters.
+/// Cluster names are unique (the first of duplicates is kept, as `normalizeClusters`).
 pub fn build_clusters(proxy: &Proxy, push: &PushContext) -> Vec<Cluster> {
     let mut out = Vec::new();
-    for service in push.services_for_namespace(&proxy.config_namespace).iter() {
+    // Istio's `SidecarScope.Services()`: what the proxy's Sidecar egress listeners import
+    let services = push.sidecar_scope(proxy).services(
+        &push.services_for_namespace(&proxy.config_namespace),
+        || push.virtual_services_for_mesh(proxy),
+        |host| push.service_for_host(proxy, host),
+    );
+    for service in &services {
         out.extend(build_outbound_clusters(proxy, push, service));
     }
     out.push(black_hole_cluster(push));

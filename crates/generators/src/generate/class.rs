@@ -184,13 +184,14 @@ impl IpFamily {
     }
 }
 
-/// A CDS response: the endpoint class, the IP family (DNS lookup family) and the inbound
-/// clusters' target ports with the protocol that decides each one's upstream protocol.
+/// A CDS response: the endpoint class, the IP family (DNS lookup family) and what the inbound
+/// clusters are built from (ports, protocols, endpoints: a Sidecar ingress `defaultEndpoint` of
+/// `0.0.0.0` is the proxy's own address).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CdsKey {
     endpoints: EndpointClass,
     ip_family: IpFamily,
-    inbound: Vec<(u16, Protocol)>,
+    inbound: Vec<crate::cds::inbound::InboundClusterSpec>,
 }
 
 impl CdsKey {
@@ -198,7 +199,7 @@ impl CdsKey {
         CdsKey {
             endpoints: EndpointClass::new(push, proxy),
             ip_family: IpFamily::of(&proxy.ip_addresses),
-            inbound: crate::cds::inbound::inbound_ports(proxy, push),
+            inbound: crate::cds::inbound::inbound_cluster_specs(proxy, push),
         }
     }
 }
@@ -239,13 +240,15 @@ struct InstanceKey {
     target_port: u16,
 }
 
-/// An LDS response: the class (as routes), the node metadata that listeners read and the service
-/// instances (virtualInbound chains).
+/// An LDS response: the class (as routes), the node metadata that listeners read, the service
+/// instances (virtualInbound chains) and the address of Sidecar ingress listeners that bind a port
+/// without `bind` (the proxy's own IP, only when there is such a listener).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct LdsKey {
     class: ProxyClass,
     metadata: Vec<Option<String>>,
     instances: Vec<InstanceKey>,
+    ingress_bind: Option<IpAddr>,
 }
 
 impl LdsKey {
@@ -272,6 +275,7 @@ impl LdsKey {
                 .map(|k| proxy.metadata.raw.get(*k).map(ToString::to_string))
                 .collect(),
             instances,
+            ingress_bind: crate::lds::sidecar_inbound::ingress_default_bind(proxy, &push.sidecar_scope(proxy)),
         }
     }
 }

@@ -29,7 +29,8 @@ const READS: &[(&str, &[&str])] = &[
     ("eds", &["locality", "region"]),
     ("rds", &["dns_domain"]),
     ("route", &["dns_domain"]),
-    ("lds", &["metadata"]),
+    // `ip_addresses`: the bind of Sidecar ingress listeners with capture mode NONE (`ingress_bind`)
+    ("lds", &["metadata", "ip_addresses"]),
 ];
 
 fn sources(path: &Path, out: &mut Vec<PathBuf>) {

@@ -1,12 +1,17 @@
 //! Sidecar listeners, as Istio's `buildSidecarListeners` (`listener.go`, `listener_builder.go`):
-//! `virtualOutbound` (0.0.0.0:15001, original destination, passthrough or blackhole by
-//! `outboundTrafficPolicy`), `virtualInbound` (0.0.0.0:15006, see `sidecar_inbound`), and one
-//! outbound listener per visible service port with `bind_to_port: false`: HTTP ports share
-//! `0.0.0.0_<port>` (RDS `<port>`), TCP and TLS ports get `<vip>_<port>` with tcp_proxy chains that
-//! follow the `tcp`/`tls` routes of mesh VirtualServices (`sidecar_tcp`), ports of unknown protocol
-//! get HTTP/TCP protocol sniffing chains behind an http_inspector.
+//! `virtualOutbound` (0.0.0.0:15001, original destination, passthrough or blackhole by the
+//! proxy's `outboundTrafficPolicy`), `virtualInbound` (0.0.0.0:15006) and listeners bound by Sidecar
+//! ingress listeners (see `sidecar_inbound`), and the outbound listeners of each egress listener of
+//! the proxy's `SidecarScope`, with `bind_to_port: false` unless its capture mode is `NONE`: HTTP
+//! ports share `<bind or 0.0.0.0>_<port>` (RDS `<port>`), TCP and TLS ports get `<bind or vip>_<port>`
+//! with tcp_proxy chains that follow the `tcp`/`tls` routes of the listener's mesh VirtualServices
+//! (`sidecar_tcp`), ports of unknown protocol get HTTP/TCP protocol sniffing chains behind an
+//! http_inspector. An egress listener with a port serves only its services there; the catch-all
+//! listener serves every other service port.
 
-use model::{MeshConfig, Protocol, Proxy, Service};
+use std::sync::Arc;
+
+use model::{Config, MeshConfig, Port, Protocol, Proxy, Service};
 use push_index::PushContext;
 use xds_api::envoy::config::core::v3::{Address, SocketAddress, TrafficDirection, address, socket_address};
 use xds_api::envoy::config::listener::v3::{
@@ -30,6 +35,8 @@ pub const VIRTUAL_OUTBOUND_LISTENER: &str = "virtualOutbound";
 pub const VIRTUAL_INBOUND_LISTENER: &str = "virtualInbound";
 /// Istio's `ProxyOutboundListenPort` and `ProxyInboundListenPort`.
 pub const OUTBOUND_LISTEN_PORT: u32 = 15001;
+/// Istio's `LocalhostAddress`: where a listener bound to a port without `bind` listens.
+pub const LOCALHOST_ADDRESS: &str = "127.0.0.1";
 pub const INBOUND_LISTEN_PORT: u32 = 15006;
 pub const ORIGINAL_DST_FILTER: &str = "envoy.filters.listener.original_dst";
 pub const HTTP_INSPECTOR: &str = "envoy.filters.listener.http_inspector";
@@ -37,21 +44,21 @@ pub const TCP_PROXY: &str = "envoy.filters.network.tcp_proxy";
 /// Istio's `plaintextHTTPALPNs`: what http_inspector reports for plaintext HTTP.
 pub const PLAINTEXT_HTTP_ALPNS: [&str; 3] = ["http/1.0", "http/1.1", "h2c"];
 
-/// All listeners of a sidecar: virtualOutbound, virtualInbound, then the outbound listeners.
+/// All listeners of a sidecar: virtualOutbound, the inbound listeners (virtualInbound first), then
+/// the outbound listeners.
 pub fn build_sidecar_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listener> {
-    let mut out = vec![
-        virtual_outbound_listener(push.mesh()),
-        super::sidecar_inbound::virtual_inbound_listener(proxy, push),
-    ];
+    let mut out = vec![virtual_outbound_listener(push.mesh(), push.registry_only(proxy))];
+    out.extend(super::sidecar_inbound::inbound_listeners(proxy, push));
     out.extend(outbound_listeners(proxy, push));
     out
 }
 
 /// `virtualOutbound`: takes every intercepted outbound connection and hands it to the listener of
 /// its original destination; what no listener claims goes to `PassthroughCluster` (`ALLOW_ANY`) or
-/// `BlackHoleCluster` (`REGISTRY_ONLY`). Connections to 15001 itself are blackholed (no loops).
-pub fn virtual_outbound_listener(mesh: &MeshConfig) -> Listener {
-    let catch_all = if mesh.outbound_traffic_policy.mode == "REGISTRY_ONLY" {
+/// `BlackHoleCluster` (`REGISTRY_ONLY`, from the Sidecar or the mesh config). Connections to 15001
+/// itself are blackholed (no loops).
+pub fn virtual_outbound_listener(mesh: &MeshConfig, registry_only: bool) -> Listener {
+    let catch_all = if registry_only {
         names::BLACK_HOLE_CLUSTER
     } else {
         names::PASSTHROUGH_CLUSTER
@@ -102,66 +109,80 @@ struct OutboundEntry {
     bind: String,
     port: u16,
     kind: OutboundKind,
+    /// A real socket (egress capture mode `NONE`) rather than a target of `virtualOutbound`.
+    bind_to_port: bool,
+    /// Built for an egress listener with a port: the catch-all listener's services add nothing to it.
+    locked: bool,
 }
 
-/// `buildSidecarOutboundListeners`: one listener per (bind, port). On a conflict the first service
-/// to claim a listener name keeps it, except that HTTP takes a wildcard port from TCP, and TCP
-/// services merge their chains when Envoy can tell them apart (SNI, destination subnets).
+/// What the services of one egress listener are built with.
+struct EgressContext<'a> {
+    push: &'a PushContext,
+    proxy: &'a Proxy,
+    /// The listener's VirtualServices with `tcp`/`tls` routes.
+    l4_virtual_services: Vec<&'a Config>,
+    /// The listener's `bind` (127.0.0.1 when it binds a port without one); `None`: per service.
+    bind: Option<&'a str>,
+    bind_to_port: bool,
+}
+
+/// `buildSidecarOutboundListeners`: per egress listener of the proxy's `SidecarScope`, its services
+/// (those its hosts import), on the listener's port (only services with that port) or, for the
+/// catch-all listener, on each service port that no listener with a port claimed. One listener per
+/// (bind, port); on a conflict the first service to claim a listener name keeps it, except that
+/// HTTP takes a wildcard port from TCP, and TCP services merge their chains when Envoy can tell them
+/// apart (SNI, destination subnets).
 fn outbound_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listener> {
+    let scope = push.sidecar_scope(proxy);
     let mesh_virtual_services = push.virtual_services_for_mesh(proxy);
-    let l4_virtual_services = sidecar_tcp::l4_virtual_services(&mesh_virtual_services);
+    let visible = push.services_for_namespace(&proxy.config_namespace);
     let mut listeners: Vec<OutboundEntry> = Vec::new();
-    for service in push.services_for_namespace(&proxy.config_namespace).iter() {
-        let (vip, cidr) = service_bind(service);
-        for port in service.ports.iter().filter(|p| p.protocol != Protocol::Udp) {
-            let chains =
-                || sidecar_tcp::outbound_network_chains(push, proxy, service, port, &vip, cidr, &l4_virtual_services);
-            let (bind, kind) = match port.protocol {
-                p if p.is_http() => (WILDCARD_ADDRESS.to_owned(), OutboundKind::Http),
-                Protocol::Unsupported => (vip.clone(), OutboundKind::Sniffed { chains: chains() }),
-                protocol => (
-                    vip.clone(),
-                    OutboundKind::Tcp {
-                        protocol,
-                        chains: chains(),
-                    },
-                ),
-            };
-            let name = format!("{bind}_{}", port.port);
-            let Some(existing) = listeners.iter_mut().find(|e| e.name == name) else {
-                listeners.push(OutboundEntry {
-                    name,
-                    bind,
-                    port: port.port,
-                    kind,
-                });
-                continue;
-            };
-            match (&mut existing.kind, kind) {
-                // HTTP wins a wildcard port over TCP services without VIP (which Envoy could not
-                // tell apart without SNI anyway), whatever the order of the services
-                (existing_kind @ OutboundKind::Tcp { .. }, OutboundKind::Http) => *existing_kind = OutboundKind::Http,
-                (
-                    OutboundKind::Tcp {
-                        protocol: current,
-                        chains,
-                    },
-                    OutboundKind::Tcp {
-                        protocol,
-                        chains: incoming,
-                    },
-                ) if !sidecar_tcp::well_known_port_conflict(protocol, *current) => {
-                    sidecar_tcp::merge_network_chains(chains, incoming, &name);
+    for egress in scope.egress_listeners() {
+        if egress.is_http_proxy() || egress.port().is_some_and(|p| p.number == 0) {
+            tracing::debug!(
+                proxy = proxy.id,
+                bind = egress.bind(),
+                "HTTP_PROXY and unix socket egress listeners are not built"
+            );
+            continue;
+        }
+        let virtual_services: Vec<Arc<Config>> = mesh_virtual_services
+            .iter()
+            .filter(|c| egress.imports_virtual_service(c))
+            .cloned()
+            .collect();
+        let bind_to_port = egress.bind_to_port();
+        let ctx = EgressContext {
+            push,
+            proxy,
+            l4_virtual_services: sidecar_tcp::l4_virtual_services(&virtual_services),
+            bind: match egress.bind() {
+                "" if bind_to_port => Some(LOCALHOST_ADDRESS),
+                "" => None,
+                bind => Some(bind),
+            },
+            bind_to_port,
+        };
+        let services = visible.iter().filter_map(|s| egress.select_service(s));
+        match egress.port() {
+            Some(p) => {
+                let Ok(number) = u16::try_from(p.number) else { continue };
+                let listen_port = Port {
+                    name: p.name.clone(),
+                    port: number,
+                    protocol: Protocol::parse(&p.protocol),
+                };
+                for service in services {
+                    add_outbound_entry(&ctx, &mut listeners, &service, &listen_port);
                 }
-                (current, kind) if *current != kind => {
-                    tracing::debug!(
-                        proxy = proxy.id,
-                        listener = name,
-                        service = service.hostname,
-                        "outbound listener conflict: first service kept"
-                    );
+            }
+            None => {
+                listeners.iter_mut().for_each(|e| e.locked = true);
+                for service in services {
+                    for port in service.ports.iter().filter(|p| p.protocol != Protocol::Udp) {
+                        add_outbound_entry(&ctx, &mut listeners, &service, port);
+                    }
                 }
-                _ => {}
             }
         }
     }
@@ -170,6 +191,84 @@ fn outbound_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listener> {
         .into_iter()
         .map(|e| outbound_listener(push.mesh(), registry_only, proxy, e))
         .collect()
+}
+
+/// Istio's `buildSidecarOutboundListener`: adds `service` on `port` (the egress listener's port, or
+/// one of the service's) to the listener of its (bind, port), or creates that listener.
+fn add_outbound_entry(ctx: &EgressContext<'_>, listeners: &mut Vec<OutboundEntry>, service: &Service, port: &Port) {
+    let (vip, cidr) = match ctx.bind {
+        Some(bind) => (bind.to_owned(), None),
+        None => service_bind(service),
+    };
+    let bind = if port.protocol.is_http() {
+        ctx.bind.unwrap_or(WILDCARD_ADDRESS).to_owned()
+    } else {
+        vip.clone()
+    };
+    // Istio's `conflictWithReservedListener`: the wildcard address never takes 15001 or 15006
+    if bind == WILDCARD_ADDRESS && [OUTBOUND_LISTEN_PORT, INBOUND_LISTEN_PORT].contains(&u32::from(port.port)) {
+        tracing::debug!(
+            proxy = ctx.proxy.id,
+            port = port.port,
+            "outbound port conflicts with a virtual listener"
+        );
+        return;
+    }
+    let name = format!("{bind}_{}", port.port);
+    let existing = listeners.iter().position(|e| e.name == name);
+    if existing.is_some_and(|i| listeners[i].locked) {
+        // the user declared this port on an egress listener with its own services
+        return;
+    }
+    let chains = || {
+        let (push, proxy, vses) = (ctx.push, ctx.proxy, &ctx.l4_virtual_services);
+        sidecar_tcp::outbound_network_chains(push, proxy, service, port, &vip, cidr, vses)
+    };
+    let kind = match port.protocol {
+        p if p.is_http() => OutboundKind::Http,
+        Protocol::Unsupported => OutboundKind::Sniffed { chains: chains() },
+        protocol => OutboundKind::Tcp {
+            protocol,
+            chains: chains(),
+        },
+    };
+    let Some(existing) = existing.and_then(|i| listeners.get_mut(i)) else {
+        listeners.push(OutboundEntry {
+            name,
+            bind,
+            port: port.port,
+            kind,
+            bind_to_port: ctx.bind_to_port,
+            locked: false,
+        });
+        return;
+    };
+    match (&mut existing.kind, kind) {
+        // HTTP wins a wildcard port over TCP services without VIP (which Envoy could not
+        // tell apart without SNI anyway), whatever the order of the services
+        (existing_kind @ OutboundKind::Tcp { .. }, OutboundKind::Http) => *existing_kind = OutboundKind::Http,
+        (
+            OutboundKind::Tcp {
+                protocol: current,
+                chains,
+            },
+            OutboundKind::Tcp {
+                protocol,
+                chains: incoming,
+            },
+        ) if !sidecar_tcp::well_known_port_conflict(protocol, *current) => {
+            sidecar_tcp::merge_network_chains(chains, incoming, &name);
+        }
+        (current, kind) if *current != kind => {
+            tracing::debug!(
+                proxy = ctx.proxy.id,
+                listener = name,
+                service = service.hostname,
+                "outbound listener conflict: first service kept"
+            );
+        }
+        _ => {}
+    }
 }
 
 /// Istio's listener bind for a TCP or sniffed port: the service's first address when it is an
@@ -184,10 +283,19 @@ fn service_bind(service: &Service) -> (String, Option<&str>) {
 }
 
 fn outbound_listener(mesh: &MeshConfig, registry_only: bool, proxy: &Proxy, entry: OutboundEntry) -> Listener {
-    let OutboundEntry { name, bind, port, kind } = entry;
+    let OutboundEntry {
+        name,
+        bind,
+        port,
+        kind,
+        bind_to_port,
+        ..
+    } = entry;
     let sniffed_chains = match kind {
         OutboundKind::Tcp { chains, .. } => {
-            return sidecar_tcp::network_listener(mesh, registry_only, name, &bind, port, chains);
+            let mut l = sidecar_tcp::network_listener(mesh, registry_only, name, &bind, port, chains);
+            set_bind_to_port(&mut l, bind_to_port);
+            return l;
         }
         OutboundKind::Http => None,
         OutboundKind::Sniffed { chains } => Some(chains),
@@ -233,7 +341,20 @@ fn outbound_listener(mesh: &MeshConfig, registry_only: bool, proxy: &Proxy, entr
     if sniffing {
         set_protocol_detection_timeout(&mut l, mesh);
     }
+    set_bind_to_port(&mut l, bind_to_port);
     l
+}
+
+/// A listener that binds its port (capture mode `NONE`) accepts one connection per socket event,
+/// as Istio's default `MAX_CONNECTIONS_PER_SOCKET_EVENT_LOOP`; the others only take connections
+/// handed over by a virtual listener (`bind_to_port: false`).
+pub(super) fn set_bind_to_port(l: &mut Listener, bind_to_port: bool) {
+    if bind_to_port {
+        l.bind_to_port = None;
+        l.max_connections_to_accept_per_socket_event = Some(UInt32Value { value: 1 });
+    } else {
+        l.bind_to_port = Some(BoolValue { value: false });
+    }
 }
 
 /// Istio's protocol detection settings: listener filters give up after
@@ -325,3 +446,7 @@ pub(super) fn socket_address(ip: &str, port: u32) -> Address {
         })),
     }
 }
+
+#[cfg(test)]
+#[path = "sidecar_listeners_tests.rs"]
+mod sidecar_listeners_tests;

@@ -1,11 +1,17 @@
-//! `virtualInbound` (0.0.0.0:15006), as Istio's `buildInboundListeners` (`listener_inbound.go`) in
-//! plaintext: original_dst + tls_inspector + http_inspector listener filters; per target port of
-//! the proxy's service instances a chain matched on `destination_port` (HTTP: HCM with an inline
-//! route to `inbound|<port>||`; TCP: tcp_proxy to it; unknown protocol: both, sniffed); then the
-//! passthrough chains (HTTP and TCP) to `InboundPassthroughCluster` for every other port.
+//! Inbound listeners of a sidecar, as Istio's `buildInboundListeners` (`listener_inbound.go`) in
+//! plaintext. The application chains (`InboundChain`, Istio's `inboundChainConfig`) come from the
+//! Sidecar's ingress listeners when it has some (port and protocol as declared), else from the
+//! target ports of the proxy's service instances. Each is matched on `destination_port` (HTTP: HCM
+//! with an inline route to `inbound|<port>||`; TCP: tcp_proxy to it; unknown protocol: both,
+//! sniffed). They go into `virtualInbound` (0.0.0.0:15006: original_dst + tls_inspector +
+//! http_inspector, then the passthrough chains (HTTP and TCP) to `InboundPassthroughCluster` for
+//! every other port), except ingress listeners with capture mode `NONE`, which get a listener of
+//! their own bound to `<bind>:<port>` (`bind` defaulting to the proxy's global unicast IP).
+
+use std::net::IpAddr;
 
 use model::{MeshConfig, Protocol, Proxy};
-use push_index::{PushContext, ServiceInstance};
+use push_index::{PushContext, ServiceInstance, SidecarScope};
 use xds_api::envoy::config::core::v3::TrafficDirection;
 use xds_api::envoy::config::listener::v3::{FilterChain, FilterChainMatch, Listener};
 use xds_api::envoy::config::route::v3::{
@@ -19,19 +25,111 @@ use xds_api::pbwkt::{BoolValue, Duration};
 use super::gateway::WILDCARD_ADDRESS;
 use super::sidecar::{
     INBOUND_LISTEN_PORT, PLAINTEXT_HTTP_ALPNS, VIRTUAL_INBOUND_LISTENER, destination_port_match, hcm_filter,
-    http_inspector, original_dst, set_protocol_detection_timeout, sidecar_outbound_hcm, socket_address,
-    tcp_proxy_filter, tls_inspector,
+    http_inspector, original_dst, set_bind_to_port, set_protocol_detection_timeout, sidecar_outbound_hcm,
+    socket_address, tcp_proxy_filter, tls_inspector,
 };
 use crate::cds::inbound::inbound_cluster_name;
 use crate::names;
 
-/// `virtualInbound` for the proxy's service instances.
-pub fn virtual_inbound_listener(proxy: &Proxy, push: &PushContext) -> Listener {
-    virtual_inbound_listener_for(push.mesh(), proxy, &push.service_instances(proxy))
+/// One application port of the inbound listeners.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InboundChain {
+    /// The port the connection was sent to: the instance's target port, or the ingress port.
+    pub port: u16,
+    pub protocol: Protocol,
+    /// The address of a listener of its own (ingress capture mode `NONE`); `None` for a chain of
+    /// `virtualInbound`.
+    pub bind: Option<String>,
 }
 
-/// `virtualInbound` for the given instances; the first instance of a target port decides its protocol.
-pub fn virtual_inbound_listener_for(mesh: &MeshConfig, proxy: &Proxy, instances: &[ServiceInstance]) -> Listener {
+/// `virtualInbound` with the proxy's application chains, then a listener per bound ingress listener.
+pub fn inbound_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listener> {
+    let (bound, redirected): (Vec<InboundChain>, Vec<InboundChain>) =
+        inbound_chains(proxy, push).into_iter().partition(|c| c.bind.is_some());
+    let mut out = vec![virtual_inbound_listener_for(push.mesh(), proxy, &redirected)];
+    out.extend(bound.iter().map(|c| bound_inbound_listener(push.mesh(), proxy, c)));
+    out
+}
+
+/// Istio's `buildInboundChainConfigs`: the Sidecar's ingress listeners if it has some, else the
+/// target ports of the proxy's service instances (the first instance of a port decides its
+/// protocol); ports are unique and never 15006.
+pub fn inbound_chains(proxy: &Proxy, push: &PushContext) -> Vec<InboundChain> {
+    let scope = push.sidecar_scope(proxy);
+    if scope.has_ingress_listener() {
+        return ingress_chains(&scope, ingress_default_bind(proxy, &scope));
+    }
+    instance_chains(&push.service_instances(proxy))
+}
+
+/// The chains of the proxy's service instances.
+pub fn instance_chains(instances: &[ServiceInstance]) -> Vec<InboundChain> {
+    let mut out: Vec<InboundChain> = Vec::new();
+    for instance in instances {
+        let port = instance.target_port;
+        if out.iter().any(|c| c.port == port) || u32::from(port) == INBOUND_LISTEN_PORT {
+            continue;
+        }
+        out.push(InboundChain {
+            port,
+            protocol: instance.service_port.protocol,
+            bind: None,
+        });
+    }
+    out
+}
+
+/// The chains of the Sidecar's ingress listeners, sorted by port; `default_bind` is where those
+/// binding a port without `bind` listen.
+fn ingress_chains(scope: &SidecarScope, default_bind: Option<IpAddr>) -> Vec<InboundChain> {
+    let mut out: Vec<InboundChain> = Vec::new();
+    for ingress in scope.ingress_listeners() {
+        let Some(port) = ingress.port.as_ref().and_then(|p| u16::try_from(p.number).ok()) else {
+            continue;
+        };
+        if out.iter().any(|c| c.port == port) || u32::from(port) == INBOUND_LISTEN_PORT {
+            continue;
+        }
+        let protocol = ingress
+            .port
+            .as_ref()
+            .map_or(Protocol::Unsupported, |p| Protocol::parse(&p.protocol));
+        // Istio's `getBindToPort`: only an explicit NONE binds (the proxy's own mode is REDIRECT)
+        let bind = (ingress.capture_mode.as_deref() == Some("NONE")).then(|| match ingress.bind.as_str() {
+            "" => default_bind.map_or_else(|| WILDCARD_ADDRESS.to_owned(), |ip| ip.to_string()),
+            bind => bind.to_owned(),
+        });
+        out.push(InboundChain { port, protocol, bind });
+    }
+    out.sort_by_key(|c| c.port);
+    out
+}
+
+/// Istio's `getSidecarInboundBindIPs` for ingress listeners that bind a port without `bind`: the
+/// proxy's first global unicast address (`GlobalUnicastIP`). `None` when the scope has no such
+/// listener, or the proxy no such address (then they bind 0.0.0.0). The LDS cache key holds it.
+pub fn ingress_default_bind(proxy: &Proxy, scope: &SidecarScope) -> Option<IpAddr> {
+    let needed = scope
+        .ingress_listeners()
+        .iter()
+        .any(|l| l.capture_mode.as_deref() == Some("NONE") && l.bind.is_empty());
+    if !needed {
+        return None;
+    }
+    proxy.ip_addresses.iter().copied().find(is_global_unicast)
+}
+
+/// Go's `IP.IsGlobalUnicast`: not unspecified, loopback, multicast, link-local or broadcast.
+fn is_global_unicast(ip: &IpAddr) -> bool {
+    let link_local = match ip {
+        IpAddr::V4(v4) => v4.is_link_local() || v4.is_broadcast(),
+        IpAddr::V6(v6) => v6.is_unicast_link_local(),
+    };
+    !(ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() || link_local)
+}
+
+/// `virtualInbound` for the given application chains (those without a bind of their own).
+pub fn virtual_inbound_listener_for(mesh: &MeshConfig, proxy: &Proxy, app_chains: &[InboundChain]) -> Listener {
     let mut chains = vec![FilterChain {
         name: "virtualInbound-blackhole".into(),
         filter_chain_match: Some(destination_port_match(INBOUND_LISTEN_PORT)),
@@ -42,40 +140,7 @@ pub fn virtual_inbound_listener_for(mesh: &MeshConfig, proxy: &Proxy, instances:
         )],
         ..Default::default()
     }];
-    let mut ports: Vec<u16> = Vec::new();
-    for instance in instances {
-        let port = instance.target_port;
-        if ports.contains(&port) || u32::from(port) == INBOUND_LISTEN_PORT {
-            continue;
-        }
-        ports.push(port);
-        let cluster = inbound_cluster_name(port);
-        let protocol = instance.service_port.protocol;
-        let http = || FilterChain {
-            name: cluster.clone(),
-            filter_chain_match: Some(FilterChainMatch {
-                application_protocols: if protocol == Protocol::Unsupported {
-                    http_alpns()
-                } else {
-                    Vec::new()
-                },
-                ..destination_port_match(u32::from(port))
-            }),
-            filters: vec![hcm_filter(&inbound_hcm(mesh, proxy, port, &cluster))],
-            ..Default::default()
-        };
-        let tcp = || FilterChain {
-            name: cluster.clone(),
-            filter_chain_match: Some(destination_port_match(u32::from(port))),
-            filters: vec![tcp_proxy_filter(mesh, &cluster, &cluster)],
-            ..Default::default()
-        };
-        match protocol {
-            p if p.is_http() => chains.push(http()),
-            Protocol::Unsupported => chains.extend([http(), tcp()]),
-            _ => chains.push(tcp()),
-        }
-    }
+    chains.extend(app_chains.iter().flat_map(|c| filter_chains(mesh, proxy, c)));
     let passthrough = names::INBOUND_PASSTHROUGH_CLUSTER_IPV4;
     chains.push(FilterChain {
         name: "virtualInbound-catchall-http".into(),
@@ -83,7 +148,13 @@ pub fn virtual_inbound_listener_for(mesh: &MeshConfig, proxy: &Proxy, instances:
             application_protocols: http_alpns(),
             ..Default::default()
         }),
-        filters: vec![hcm_filter(&inbound_hcm(mesh, proxy, 0, passthrough))],
+        filters: vec![hcm_filter(&inbound_hcm(
+            mesh,
+            proxy,
+            0,
+            Protocol::Unsupported,
+            passthrough,
+        ))],
         ..Default::default()
     });
     chains.push(FilterChain {
@@ -103,13 +174,71 @@ pub fn virtual_inbound_listener_for(mesh: &MeshConfig, proxy: &Proxy, instances:
     l
 }
 
+/// Istio's `inboundCustomListener`: `<bind>_<port>` bound to that address, with the chain's filter
+/// chains; an http_inspector only when the protocol is sniffed.
+fn bound_inbound_listener(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain) -> Listener {
+    let bind = chain.bind.as_deref().unwrap_or(WILDCARD_ADDRESS);
+    let mut l = Listener {
+        name: format!("{bind}_{}", chain.port),
+        address: Some(socket_address(bind, u32::from(chain.port))),
+        traffic_direction: TrafficDirection::Inbound as i32,
+        listener_filters: if chain.protocol == Protocol::Unsupported {
+            vec![http_inspector()]
+        } else {
+            Vec::new()
+        },
+        filter_chains: filter_chains(mesh, proxy, chain),
+        ..Default::default()
+    };
+    set_protocol_detection_timeout(&mut l, mesh);
+    set_bind_to_port(&mut l, true);
+    l
+}
+
+/// The filter chains of one application port: HTTP (HCM), TCP (tcp_proxy), or both when sniffed.
+fn filter_chains(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain) -> Vec<FilterChain> {
+    let InboundChain { port, protocol, .. } = *chain;
+    let cluster = inbound_cluster_name(port);
+    let http = || FilterChain {
+        name: cluster.clone(),
+        filter_chain_match: Some(FilterChainMatch {
+            application_protocols: if protocol == Protocol::Unsupported {
+                http_alpns()
+            } else {
+                Vec::new()
+            },
+            ..destination_port_match(u32::from(port))
+        }),
+        filters: vec![hcm_filter(&inbound_hcm(mesh, proxy, port, protocol, &cluster))],
+        ..Default::default()
+    };
+    let tcp = || FilterChain {
+        name: cluster.clone(),
+        filter_chain_match: Some(destination_port_match(u32::from(port))),
+        filters: vec![tcp_proxy_filter(mesh, &cluster, &cluster)],
+        ..Default::default()
+    };
+    match protocol {
+        p if p.is_http() => vec![http()],
+        Protocol::Unsupported => vec![http(), tcp()],
+        _ => vec![tcp()],
+    }
+}
+
 fn http_alpns() -> Vec<String> {
     PLAINTEXT_HTTP_ALPNS.iter().map(|s| s.to_string()).collect()
 }
 
 /// Istio's inbound HCM: stat prefix `inbound_0.0.0.0_<port>`, client certificate details
-/// appended, and an inline route configuration `inbound|<port>||` sending everything to `cluster`.
-fn inbound_hcm(mesh: &MeshConfig, proxy: &Proxy, port: u16, cluster: &str) -> HttpConnectionManager {
+/// appended, HTTP/2 options for HTTP/2 and gRPC ports, and an inline route configuration
+/// `inbound|<port>||` sending everything to `cluster`.
+fn inbound_hcm(
+    mesh: &MeshConfig,
+    proxy: &Proxy,
+    port: u16,
+    protocol: Protocol,
+    cluster: &str,
+) -> HttpConnectionManager {
     // the passthrough chain (port 0) names its route after the passthrough cluster
     let route_name = if port == 0 {
         cluster.to_owned()
@@ -124,6 +253,9 @@ fn inbound_hcm(mesh: &MeshConfig, proxy: &Proxy, port: u16, cluster: &str) -> Ht
         uri: true,
         ..Default::default()
     });
+    if protocol.is_http2() {
+        h.http2_protocol_options = Some(Default::default());
+    }
     h.route_specifier = Some(hcm::RouteSpecifier::RouteConfig(inbound_route_config(
         &route_name,
         port,

@@ -7,7 +7,9 @@
 //!
 //! A `<host>:<port>` name gives that host's virtual hosts only, with no catch-all.
 //!
-//! Not yet: egress listener ports of the Sidecar resource (hosts are the union of all listeners).
+//! The services and VirtualServices are those of the Sidecar egress listener serving the port
+//! (Istio's `GetEgressListenerForRDS`): the listener declared on that port, else the catch-all one;
+//! with neither, only the catch-all virtual host.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -15,7 +17,7 @@ use std::sync::Arc;
 use model::networking::{Destination, PortSelector};
 use model::service::Resolution;
 use model::{Config, Protocol, Proxy, Service};
-use push_index::PushContext;
+use push_index::{PushContext, SidecarScope};
 use xds_api::envoy::config::route::v3::{
     Decorator, DirectResponseAction, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route::Action,
     route_action, route_match::PathSpecifier,
@@ -43,6 +45,10 @@ pub trait SidecarPushView: PushView {
     fn virtual_services_for_mesh(&self, proxy: &Proxy) -> Vec<Arc<Config>>;
     /// Whether unknown hosts are refused (`REGISTRY_ONLY`), from the Sidecar or the mesh config.
     fn registry_only(&self, proxy: &Proxy) -> bool;
+    /// The proxy's `SidecarScope` (its egress listeners); by default Istio's catch-all scope.
+    fn sidecar_scope(&self, _proxy: &Proxy) -> Arc<SidecarScope> {
+        Arc::default()
+    }
 }
 
 impl SidecarPushView for PushContext {
@@ -56,6 +62,10 @@ impl SidecarPushView for PushContext {
 
     fn registry_only(&self, proxy: &Proxy) -> bool {
         PushContext::registry_only(self, proxy)
+    }
+
+    fn sidecar_scope(&self, proxy: &Proxy) -> Arc<SidecarScope> {
+        PushContext::sidecar_scope(self, proxy)
     }
 }
 
@@ -71,17 +81,30 @@ pub fn build_sidecar_outbound_http_route_config<P: SidecarPushView>(
     };
     // a `host:port` name serves that host only (Istio's sniffed listeners), with no catch-all
     let wanted = |h: &str| only_host.is_none_or(|only| h == only || model::host::subset_of(only, h));
-    let services: Vec<Arc<Service>> = push
-        .services_for_proxy(proxy)
-        .into_iter()
-        .filter(|s| {
-            only_host.is_none_or(|only| s.hostname == only)
-                && s.ports
-                    .iter()
-                    .any(|p| p.port == port && (p.protocol.is_http() || p.protocol == Protocol::Unsupported))
-        })
-        .collect();
-    let virtual_services = push.virtual_services_for_mesh(proxy);
+    let scope = push.sidecar_scope(proxy);
+    let listener = scope.egress_listener_for_rds(port, route_name);
+    let services: Vec<Arc<Service>> = match listener {
+        None => Vec::new(),
+        Some(listener) => push
+            .services_for_proxy(proxy)
+            .iter()
+            .filter_map(|s| listener.select_service(s))
+            .filter(|s| {
+                only_host.is_none_or(|only| s.hostname == only)
+                    && s.ports
+                        .iter()
+                        .any(|p| p.port == port && (p.protocol.is_http() || p.protocol == Protocol::Unsupported))
+            })
+            .collect(),
+    };
+    let virtual_services: Vec<Arc<Config>> = match listener {
+        None => Vec::new(),
+        Some(listener) => push
+            .virtual_services_for_mesh(proxy)
+            .into_iter()
+            .filter(|c| listener.imports_virtual_service(c))
+            .collect(),
+    };
     let owners = VirtualServiceOwners::new(&virtual_services, push.domain());
     let services_by_host: HashMap<&str, &Arc<Service>> = services.iter().map(|s| (s.hostname.as_str(), s)).collect();
     let mut vhosts = VirtualHosts::default();
