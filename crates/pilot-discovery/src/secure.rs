@@ -16,7 +16,6 @@ use ca::{CertificateAuthority, IssuedCert};
 use model::MeshConfig;
 use tokio::net::TcpListener;
 use tonic::transport::{Identity, ServerTlsConfig};
-use xds_api::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use xds_server::AdsService;
 
 use crate::settings::SettingsError;
@@ -159,7 +158,7 @@ impl SecureGrpc {
         self,
         builder: tonic::transport::Server,
         listener: TcpListener,
-        ads: AggregatedDiscoveryServiceServer<AdsService>,
+        ads: AdsService,
     ) -> anyhow::Result<()> {
         let tls = ServerTlsConfig::new().identity(Identity::from_pem(&self.cert.cert_chain_pem, &self.cert.key_pem));
         let addr = listener.local_addr().unwrap_or(self.addr);

@@ -9,6 +9,7 @@ mod clock;
 mod connection;
 mod debounce;
 mod delta;
+mod grpc;
 mod metrics;
 mod outbound;
 mod push_request;
@@ -23,7 +24,8 @@ use std::sync::{Arc, OnceLock};
 pub use clock::rfc3339;
 pub use model::Proxy;
 pub use push_request::{PushRequest, reason};
-pub use server::{AdsService, DiscoveryServer, ServerOptions};
+pub use grpc::AdsService;
+pub use server::{DiscoveryServer, ServerOptions};
 pub use status::{ConnectionStatus, PushStatus, PushTypeStatus, WatchedStatus};
 pub use watched::WatchedResource;
 

@@ -1,5 +1,5 @@
 //! `DiscoveryServer`: owns the current push snapshot, the connections, the debouncer and the push
-//! loop, and serves the tonic `AggregatedDiscoveryService`, as Istio's `DiscoveryServer`.
+//! loop, and serves `AggregatedDiscoveryService` (see `grpc`), as Istio's `DiscoveryServer`.
 //!
 //! The push loop only builds the snapshot and marks every connection's pending slot; each
 //! connection's own task generates (bounded by the push throttle) and sends, so a slow proxy
@@ -11,13 +11,6 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
-use tonic::{Request, Response, Status, Streaming};
-use xds_api::envoy::service::discovery::v3::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
-use xds_api::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
-};
 use xds_api::type_url;
 
 use crate::clock::rfc3339;
@@ -28,8 +21,6 @@ use crate::status::{ConnectionStatus, PushStatus};
 use crate::watched::Outcome;
 use crate::{Proxy, PushRequest, PushSnapshot, SnapshotBuilder, reason};
 
-/// Largest xDS message either way (Envoy's config for a big mesh can exceed tonic's 4 MiB).
-const MAX_MESSAGE_SIZE: usize = 100 * 1024 * 1024;
 
 /// Tuning of pushes, as Istio's `PILOT_*` settings. Reading the environment is the binary's job.
 #[derive(Debug, Clone)]
@@ -142,11 +133,9 @@ impl DiscoveryServer {
         let _ = rx.wait_for(|r| *r).await;
     }
 
-    /// The tonic service, with message size limits raised to 100 MiB.
-    pub fn ads_service(self: &Arc<Self>) -> AggregatedDiscoveryServiceServer<AdsService> {
-        AggregatedDiscoveryServiceServer::new(AdsService { server: self.clone() })
-            .max_decoding_message_size(MAX_MESSAGE_SIZE)
-            .max_encoding_message_size(MAX_MESSAGE_SIZE)
+    /// The ADS service for `tonic::transport::Server::add_service` (requests up to 100 MiB).
+    pub fn ads_service(self: &Arc<Self>) -> crate::grpc::AdsService {
+        crate::grpc::AdsService::new(self.clone())
     }
 
     /// Every connection, sorted by connection ID (`/debug/adsz`, `/debug/syncz`).
@@ -302,51 +291,5 @@ async fn push(server: Weak<DiscoveryServer>, req: PushRequest, debounced: Deboun
     );
     for c in conns {
         c.enqueue(&req);
-    }
-}
-
-/// The tonic service over a [`DiscoveryServer`].
-pub struct AdsService {
-    server: Arc<DiscoveryServer>,
-}
-
-fn peer_of<T>(req: &Request<T>) -> String {
-    req.remote_addr()
-        .map_or_else(|| "0.0.0.0".to_owned(), |a| a.to_string())
-}
-
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for AdsService {
-    type StreamAggregatedResourcesStream = crate::outbound::ResponseStream<DiscoveryResponse>;
-    type DeltaAggregatedResourcesStream = crate::outbound::ResponseStream<DeltaDiscoveryResponse>;
-
-    async fn stream_aggregated_resources(
-        &self,
-        request: Request<Streaming<DiscoveryRequest>>,
-    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        if !self.server.ready() {
-            return Err(Status::unavailable(
-                "server is not ready to serve discovery information",
-            ));
-        }
-        let peer = peer_of(&request);
-        let (tx, rx) = crate::outbound::channel();
-        tokio::spawn(crate::sotw::serve(self.server.clone(), request.into_inner(), tx, peer));
-        Ok(Response::new(rx))
-    }
-
-    async fn delta_aggregated_resources(
-        &self,
-        request: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        if !self.server.ready() {
-            return Err(Status::unavailable(
-                "server is not ready to serve discovery information",
-            ));
-        }
-        let peer = peer_of(&request);
-        let (tx, rx) = crate::outbound::channel();
-        tokio::spawn(crate::delta::serve(self.server.clone(), request.into_inner(), tx, peer));
-        Ok(Response::new(rx))
     }
 }
