@@ -189,7 +189,7 @@ impl PushSnapshot for Snapshot {
         watched: &WatchedResource,
         _req: &PushRequest,
     ) -> Result<Vec<Resource>, GenerateError> {
-        let names: Vec<String> = watched.names.iter().cloned().collect();
+        let names: Vec<String> = watched.names.iter().map(|n| n.to_string()).collect();
         match generators::generate::generate(&self.push, proxy, type_url, &names) {
             Ok(resources) => Ok(resources
                 .into_iter()

@@ -14,7 +14,7 @@ use xds_api::type_url;
 use crate::clock::rfc3339;
 use crate::server::DiscoveryServer;
 use crate::status::ConnectionStatus;
-use crate::watched::Watch;
+use crate::watched::{Version, Watch};
 use crate::{GenerateError, Proxy, PushRequest, PushSnapshot, Resource, WatchedResource};
 
 /// Locks a mutex, recovering the data if a panicking thread poisoned it: every critical section
@@ -123,9 +123,9 @@ impl Connection {
 /// Reads a stream's first request and registers its proxy, as both ADS flavours start. A node that
 /// cannot be parsed is refused with `InvalidArgument` naming what is wrong (counted in
 /// `pilot_xds_invalid_node`). `None` when the stream ended or was refused.
-pub(crate) async fn accept<Req, Resp>(
+pub(crate) async fn accept<Req: prost::Message + Default, Resp>(
     server: &Arc<DiscoveryServer>,
-    inbound: &mut tonic::Streaming<Req>,
+    inbound: &mut crate::grpc::Requests<Req>,
     out: &crate::outbound::OutSender<Resp>,
     peer: String,
     delta: bool,
@@ -192,8 +192,8 @@ pub(crate) struct Generated {
     pub watched: WatchedResource,
     pub resources: Result<Vec<Resource>, GenerateError>,
     /// Delta only: the version of each resource (a hash of its bytes, computed once per shared
-    /// resource), same order.
-    pub versions: Vec<String>,
+    /// resource, shared with it), same order.
+    pub versions: Vec<Version>,
     pub elapsed: Duration,
 }
 
@@ -220,7 +220,13 @@ pub(crate) async fn generate(
                         rs
                     });
                 let versions = match (&resources, delta) {
-                    (Ok(rs), true) => rs.iter().map(|r| r.version().to_owned()).collect(),
+                    (Ok(rs), true) => rs
+                        .iter()
+                        .map(|r| {
+                            r.version();
+                            r.version.clone()
+                        })
+                        .collect(),
                     _ => Vec::new(),
                 };
                 Generated {

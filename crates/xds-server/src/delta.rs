@@ -6,16 +6,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::grpc::Requests as Streaming;
 use futures::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
-use tonic::Streaming;
 use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource as PbResource};
 use xds_api::type_url;
 
 use crate::connection::{Connection, Generated, accept, generate, lock, log_generate_error};
 use crate::outbound::{self, OutSender, Outbound, drained};
 use crate::server::{Closed, DiscoveryServer};
-use crate::watched::{Respond, WatchedResource, delta_request};
+use crate::watched::{NameInterner, Respond, Version, WatchedResource, delta_request, version_str};
 use crate::{PushRequest, PushSnapshot, reason};
 
 pub(crate) type DeltaSender = OutSender<DeltaDiscoveryResponse>;
@@ -94,7 +94,7 @@ impl DeltaStream {
             tracing::warn!("ADS: {} sent a delta request without type_url; ignored", self.conn.id);
             return Ok(());
         }
-        let (outcome, respond) = delta_request(&mut lock(&self.conn.watched), &req);
+        let (outcome, respond) = delta_request(&mut lock(&self.conn.watched), &req, &self.server.names);
         self.server.record_outcome(&self.conn, &req.type_url, &outcome);
         let Some(mut target) = lock(&self.conn.watched).get(&req.type_url).map(|w| w.resource.clone()) else {
             return Ok(());
@@ -104,7 +104,7 @@ impl DeltaStream {
             Respond::All => {}
             Respond::Names(names) => {
                 target = WatchedResource {
-                    names,
+                    names: names.into_iter().collect(),
                     wildcard: false,
                     ..target
                 }
@@ -186,12 +186,9 @@ impl DeltaStream {
             let Some(w) = watched.get_mut(t) else {
                 return Ok(());
             };
-            let current: Vec<(String, String)> = resources
-                .iter()
-                .zip(g.versions)
-                .map(|(r, v)| (r.name.clone(), v))
-                .collect();
-            diff(&mut w.known, &current, &g.watched, cause == Cause::Request)
+            let current: Vec<(&str, &Version)> = resources.iter().map(|r| r.name.as_str()).zip(&g.versions).collect();
+            let answering = cause == Cause::Request;
+            diff(&mut w.known, &current, &g.watched, answering, &self.server.names)
         };
         if cause == Cause::Push && changed.is_empty() && removed.is_empty() {
             return Ok(());
@@ -199,10 +196,10 @@ impl DeltaStream {
         let by_name: BTreeMap<&str, _> = resources.iter().map(|r| (r.name.as_str(), r)).collect();
         let pb_resources: Vec<PbResource> = changed
             .iter()
-            .filter_map(|(name, v)| {
-                by_name.get(name.as_str()).map(|r| PbResource {
-                    name: name.clone(),
-                    version: v.clone(),
+            .filter_map(|&(name, v)| {
+                by_name.get(name).map(|r| PbResource {
+                    name: name.to_owned(),
+                    version: version_str(v).to_owned(),
                     resource: Some((*r.resource).clone()),
                     ..Default::default()
                 })
@@ -251,36 +248,60 @@ impl DeltaStream {
 /// generated; updates `known` as if the response were applied. Returns the resources to send and
 /// the names to remove. Names of a non-wildcard scope that do not exist are reported removed when
 /// answering a request (so the proxy stops waiting for them), and when the proxy had them.
-fn diff(
-    known: &mut BTreeMap<String, String>,
-    current: &[(String, String)],
+/// `known` keeps shared names (the scope's, else interned) and the resources' own version slots.
+fn diff<'a>(
+    known: &mut BTreeMap<Arc<str>, Version>,
+    current: &[(&'a str, &'a Version)],
     scope: &WatchedResource,
     answering: bool,
-) -> (Vec<(String, String)>, Vec<String>) {
+    interner: &NameInterner,
+) -> (Vec<(&'a str, &'a Version)>, Vec<String>) {
     let mut changed = Vec::new();
-    let present: BTreeSet<&str> = current.iter().map(|(n, _)| n.as_str()).collect();
-    for (name, version) in current {
-        if known.get(name) != Some(version) {
-            known.insert(name.clone(), version.clone());
-            changed.push((name.clone(), version.clone()));
+    let present: BTreeSet<&str> = current.iter().map(|(n, _)| *n).collect();
+    let mut interning = None;
+    // A first response fills `known` in one bulk build: full B-tree nodes, where inserting in
+    // order leaves them about half empty.
+    let mut new_entries = Vec::new();
+    for &(name, version) in current {
+        match known.get_mut(name) {
+            Some(k) if Arc::ptr_eq(k, version) => {}
+            // Same version, newer slot: hold the current one so older pushes' slots can go.
+            Some(k) if version_str(k) == version_str(version) => *k = version.clone(),
+            Some(k) => {
+                *k = version.clone();
+                changed.push((name, version));
+            }
+            None => {
+                let n = match scope.names.get(name) {
+                    Some(n) => n.clone(),
+                    None => interning.get_or_insert_with(|| interner.lock()).name(name),
+                };
+                new_entries.push((n, version.clone()));
+                changed.push((name, version));
+            }
         }
+    }
+    if known.is_empty() {
+        *known = new_entries.into_iter().collect();
+    } else {
+        known.extend(new_entries);
     }
     let mut removed: Vec<String> = if scope.wildcard {
         known
             .keys()
-            .filter(|n| !present.contains(n.as_str()))
-            .cloned()
+            .filter(|n| !present.contains(&***n))
+            .map(|n| n.to_string())
             .collect()
     } else {
         scope
             .names
             .iter()
-            .filter(|n| !present.contains(n.as_str()) && (answering || known.contains_key(n.as_str())))
-            .cloned()
+            .filter(|n| !present.contains(&***n) && (answering || known.contains_key(&***n)))
+            .map(|n| n.to_string())
             .collect()
     };
     for n in &removed {
-        known.remove(n);
+        known.remove(n.as_str());
     }
     removed.sort();
     (changed, removed)
@@ -289,38 +310,72 @@ fn diff(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::OnceLock;
 
     fn scope(names: &[&str], wildcard: bool) -> WatchedResource {
         WatchedResource {
             type_url: type_url::CLUSTER.into(),
-            names: names.iter().map(|s| s.to_string()).collect(),
+            names: names.iter().copied().collect(),
             wildcard,
         }
     }
 
-    fn cur(v: &[(&str, &str)]) -> Vec<(String, String)> {
-        v.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+    fn v(s: &str) -> Version {
+        Arc::new(OnceLock::from(s.to_owned()))
+    }
+
+    fn known(entries: &[(&str, &str)]) -> BTreeMap<Arc<str>, Version> {
+        entries.iter().map(|(n, x)| (Arc::from(*n), v(x))).collect()
+    }
+
+    fn text(changed: &[(&str, &Version)]) -> Vec<(String, String)> {
+        changed
+            .iter()
+            .map(|(n, v)| (n.to_string(), version_str(v).to_owned()))
+            .collect()
     }
 
     #[test]
     fn wildcard_diff_sends_changes_and_removals() {
-        let mut known = BTreeMap::from([("a".to_string(), "1".to_string()), ("b".to_string(), "1".to_string())]);
-        let (changed, removed) = diff(&mut known, &cur(&[("a", "1"), ("c", "1")]), &scope(&[], true), false);
-        assert_eq!(changed, cur(&[("c", "1")]));
+        let i = NameInterner::default();
+        let mut known = known(&[("a", "1"), ("b", "1")]);
+        let (a1, c1) = (v("1"), v("1"));
+        let (changed, removed) = diff(&mut known, &[("a", &a1), ("c", &c1)], &scope(&[], true), false, &i);
+        assert_eq!(text(&changed), [("c".to_string(), "1".to_string())]);
         assert_eq!(removed, vec!["b".to_string()]);
-        assert_eq!(known.keys().collect::<Vec<_>>(), vec!["a", "c"]);
-        let (changed, removed) = diff(&mut known, &cur(&[("a", "2"), ("c", "1")]), &scope(&[], true), false);
-        assert_eq!((changed, removed), (cur(&[("a", "2")]), vec![]));
+        assert_eq!(known.keys().map(|k| &**k).collect::<Vec<_>>(), vec!["a", "c"]);
+        // the same version in a newer slot: nothing sent, the newer slot is held
+        assert!(Arc::ptr_eq(&known["a"], &a1));
+        // a name outside the scope's names is interned
+        assert_eq!(i.len().0, 1);
+        let a2 = v("2");
+        let (changed, removed) = diff(&mut known, &[("a", &a2), ("c", &c1)], &scope(&[], true), false, &i);
+        assert_eq!(text(&changed), [("a".to_string(), "2".to_string())]);
+        assert!(removed.is_empty());
     }
 
     #[test]
     fn named_diff_reports_missing_names_only_when_answering_or_known() {
-        let mut known = BTreeMap::from([("x".to_string(), "1".to_string())]);
+        let i = NameInterner::default();
+        let mut known = known(&[("x", "1")]);
         let s = scope(&["x", "y"], false);
-        let (changed, removed) = diff(&mut known, &[], &s, false);
+        let (changed, removed) = diff(&mut known, &[], &s, false, &i);
         assert!(changed.is_empty());
         assert_eq!(removed, vec!["x".to_string()]);
-        let (_, removed) = diff(&mut known, &[], &s, true);
+        let (_, removed) = diff(&mut known, &[], &s, true, &i);
         assert_eq!(removed, vec!["x".to_string(), "y".to_string()]);
+    }
+
+    #[test]
+    fn known_names_of_a_named_scope_are_the_scope_s_own() {
+        let i = NameInterner::default();
+        let mut known = BTreeMap::new();
+        let s = scope(&["y"], false);
+        let y = v("1");
+        diff(&mut known, &[("y", &y)], &s, true, &i);
+        let (k, ver) = known.first_key_value().unwrap();
+        assert!(Arc::ptr_eq(k, s.names.first().unwrap()));
+        assert!(Arc::ptr_eq(ver, &y));
+        assert_eq!(i.len(), (0, 0));
     }
 }

@@ -22,12 +22,12 @@ mod watched;
 use std::sync::{Arc, OnceLock};
 
 pub use clock::rfc3339;
+pub use grpc::AdsService;
 pub use model::Proxy;
 pub use push_request::{PushRequest, reason};
-pub use grpc::AdsService;
 pub use server::{DiscoveryServer, ServerOptions};
 pub use status::{ConnectionStatus, PushStatus, PushTypeStatus, WatchedStatus};
-pub use watched::WatchedResource;
+pub use watched::{Names, WatchedResource};
 
 /// One immutable push snapshot (push index + generators). Built once per push.
 pub trait PushSnapshot: Send + Sync + 'static {

@@ -18,9 +18,8 @@ use crate::connection::{Connection, Registration, lock};
 use crate::debounce::{self, DebounceOptions, Debounced};
 use crate::metrics::{Metrics, VersionLabel, code_name, type_label};
 use crate::status::{ConnectionStatus, PushStatus};
-use crate::watched::Outcome;
+use crate::watched::{NameInterner, Outcome};
 use crate::{Proxy, PushRequest, PushSnapshot, SnapshotBuilder, reason};
-
 
 /// Tuning of pushes, as Istio's `PILOT_*` settings. Reading the environment is the binary's job.
 #[derive(Debug, Clone)]
@@ -64,6 +63,8 @@ pub struct DiscoveryServer {
     /// Distinguishes this server's nonces from another instance's.
     instance: String,
     push_status: Mutex<PushStatus>,
+    /// Subscribed names and name sets, shared by every connection.
+    pub(crate) names: NameInterner,
 }
 
 impl DiscoveryServer {
@@ -90,6 +91,7 @@ impl DiscoveryServer {
             counter: AtomicU64::new(0),
             instance: format!("{nanos:08x}"),
             push_status: Mutex::default(),
+            names: NameInterner::default(),
         })
     }
 

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::grpc::Requests as Streaming;
 use futures::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
-use tonic::Streaming;
 use xds_api::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use xds_api::type_url;
 
@@ -82,7 +82,7 @@ impl SotwStream {
             tracing::warn!("ADS: {} sent a request without type_url; ignored", self.conn.id);
             return Ok(());
         }
-        let (outcome, respond) = sotw_request(&mut lock(&self.conn.watched), &req);
+        let (outcome, respond) = sotw_request(&mut lock(&self.conn.watched), &req, &self.server.names);
         self.server.record_outcome(&self.conn, &req.type_url, &outcome);
         if respond == Respond::No {
             return Ok(());

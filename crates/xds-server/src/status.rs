@@ -44,7 +44,7 @@ pub struct WatchedStatus {
 impl From<&Watch> for WatchedStatus {
     fn from(w: &Watch) -> Self {
         WatchedStatus {
-            names: w.resource.names.iter().cloned().collect(),
+            names: w.resource.names.iter().map(|n| n.to_string()).collect(),
             wildcard: w.resource.wildcard,
             version_sent: w.version_sent.clone(),
             nonce_sent: w.nonce_sent.clone(),

@@ -1,18 +1,152 @@
 //! What a connection watches per type URL and the xDS ACK/NACK rules that update it: Istio's
 //! `ShouldRespond` (state of the world) and `shouldRespondDelta` (delta), as pure functions.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::ops::Deref;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 
 use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use xds_api::type_url;
 
+use crate::connection::lock;
+
+/// A set of subscribed resource names, shared: the server interns equal sets (and each name), so
+/// the sidecars of a namespace, which subscribe to the same names, hold one set between them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Names(Arc<BTreeSet<Arc<str>>>);
+
+impl Names {
+    /// Whether `name` is subscribed.
+    pub fn contains(&self, name: &str) -> bool {
+        self.0.contains(name)
+    }
+
+    /// Whether both are the same shared set (not only equal).
+    pub fn ptr_eq(&self, other: &Names) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Deref for Names {
+    type Target = BTreeSet<Arc<str>>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+/// A set of its own, not interned (for views outside the server, e.g. `/debug/config_dump`).
+impl FromIterator<String> for Names {
+    fn from_iter<I: IntoIterator<Item = String>>(iter: I) -> Self {
+        Names(Arc::new(iter.into_iter().map(Arc::from).collect()))
+    }
+}
+
+impl<'a> FromIterator<&'a str> for Names {
+    fn from_iter<I: IntoIterator<Item = &'a str>>(iter: I) -> Self {
+        Names(Arc::new(iter.into_iter().map(Arc::from).collect()))
+    }
+}
+
+impl FromIterator<Arc<str>> for Names {
+    fn from_iter<I: IntoIterator<Item = Arc<str>>>(iter: I) -> Self {
+        Names(Arc::new(iter.into_iter().collect()))
+    }
+}
+
+/// The server's interned names and name sets. Entries that only the interner still holds are
+/// pruned whenever the table has doubled since the last prune, so it stays within twice what the
+/// connections use.
+#[derive(Debug, Default)]
+pub(crate) struct NameInterner {
+    table: Mutex<Table>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    names: HashSet<Arc<str>>,
+    sets: HashSet<Arc<BTreeSet<Arc<str>>>>,
+    /// Entries (names + sets) left by the last prune.
+    kept: usize,
+}
+
+/// Tables smaller than this are never pruned.
+const PRUNE_MIN: usize = 1024;
+
+impl NameInterner {
+    /// Locks the table for a batch of lookups (one lock per request, not per name).
+    pub fn lock(&self) -> Interning<'_> {
+        Interning(lock(&self.table))
+    }
+
+    /// Live entries (names, sets), for tests and debugging.
+    #[cfg(test)]
+    pub fn len(&self) -> (usize, usize) {
+        let t = lock(&self.table);
+        (t.names.len(), t.sets.len())
+    }
+}
+
+/// The interner's table, locked. Taken after a connection's `watched` lock, never before.
+pub(crate) struct Interning<'a>(std::sync::MutexGuard<'a, Table>);
+
+impl Interning<'_> {
+    /// The shared copy of `name`.
+    pub fn name(&mut self, name: &str) -> Arc<str> {
+        if let Some(n) = self.0.names.get(name) {
+            return n.clone();
+        }
+        let n: Arc<str> = Arc::from(name);
+        self.0.names.insert(n.clone());
+        self.maybe_prune();
+        n
+    }
+
+    /// The shared set of these names.
+    pub fn names<'n>(&mut self, names: impl IntoIterator<Item = &'n str>) -> Names {
+        let set: BTreeSet<Arc<str>> = names.into_iter().map(|n| self.name(n)).collect();
+        self.set(set)
+    }
+
+    /// The shared set equal to `set` (whose names should come from [`name`](Self::name)).
+    pub fn set(&mut self, set: BTreeSet<Arc<str>>) -> Names {
+        if let Some(s) = self.0.sets.get(&set) {
+            return Names(s.clone());
+        }
+        let s = Arc::new(set);
+        self.0.sets.insert(s.clone());
+        self.maybe_prune();
+        Names(s)
+    }
+
+    fn maybe_prune(&mut self) {
+        let t = &mut *self.0;
+        if t.names.len() + t.sets.len() <= PRUNE_MIN.max(2 * t.kept) {
+            return;
+        }
+        // Sets first: a set only the table holds still holds its names.
+        t.sets.retain(|s| Arc::strong_count(s) > 1);
+        t.names.retain(|n| Arc::strong_count(n) > 1);
+        t.kept = t.names.len() + t.sets.len();
+    }
+}
+
+/// A delta resource version, shared with the resource it versions (`Resource::version`), so that
+/// a connection's `known` holds a pointer per resource rather than a copy of its version.
+pub(crate) type Version = Arc<OnceLock<String>>;
+
+/// The text of a version (empty if never computed, which `connection::generate` prevents).
+pub(crate) fn version_str(v: &Version) -> &str {
+    v.get().map_or("", String::as_str)
+}
+
 /// What a proxy watches of one type, as Istio's `model.WatchedResource`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct WatchedResource {
     pub type_url: String,
-    /// Subscribed names. Empty for a wildcard watch of CDS/LDS.
-    pub names: BTreeSet<String>,
+    /// Subscribed names, shared with every connection subscribed to the same set. Empty for a
+    /// wildcard watch of CDS/LDS.
+    pub names: Names,
     /// All resources of the type (CDS, LDS and Istio's own types), not only `names`.
     pub wildcard: bool,
 }
@@ -33,8 +167,8 @@ pub(crate) struct Watch {
     /// Envoy's message of the last NACK; cleared by the next ACK.
     pub last_error: String,
     pub last_sent: Option<SystemTime>,
-    /// Delta only: what the proxy has, name -> resource version.
-    pub known: BTreeMap<String, String>,
+    /// Delta only: what the proxy has, name -> resource version (both shared).
+    pub known: BTreeMap<Arc<str>, Version>,
 }
 
 /// What a request means, once applied to the watches.
@@ -61,10 +195,10 @@ pub(crate) enum Respond {
     /// Everything the watch covers.
     All,
     /// Only these newly subscribed names (delta).
-    Names(BTreeSet<String>),
+    Names(BTreeSet<Arc<str>>),
 }
 
-fn new_watch(type_url: &str, names: BTreeSet<String>, wildcard: bool) -> Watch {
+fn new_watch(type_url: &str, names: Names, wildcard: bool) -> Watch {
     Watch {
         resource: WatchedResource {
             type_url: type_url.to_owned(),
@@ -78,15 +212,24 @@ fn new_watch(type_url: &str, names: BTreeSet<String>, wildcard: bool) -> Watch {
 /// State-of-the-world rules, as Istio's `ShouldRespond`: NACKs are recorded and never answered
 /// (unless they carry newly added names), stale nonces are ignored, ACKs are answered only when
 /// the subscription grew (non-wildcard) or changed (wildcard).
-pub(crate) fn sotw_request(watched: &mut HashMap<String, Watch>, req: &DiscoveryRequest) -> (Outcome, Respond) {
+pub(crate) fn sotw_request(
+    watched: &mut HashMap<String, Watch>,
+    req: &DiscoveryRequest,
+    interner: &NameInterner,
+) -> (Outcome, Respond) {
     let t = req.type_url.as_str();
     let wildcard_type = is_wildcard_type(t);
-    let names: BTreeSet<String> = req
+    let requested: BTreeSet<&str> = req
         .resource_names
         .iter()
-        .filter(|n| n.as_str() != "*")
-        .cloned()
+        .map(String::as_str)
+        .filter(|n| *n != "*")
         .collect();
+    // Every ACK repeats the names: keep the watch's shared set unless they changed.
+    let names = match watched.get(t) {
+        Some(w) if w.resource.names.iter().map(|n| &**n).eq(requested.iter().copied()) => w.resource.names.clone(),
+        _ => interner.lock().names(requested.iter().copied()),
+    };
     let wildcard = wildcard_type && (names.is_empty() || req.resource_names.iter().any(|n| n == "*"));
     if let Some(err) = &req.error_detail {
         let outcome = Outcome::Nack {
@@ -131,7 +274,11 @@ pub(crate) fn sotw_request(watched: &mut HashMap<String, Watch>, req: &Discovery
 
 /// Delta rules, as Istio's `shouldRespondDelta`, except that subscription changes are applied
 /// whatever the nonce (they are deltas of the client's state and would be lost otherwise).
-pub(crate) fn delta_request(watched: &mut HashMap<String, Watch>, req: &DeltaDiscoveryRequest) -> (Outcome, Respond) {
+pub(crate) fn delta_request(
+    watched: &mut HashMap<String, Watch>,
+    req: &DeltaDiscoveryRequest,
+    interner: &NameInterner,
+) -> (Outcome, Respond) {
     let t = req.type_url.as_str();
     let wildcard_type = is_wildcard_type(t);
     let Some(w) = watched.get_mut(t) else {
@@ -144,19 +291,20 @@ pub(crate) fn delta_request(watched: &mut HashMap<String, Watch>, req: &DeltaDis
                 Respond::No,
             );
         }
-        let names: BTreeSet<String> = req
-            .resource_names_subscribe
-            .iter()
-            .filter(|n| n.as_str() != "*")
-            .cloned()
-            .collect();
+        let mut interning = interner.lock();
+        let names = interning.names(
+            req.resource_names_subscribe
+                .iter()
+                .map(String::as_str)
+                .filter(|n| *n != "*"),
+        );
         let wildcard = (wildcard_type && req.resource_names_subscribe.is_empty())
             || req.resource_names_subscribe.iter().any(|n| n == "*");
         let mut watch = new_watch(t, names, wildcard);
         watch.known = req
             .initial_resource_versions
             .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
+            .map(|(k, v)| (interning.name(k), Arc::new(OnceLock::from(v.clone()))))
             .collect();
         watched.insert(t.to_owned(), watch);
         return (Outcome::Init, Respond::All);
@@ -182,25 +330,37 @@ pub(crate) fn delta_request(watched: &mut HashMap<String, Watch>, req: &DeltaDis
     };
     let mut added = BTreeSet::new();
     let mut wildcard_on = false;
+    let mut unsubscribed = BTreeSet::new();
+    let mut interning = None;
     for n in &req.resource_names_subscribe {
         if n == "*" {
             wildcard_on |= !w.resource.wildcard;
             w.resource.wildcard = true;
-        } else if w.resource.names.insert(n.clone()) {
-            added.insert(n.clone());
+        } else if !w.resource.names.contains(n) {
+            added.insert(interning.get_or_insert_with(|| interner.lock()).name(n));
         }
     }
+    let mut unsubscribed_wildcard = false;
     for n in &req.resource_names_unsubscribe {
         if n == "*" {
+            unsubscribed_wildcard |= w.resource.wildcard;
             w.resource.wildcard = false;
-            let names = &w.resource.names;
-            w.known.retain(|k, _| names.contains(k));
-        } else {
-            w.resource.names.remove(n);
-            if !w.resource.wildcard {
-                w.known.remove(n);
-            }
+        } else if w.resource.names.contains(n) || added.contains(n.as_str()) {
+            added.remove(n.as_str());
+            unsubscribed.insert(n.as_str());
         }
+    }
+    if !added.is_empty() || !unsubscribed.is_empty() {
+        let mut set: BTreeSet<Arc<str>> = (*w.resource.names).clone();
+        set.extend(added.iter().cloned());
+        set.retain(|n| !unsubscribed.contains(&**n));
+        w.resource.names = interning.get_or_insert_with(|| interner.lock()).set(set);
+    }
+    drop(interning);
+    // What the proxy no longer watches is no longer known (a wildcard watch keeps everything).
+    if !w.resource.wildcard && (unsubscribed_wildcard || !unsubscribed.is_empty()) {
+        let names = &w.resource.names;
+        w.known.retain(|k, _| names.contains(k));
     }
     let respond = if wildcard_on {
         Respond::All
@@ -217,6 +377,10 @@ mod tests {
     use super::*;
     use xds_api::envoy_types::pb::google::rpc::Status;
 
+    fn names(w: &Watch) -> Vec<&str> {
+        w.resource.names.iter().map(|n| &**n).collect()
+    }
+
     fn sotw(t: &str, names: &[&str], nonce: &str) -> DiscoveryRequest {
         DiscoveryRequest {
             type_url: t.into(),
@@ -229,18 +393,19 @@ mod tests {
     #[test]
     fn sotw_init_ack_nack_and_expired() {
         let mut w = HashMap::new();
+        let i = NameInterner::default();
         assert_eq!(
-            sotw_request(&mut w, &sotw(type_url::CLUSTER, &[], "")),
+            sotw_request(&mut w, &sotw(type_url::CLUSTER, &[], ""), &i),
             (Outcome::Init, Respond::All)
         );
         assert!(w[type_url::CLUSTER].resource.wildcard);
         w.get_mut(type_url::CLUSTER).unwrap().nonce_sent = "n1".into();
         assert_eq!(
-            sotw_request(&mut w, &sotw(type_url::CLUSTER, &[], "n1")),
+            sotw_request(&mut w, &sotw(type_url::CLUSTER, &[], "n1"), &i),
             (Outcome::Ack, Respond::No)
         );
         assert_eq!(w[type_url::CLUSTER].nonce_acked, "n1");
-        let (o, r) = sotw_request(&mut w, &sotw(type_url::CLUSTER, &[], "n0"));
+        let (o, r) = sotw_request(&mut w, &sotw(type_url::CLUSTER, &[], "n0"), &i);
         assert_eq!((o, r), (Outcome::ExpiredNonce { sent: "n1".into() }, Respond::No));
         let mut nack = sotw(type_url::CLUSTER, &[], "n1");
         nack.error_detail = Some(Status {
@@ -248,7 +413,7 @@ mod tests {
             message: "bad cluster".into(),
             details: vec![],
         });
-        let (o, r) = sotw_request(&mut w, &nack);
+        let (o, r) = sotw_request(&mut w, &nack, &i);
         assert_eq!(
             (o, r),
             (
@@ -265,19 +430,20 @@ mod tests {
     #[test]
     fn sotw_eds_answers_only_added_names_and_unsubscribes_on_empty() {
         let mut w = HashMap::new();
-        sotw_request(&mut w, &sotw(type_url::ENDPOINT, &["a"], ""));
+        let i = NameInterner::default();
+        sotw_request(&mut w, &sotw(type_url::ENDPOINT, &["a"], ""), &i);
         w.get_mut(type_url::ENDPOINT).unwrap().nonce_sent = "1".into();
         assert_eq!(
-            sotw_request(&mut w, &sotw(type_url::ENDPOINT, &["a", "b"], "1")).1,
+            sotw_request(&mut w, &sotw(type_url::ENDPOINT, &["a", "b"], "1"), &i).1,
             Respond::All
         );
         assert_eq!(
-            sotw_request(&mut w, &sotw(type_url::ENDPOINT, &["b"], "1")).1,
+            sotw_request(&mut w, &sotw(type_url::ENDPOINT, &["b"], "1"), &i).1,
             Respond::No
         );
-        assert_eq!(w[type_url::ENDPOINT].resource.names, BTreeSet::from(["b".to_string()]));
+        assert_eq!(names(&w[type_url::ENDPOINT]), ["b"]);
         assert_eq!(
-            sotw_request(&mut w, &sotw(type_url::ENDPOINT, &[], "1")).0,
+            sotw_request(&mut w, &sotw(type_url::ENDPOINT, &[], "1"), &i).0,
             Outcome::Unsubscribe
         );
         assert!(!w.contains_key(type_url::ENDPOINT));
@@ -286,8 +452,9 @@ mod tests {
     #[test]
     fn sotw_nonce_after_restart_is_a_new_watch() {
         let mut w = HashMap::new();
+        let i = NameInterner::default();
         assert_eq!(
-            sotw_request(&mut w, &sotw(type_url::LISTENER, &[], "old")).0,
+            sotw_request(&mut w, &sotw(type_url::LISTENER, &[], "old"), &i).0,
             Outcome::Init
         );
     }
@@ -295,21 +462,22 @@ mod tests {
     #[test]
     fn delta_wildcard_subscribe_unsubscribe() {
         let mut w = HashMap::new();
+        let i = NameInterner::default();
         let mut init = DeltaDiscoveryRequest {
             type_url: type_url::CLUSTER.into(),
             ..Default::default()
         };
         init.initial_resource_versions.insert("c1".into(), "v1".into());
-        assert_eq!(delta_request(&mut w, &init), (Outcome::Init, Respond::All));
+        assert_eq!(delta_request(&mut w, &init, &i), (Outcome::Init, Respond::All));
         assert!(w[type_url::CLUSTER].resource.wildcard);
-        assert_eq!(w[type_url::CLUSTER].known.get("c1").map(String::as_str), Some("v1"));
+        assert_eq!(w[type_url::CLUSTER].known.get("c1").map(version_str), Some("v1"));
 
         let eds = DeltaDiscoveryRequest {
             type_url: type_url::ENDPOINT.into(),
             resource_names_subscribe: vec!["a".into()],
             ..Default::default()
         };
-        assert_eq!(delta_request(&mut w, &eds).1, Respond::All);
+        assert_eq!(delta_request(&mut w, &eds, &i).1, Respond::All);
         assert!(!w[type_url::ENDPOINT].resource.wildcard);
         let more = DeltaDiscoveryRequest {
             type_url: type_url::ENDPOINT.into(),
@@ -317,15 +485,15 @@ mod tests {
             resource_names_unsubscribe: vec!["x".into()],
             ..Default::default()
         };
-        let (o, r) = delta_request(&mut w, &more);
+        let (o, r) = delta_request(&mut w, &more, &i);
         assert_eq!(
             (o, r),
-            (Outcome::Subscription, Respond::Names(BTreeSet::from(["b".to_string()])))
+            (Outcome::Subscription, Respond::Names(BTreeSet::from([Arc::from("b")])))
         );
         w.get_mut(type_url::ENDPOINT)
             .unwrap()
             .known
-            .insert("a".into(), "h".into());
+            .insert("a".into(), Arc::new(OnceLock::from("h".to_string())));
         let less = DeltaDiscoveryRequest {
             type_url: type_url::ENDPOINT.into(),
             resource_names_unsubscribe: vec!["a".into()],
@@ -333,10 +501,85 @@ mod tests {
             ..Default::default()
         };
         assert!(matches!(
-            delta_request(&mut w, &less),
+            delta_request(&mut w, &less, &i),
             (Outcome::ExpiredNonce { .. }, Respond::No)
         ));
         assert!(!w[type_url::ENDPOINT].known.contains_key("a"));
-        assert_eq!(w[type_url::ENDPOINT].resource.names, BTreeSet::from(["b".to_string()]));
+        assert_eq!(names(&w[type_url::ENDPOINT]), ["b"]);
+    }
+}
+
+#[cfg(test)]
+mod sharing_tests {
+    use super::*;
+
+    fn eds(names: &[&str], nonce: &str) -> DiscoveryRequest {
+        DiscoveryRequest {
+            type_url: type_url::ENDPOINT.into(),
+            resource_names: names.iter().map(|s| s.to_string()).collect(),
+            response_nonce: nonce.into(),
+            ..Default::default()
+        }
+    }
+
+    fn names_of(w: &HashMap<String, Watch>) -> &Names {
+        &w[type_url::ENDPOINT].resource.names
+    }
+
+    #[test]
+    fn connections_subscribed_to_the_same_names_share_one_set() {
+        let i = NameInterner::default();
+        let (mut a, mut b) = (HashMap::new(), HashMap::new());
+        sotw_request(&mut a, &eds(&["outbound|80||x", "outbound|80||y"], ""), &i);
+        sotw_request(&mut b, &eds(&["outbound|80||y", "outbound|80||x"], ""), &i);
+        assert!(names_of(&a).ptr_eq(names_of(&b)));
+        assert_eq!(i.len(), (2, 1));
+        // an ACK repeating the names keeps the set without interning again
+        let before = names_of(&a).clone();
+        a.get_mut(type_url::ENDPOINT).unwrap().nonce_sent = "1".into();
+        sotw_request(&mut a, &eds(&["outbound|80||y", "outbound|80||x"], "1"), &i);
+        assert!(names_of(&a).ptr_eq(&before));
+        // a different set still shares its names
+        sotw_request(&mut b, &eds(&["outbound|80||x"], ""), &i);
+        assert!(Arc::ptr_eq(
+            names_of(&a).first().unwrap(),
+            names_of(&b).first().unwrap()
+        ));
+    }
+
+    #[test]
+    fn delta_subscription_changes_land_on_the_shared_set() {
+        let i = NameInterner::default();
+        let (mut a, mut b) = (HashMap::new(), HashMap::new());
+        let sub = |names: &[&str], unsub: &[&str]| DeltaDiscoveryRequest {
+            type_url: type_url::ENDPOINT.into(),
+            resource_names_subscribe: names.iter().map(|s| s.to_string()).collect(),
+            resource_names_unsubscribe: unsub.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        delta_request(&mut a, &sub(&["x", "y"], &[]), &i);
+        delta_request(&mut b, &sub(&["x"], &[]), &i);
+        // subscribe and unsubscribe in one request: only what stays subscribed is answered
+        let (_, r) = delta_request(&mut b, &sub(&["y", "z"], &["z"]), &i);
+        assert_eq!(r, Respond::Names(BTreeSet::from([Arc::from("y")])));
+        assert!(names_of(&a).ptr_eq(names_of(&b)));
+        assert_eq!(names_of(&b).iter().map(|n| &**n).collect::<Vec<_>>(), ["x", "y"]);
+    }
+
+    #[test]
+    fn names_nobody_holds_are_pruned_once_the_table_doubles() {
+        let i = NameInterner::default();
+        let mut kept = HashMap::new();
+        sotw_request(&mut kept, &eds(&["kept"], ""), &i);
+        for n in 0..10 * PRUNE_MIN {
+            let mut w = HashMap::new();
+            sotw_request(&mut w, &eds(&[&format!("gone-{n}")], ""), &i);
+        }
+        let (names, sets) = i.len();
+        assert!(names + sets <= PRUNE_MIN + 2, "{names} names, {sets} sets");
+        // what a connection still holds survives every prune, and is still shared
+        let mut again = HashMap::new();
+        sotw_request(&mut again, &eds(&["kept"], ""), &i);
+        assert!(names_of(&kept).ptr_eq(names_of(&again)));
     }
 }
