@@ -11,6 +11,7 @@ mod debounce;
 mod delta;
 mod grpc;
 mod metrics;
+mod names;
 mod outbound;
 mod push_request;
 mod server;
