@@ -3,6 +3,7 @@
 //! same delivery without generation, a ramp to the memory or latency limit, and the report.
 #![forbid(unsafe_code)]
 
+pub mod churn;
 pub mod mesh;
 pub mod proxy;
 pub mod ramp;
@@ -12,6 +13,7 @@ pub mod scenario;
 mod tally;
 pub mod upstream;
 
+pub use churn::ChurnOptions;
 pub use mesh::MeshSpec;
 pub use ramp::{RampOptions, RampStep};
 pub use report::Report;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::Parser;
-use loadgen::{LoadOptions, MeshSpec, RampOptions, Scenario};
+use loadgen::{ChurnOptions, LoadOptions, MeshSpec, RampOptions, Scenario};
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 
 #[derive(Debug, Parser)]
@@ -41,6 +41,13 @@ struct Args {
     /// ramp: stop once a step's connect p99 exceeds this many milliseconds.
     #[arg(long)]
     max_p99_ms: Option<f64>,
+    /// endpoint-churn: changes per second, each moving the next service's endpoints (round robin);
+    /// 0 makes one change.
+    #[arg(long, default_value_t = 0.0)]
+    churn_rate: f64,
+    /// endpoint-churn: seconds of churn at --churn-rate.
+    #[arg(long, default_value_t = 60.0)]
+    churn_seconds: f64,
     /// VirtualServices (default: services / 10, at least 1).
     #[arg(long)]
     virtual_services: Option<usize>,
@@ -104,6 +111,10 @@ fn main() -> Result<()> {
             step: args.ramp_step,
             max_rss_mb: args.max_rss_mb,
             max_p99_ms: args.max_p99_ms,
+        },
+        churn: ChurnOptions {
+            rate: args.churn_rate,
+            duration: Duration::try_from_secs_f64(args.churn_seconds)?,
         },
         discovery_bin: args.discovery_bin.or_else(sibling_discovery),
         discovery: args.discovery,

@@ -98,7 +98,7 @@ pub fn virtual_service_path(dir: &Path, i: usize) -> PathBuf {
 
 /// Writes the whole mesh into `dir`.
 pub fn write_mesh(dir: &Path, spec: &MeshSpec) -> Result<()> {
-    write_service_entries(dir, spec, 0)?;
+    write_service_entries(dir, spec)?;
     let rules = (0..spec.destination_rules)
         .map(destination_rule)
         .collect::<Vec<_>>()
@@ -112,16 +112,34 @@ pub fn write_mesh(dir: &Path, spec: &MeshSpec) -> Result<()> {
 
 /// Moves service 0's endpoints to fresh addresses at `generation` (the endpoint-churn change).
 pub fn churn_endpoints(dir: &Path, spec: &MeshSpec, generation: usize) -> Result<()> {
-    write_service_entries(dir, spec, generation)
+    move_endpoints(dir, spec, 0, generation)
 }
 
-/// All ServiceEntries in one file; service 0's addresses are shifted by `generation` meshes.
-fn write_service_entries(dir: &Path, spec: &MeshSpec, generation: usize) -> Result<()> {
-    let total = spec.services * spec.endpoints;
-    let docs: Vec<String> = (0..spec.services)
-        .map(|i| service_entry(i, spec.endpoints, if i == 0 { generation * total } else { 0 }))
-        .collect();
-    write(&dir.join("service-entries.yaml"), &docs.join("---\n"))
+/// Rewrites service `i`'s file with its endpoints shifted by `generation` meshes, so that every
+/// generation of every service has addresses of its own (one Kubernetes endpoint update).
+pub fn move_endpoints(dir: &Path, spec: &MeshSpec, i: usize, generation: usize) -> Result<()> {
+    let shift = generation * spec.services * spec.endpoints;
+    write_atomically(&service_entry_path(dir, i), &service_entry(i, spec.endpoints, shift))
+}
+
+/// The first endpoint address of service `i` at `generation` (see [`move_endpoints`]).
+pub fn first_endpoint_address(spec: &MeshSpec, i: usize, generation: usize) -> String {
+    endpoint_address(i * spec.endpoints + generation * spec.services * spec.endpoints)
+}
+
+/// Path of ServiceEntry `i`'s file (one file each, so a change rewrites one small file).
+pub fn service_entry_path(dir: &Path, i: usize) -> PathBuf {
+    dir.join("service-entries").join(format!("svc-{i}.yaml"))
+}
+
+/// Every ServiceEntry at generation 0, one file each.
+fn write_service_entries(dir: &Path, spec: &MeshSpec) -> Result<()> {
+    let sub = dir.join("service-entries");
+    std::fs::create_dir_all(&sub).with_context(|| format!("creating {}", sub.display()))?;
+    for i in 0..spec.services {
+        write(&service_entry_path(dir, i), &service_entry(i, spec.endpoints, 0))?;
+    }
+    Ok(())
 }
 
 /// Rewrites VirtualService `i` at `generation` (the config-change scenario's one change).
@@ -133,6 +151,15 @@ fn write(path: &Path, text: &str) -> Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
+/// Writes a hidden sibling (which the watcher skips) and renames it over `path`, so that a rescan
+/// never reads half a file.
+fn write_atomically(path: &Path, text: &str) -> Result<()> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let temp = path.with_file_name(format!(".{name}.tmp"));
+    write(&temp, text)?;
+    std::fs::rename(&temp, path).with_context(|| format!("renaming {} to {}", temp.display(), path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,6 +169,10 @@ mod tests {
         let mut out = Vec::new();
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
+            if path.is_dir() {
+                out.extend(parse_dir(&path));
+                continue;
+            }
             let text = std::fs::read_to_string(&path).unwrap();
             for doc in config_sources::parse_documents(&text, &path) {
                 out.push(doc.unwrap_or_else(|e| panic!("{}: {e}", path.display())));
@@ -166,8 +197,11 @@ mod tests {
         assert_eq!(count(ConfigKind::VirtualService), 2);
         assert_eq!(count(ConfigKind::DestinationRule), 4);
         assert!(configs.iter().all(|c| c.meta.namespace == NAMESPACE));
-        let se = std::fs::read_to_string(dir.path().join("service-entries.yaml")).unwrap();
-        assert!(se.contains(&endpoint_address(35)) && !se.contains(&endpoint_address(36)));
+        let last = std::fs::read_to_string(service_entry_path(dir.path(), 11)).unwrap();
+        assert!(last.contains(&endpoint_address(35)) && !last.contains(&endpoint_address(36)));
+        let first = std::fs::read_to_string(service_entry_path(dir.path(), 0)).unwrap();
+        assert!(first.contains(&format!("{{address: {},", endpoint_address(0))));
+        assert!(!first.contains(&endpoint_address(3)));
     }
 
     #[test]
@@ -197,14 +231,40 @@ mod tests {
             destination_rules: 0,
         };
         write_mesh(dir.path(), &spec).unwrap();
-        let path = dir.path().join("service-entries.yaml");
-        let before = std::fs::read_to_string(&path).unwrap();
+        let read = |i| std::fs::read_to_string(service_entry_path(dir.path(), i)).unwrap();
+        let (before0, before1) = (read(0), read(1));
         churn_endpoints(dir.path(), &spec, 1).unwrap();
-        let after = std::fs::read_to_string(&path).unwrap();
+        let after = read(0);
         assert!(!after.contains(&format!("{{address: {},", endpoint_address(0))));
-        assert!(after.contains(&endpoint_address(6)) && !before.contains(&endpoint_address(6)));
-        assert!(after.contains(&format!("{{address: {},", endpoint_address(2))));
+        assert!(after.contains(&endpoint_address(6)) && !before0.contains(&endpoint_address(6)));
+        assert_eq!(read(1), before1);
         assert_eq!(parse_dir(dir.path()).len(), 3);
+    }
+
+    #[test]
+    fn each_generation_of_each_service_has_addresses_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = MeshSpec {
+            services: 4,
+            endpoints: 3,
+            virtual_services: 0,
+            destination_rules: 0,
+        };
+        write_mesh(dir.path(), &spec).unwrap();
+        let mut firsts = std::collections::HashSet::new();
+        for generation in 0..3 {
+            for i in 0..spec.services {
+                if generation > 0 {
+                    move_endpoints(dir.path(), &spec, i, generation).unwrap();
+                }
+                let text = std::fs::read_to_string(service_entry_path(dir.path(), i)).unwrap();
+                let first = first_endpoint_address(&spec, i, generation);
+                assert!(text.contains(&format!("{{address: {first},")), "{text}");
+                assert!(firsts.insert(first));
+            }
+        }
+        // The temporary file is renamed away: only the four ServiceEntries remain.
+        assert_eq!(parse_dir(dir.path()).len(), 4);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! Envoy (CDS wildcard, EDS for the EDS clusters, LDS, RDS for the listeners' route names),
 //! decodes and ACKs every response, and reports what it saw as [`ProxyEvent`]s.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::{Duration, Instant};
 
@@ -11,6 +11,8 @@ use prost::Message;
 use test_support::ads::delta::{DeltaAdsClient, DeltaResponse};
 use test_support::ads::{AdsClient, eds_cluster_names, rds_route_names};
 use tokio::sync::mpsc;
+use xds_api::envoy::config::core::v3::address;
+use xds_api::envoy::config::endpoint::v3::{ClusterLoadAssignment, lb_endpoint};
 use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryResponse, DiscoveryResponse};
 use xds_api::{pbwkt, type_url};
 
@@ -24,6 +26,9 @@ pub struct ProxyOptions {
     pub delta: bool,
     /// Report every response received as [`ProxyEvent::Received`] (the raw phase replays them).
     pub record: bool,
+    /// Report the endpoint addresses of every plain cluster whose addresses change
+    /// ([`ProxyEvent::Endpoints`], for endpoint churn).
+    pub endpoints: bool,
 }
 
 /// A response as received, for replay.
@@ -45,6 +50,13 @@ pub enum ProxyEvent {
         proxy: usize,
         watched: Watched,
         content: u64,
+        at: Instant,
+    },
+    /// An EDS response was ACKed at `at` that moved the addresses of these plain
+    /// (`outbound|<port>||<host>`) clusters: their addresses now, one list per cluster.
+    Endpoints {
+        proxy: usize,
+        clusters: Vec<Vec<String>>,
         at: Instant,
     },
     /// Encoded size of one response received.
@@ -76,9 +88,9 @@ impl Watched {
 /// Runs proxy `n` against `upstream` until its stream ends or the task is aborted.
 pub async fn run_proxy(upstream: Upstream, n: usize, opts: ProxyOptions, events: mpsc::UnboundedSender<ProxyEvent>) {
     let result = if opts.delta {
-        run_delta(upstream.addr(), n, opts.record, &events).await
+        run_delta(upstream.addr(), n, opts, &events).await
     } else {
-        run_sotw(&upstream, n, opts.record, &events).await
+        run_sotw(&upstream, n, opts, &events).await
     };
     if let Err(e) = result {
         let _ = events.send(ProxyEvent::Failed {
@@ -94,9 +106,11 @@ const RECV_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 async fn run_sotw(
     upstream: &Upstream,
     n: usize,
-    record: bool,
+    opts: ProxyOptions,
     events: &mpsc::UnboundedSender<ProxyEvent>,
 ) -> Result<()> {
+    let record = opts.record;
+    let mut moved = opts.endpoints.then(MovedEndpoints::default);
     let start = Instant::now();
     let channel = upstream.channel(n).await?;
     let mut client = AdsClient::on_channel(channel, &sidecar_node_id(n), sidecar_metadata(n)).await?;
@@ -115,6 +129,9 @@ async fn run_sotw(
         .map(|r| rds_route_names(&r.raw.resources))
         .unwrap_or_default();
     // Moved out, not kept: 2,000 proxies holding a large mesh's handshake would be gigabytes.
+    if let (Some(moved), Some(r)) = (&mut moved, &hs.endpoints) {
+        moved.update(r.raw.resources.iter());
+    }
     for r in [hs.clusters, hs.endpoints, hs.listeners, hs.routes]
         .into_iter()
         .flatten()
@@ -149,6 +166,11 @@ async fn run_sotw(
         client.ack_response(&r)?;
         let acked = Instant::now();
         let watched = Watched::of(r.type_url()).map(|w| (w, content_hash(r.raw.resources.iter())));
+        if let Some(moved) = &mut moved
+            && r.type_url() == type_url::ENDPOINT
+        {
+            moved.report(n, r.raw.resources.iter(), acked, events);
+        }
         if record {
             let response = Recorded::Sotw(r.raw);
             send(events, ProxyEvent::Received { at, response });
@@ -179,14 +201,15 @@ fn follow(client: &mut AdsClient, type_url: &str, current: &mut Vec<String>, mut
     Ok(())
 }
 
-async fn run_delta(addr: &str, n: usize, record: bool, events: &mpsc::UnboundedSender<ProxyEvent>) -> Result<()> {
+async fn run_delta(addr: &str, n: usize, opts: ProxyOptions, events: &mpsc::UnboundedSender<ProxyEvent>) -> Result<()> {
     let start = Instant::now();
     let mut client = DeltaAdsClient::connect(addr, &sidecar_node_id(n), sidecar_metadata(n)).await?;
     client.timeout = RECV_TIMEOUT;
     let mut proxy = DeltaProxy {
         client,
         n,
-        record,
+        record: opts.record,
+        moved: opts.endpoints.then(MovedEndpoints::default),
         events,
         eds: BTreeSet::new(),
         rds: BTreeSet::new(),
@@ -217,6 +240,7 @@ struct DeltaProxy<'a> {
     client: DeltaAdsClient,
     n: usize,
     record: bool,
+    moved: Option<MovedEndpoints>,
     events: &'a mpsc::UnboundedSender<ProxyEvent>,
     eds: BTreeSet<String>,
     rds: BTreeSet<String>,
@@ -268,6 +292,12 @@ impl DeltaProxy<'_> {
             let content = content_hash(r.raw.resources.iter().filter_map(|r| r.resource.as_ref()));
             (w, content)
         });
+        if let Some(moved) = &mut self.moved
+            && t == type_url::ENDPOINT
+        {
+            let bodies = r.raw.resources.iter().filter_map(|r| r.resource.as_ref());
+            moved.report(self.n, bodies, acked, self.events);
+        }
         if self.record {
             let response = Recorded::Delta(r.raw);
             send(self.events, ProxyEvent::Received { at, response });
@@ -321,6 +351,70 @@ fn bodies(r: &DeltaResponse) -> Vec<pbwkt::Any> {
     r.raw.resources.iter().filter_map(|r| r.resource.clone()).collect()
 }
 
+/// Per plain cluster, a hash of the endpoint addresses last ACKed, to report only those that move.
+#[derive(Debug, Default)]
+struct MovedEndpoints {
+    seen: HashMap<String, u64>,
+}
+
+impl MovedEndpoints {
+    /// The addresses of the plain clusters among `resources` that differ from those seen before.
+    fn update<'a>(&mut self, resources: impl Iterator<Item = &'a pbwkt::Any>) -> Vec<Vec<String>> {
+        let mut moved = Vec::new();
+        for any in resources {
+            let Ok(cla) = ClusterLoadAssignment::decode(any.value.as_slice()) else {
+                continue;
+            };
+            if !is_plain_cluster(&cla.cluster_name) {
+                continue;
+            }
+            let addresses = addresses(&cla);
+            let mut h = DefaultHasher::new();
+            addresses.hash(&mut h);
+            let hash = h.finish();
+            if self.seen.insert(cla.cluster_name, hash) != Some(hash) {
+                moved.push(addresses);
+            }
+        }
+        moved
+    }
+
+    fn report<'a>(
+        &mut self,
+        proxy: usize,
+        resources: impl Iterator<Item = &'a pbwkt::Any>,
+        at: Instant,
+        events: &mpsc::UnboundedSender<ProxyEvent>,
+    ) {
+        let clusters = self.update(resources);
+        if !clusters.is_empty() {
+            send(events, ProxyEvent::Endpoints { proxy, clusters, at });
+        }
+    }
+}
+
+/// `outbound|<port>||<host>`: a service's cluster without a subset.
+fn is_plain_cluster(name: &str) -> bool {
+    let mut parts = name.split('|');
+    parts.next() == Some("outbound") && parts.nth(1) == Some("")
+}
+
+/// The socket addresses of a ClusterLoadAssignment's endpoints, in order.
+fn addresses(cla: &ClusterLoadAssignment) -> Vec<String> {
+    cla.endpoints
+        .iter()
+        .flat_map(|l| &l.lb_endpoints)
+        .filter_map(|e| match &e.host_identifier {
+            Some(lb_endpoint::HostIdentifier::Endpoint(ep)) => ep.address.as_ref(),
+            _ => None,
+        })
+        .filter_map(|a| match &a.address {
+            Some(address::Address::SocketAddress(s)) => Some(s.address.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A hash of resources' encoded bodies.
 pub fn content_hash<'a>(resources: impl Iterator<Item = &'a pbwkt::Any>) -> u64 {
     let mut h = DefaultHasher::new();
@@ -333,4 +427,59 @@ pub fn content_hash<'a>(resources: impl Iterator<Item = &'a pbwkt::Any>) -> u64 
 fn send(events: &mpsc::UnboundedSender<ProxyEvent>, e: ProxyEvent) {
     // The scenario may have finished and dropped its receiver; the proxy is aborted soon after.
     let _ = events.send(e);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xds_api::envoy::config::core::v3::{Address, SocketAddress};
+    use xds_api::envoy::config::endpoint::v3::{Endpoint, LbEndpoint, LocalityLbEndpoints};
+
+    fn cla(name: &str, ips: &[&str]) -> pbwkt::Any {
+        let lb_endpoints = ips
+            .iter()
+            .map(|ip| LbEndpoint {
+                host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+                    address: Some(Address {
+                        address: Some(address::Address::SocketAddress(SocketAddress {
+                            address: (*ip).to_owned(),
+                            ..Default::default()
+                        })),
+                    }),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            })
+            .collect();
+        let cla = ClusterLoadAssignment {
+            cluster_name: name.to_owned(),
+            endpoints: vec![LocalityLbEndpoints {
+                lb_endpoints,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        pbwkt::Any {
+            type_url: type_url::ENDPOINT.to_owned(),
+            value: cla.encode_to_vec(),
+        }
+    }
+
+    #[test]
+    fn only_plain_clusters_whose_addresses_moved_are_reported() {
+        assert!(is_plain_cluster("outbound|8080||svc-0.load.svc.cluster.local"));
+        assert!(!is_plain_cluster("outbound|8080|v1|svc-0.load.svc.cluster.local"));
+        assert!(!is_plain_cluster("inbound|8080||"));
+        let mut m = MovedEndpoints::default();
+        let a = cla("outbound|8080||a", &["10.0.0.1", "10.0.0.2"]);
+        let b = cla("outbound|8080||b", &["10.0.1.1"]);
+        let subset = cla("outbound|8080|v1|a", &["10.0.0.1"]);
+        assert_eq!(m.update([&a, &b, &subset].into_iter()).len(), 2);
+        assert!(m.update([&a, &b].into_iter()).is_empty());
+        let moved = cla("outbound|8080||a", &["10.9.0.1", "10.9.0.2"]);
+        assert_eq!(
+            m.update([&moved, &b].into_iter()),
+            vec![vec!["10.9.0.1".to_owned(), "10.9.0.2".to_owned()]]
+        );
+    }
 }

@@ -365,7 +365,10 @@ pub async fn raw_phase(
     let (tx, rx) = mpsc::unbounded_channel();
     let mut tasks = JoinSet::new();
     for n in 0..proxies {
-        let opts = ProxyOptions { delta, record: false };
+        let opts = ProxyOptions {
+            delta,
+            ..Default::default()
+        };
         tasks.spawn(run_proxy(upstream.clone(), n, opts, tx.clone()));
     }
     drop(tx);

@@ -37,6 +37,17 @@ pub struct Report {
     pub steps: Vec<RampStep>,
     /// `ramp`: why it stopped (`max-rss-mb`, `max-p99-ms`, `proxies`, `errors`).
     pub ramp_stop: Option<String>,
+    /// Sustained endpoint churn (`--churn-rate`): changes made, and their rate over the window.
+    pub churn_changes: Option<usize>,
+    pub churn_rate_achieved: Option<f64>,
+    /// Write to the last proxy's ACK of the new endpoints, over all changes, and over those of the
+    /// first and the last 10 s (a growing queue shows as a last p99 well above the first).
+    pub churn_lag_p50_ms: Option<f64>,
+    pub churn_lag_p99_ms: Option<f64>,
+    pub churn_lag_first10s_p99_ms: Option<f64>,
+    pub churn_lag_last10s_p99_ms: Option<f64>,
+    /// The last write to every proxy holding the final endpoints of every service.
+    pub churn_settle_ms: Option<f64>,
     /// The pilot-discovery executable started, if one was.
     pub discovery_bin: Option<String>,
     /// Peak resident memory (VmHWM) of pilot-discovery, when it runs as a child.
@@ -85,6 +96,13 @@ impl Report {
             "raw_push_bytes": self.raw_push_bytes,
             "steps": steps,
             "ramp_stop": self.ramp_stop,
+            "churn_changes": self.churn_changes,
+            "churn_rate_achieved": self.churn_rate_achieved,
+            "churn_lag_p50_ms": self.churn_lag_p50_ms,
+            "churn_lag_p99_ms": self.churn_lag_p99_ms,
+            "churn_lag_first10s_p99_ms": self.churn_lag_first10s_p99_ms,
+            "churn_lag_last10s_p99_ms": self.churn_lag_last10s_p99_ms,
+            "churn_settle_ms": self.churn_settle_ms,
             "discovery_bin": self.discovery_bin,
             "discovery_rss_mb": self.discovery_rss_mb,
             "discovery_cpu_s": self.discovery_cpu_s,
@@ -146,6 +164,20 @@ impl Report {
             for s in &self.steps {
                 let rss = s.rss_mb.map_or("-".to_owned(), |v| format!("{v:.1} MB"));
                 out.push_str(&format!("{:>10} {rss:>12} {:>12}\n", s.proxies, ms(s.p99_ms)));
+            }
+        }
+        if let Some(changes) = self.churn_changes {
+            let rate = self.churn_rate_achieved.map_or("-".to_owned(), |r| format!("{r:.1}/s"));
+            let rows = [
+                ("churn changes", format!("{changes} at {rate}")),
+                ("churn lag p50", ms(self.churn_lag_p50_ms)),
+                ("churn lag p99", ms(self.churn_lag_p99_ms)),
+                ("  first 10 s p99", ms(self.churn_lag_first10s_p99_ms)),
+                ("  last 10 s p99", ms(self.churn_lag_last10s_p99_ms)),
+                ("churn settle", ms(self.churn_settle_ms)),
+            ];
+            for (k, v) in rows {
+                out.push_str(&format!("{k:<20} {v}\n"));
             }
         }
         for e in self.errors.iter().take(5) {
@@ -298,6 +330,33 @@ mod tests {
         assert!(table.contains("push per proxy       1.50 MB"), "{table}");
         assert!(table.contains("ramp stopped by      max-p99-ms"), "{table}");
         assert!(table.contains("      1000            -      45.5 ms"), "{table}");
+        assert!(!table.contains("churn"), "{table}");
+        assert!(j["churn_changes"].is_null() && j["churn_settle_ms"].is_null());
+    }
+
+    #[test]
+    fn churn_figures_reach_the_json_and_the_table() {
+        let r = Report {
+            scenario: "endpoint-churn".into(),
+            churn_changes: Some(6000),
+            churn_rate_achieved: Some(99.96),
+            churn_lag_p50_ms: Some(150.0),
+            churn_lag_p99_ms: Some(400.0),
+            churn_lag_first10s_p99_ms: Some(300.0),
+            churn_lag_last10s_p99_ms: Some(450.0),
+            churn_settle_ms: Some(210.5),
+            ..Default::default()
+        };
+        let j = r.to_json();
+        assert_eq!(j["churn_changes"], 6000);
+        assert_eq!(j["churn_rate_achieved"], 99.96);
+        assert_eq!(j["churn_lag_first10s_p99_ms"], 300.0);
+        assert_eq!(j["churn_lag_last10s_p99_ms"], 450.0);
+        assert_eq!(j["churn_settle_ms"], 210.5);
+        let table = r.table();
+        assert!(table.contains("churn changes        6000 at 100.0/s"), "{table}");
+        assert!(table.contains("  last 10 s p99      450.0 ms"), "{table}");
+        assert!(table.contains("churn settle         210.5 ms"), "{table}");
     }
 
     #[test]

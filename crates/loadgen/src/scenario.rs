@@ -2,7 +2,7 @@
 //! and measure `connect` (connect to last handshake ACK, per proxy), `config-change` (one
 //! VirtualService file write to every proxy's ACK of the new routes, then by default its raw
 //! limit, see [`crate::raw`]), `endpoint-churn` (one service's endpoints moved to every proxy's
-//! ACK of the new endpoints), `raw` (only the raw limit of a config change) or `ramp` (see
+//! ACK of the new endpoints; with a churn rate, sustained churn, see [`crate::churn`]), `raw` (only the raw limit of a config change) or `ramp` (see
 //! [`crate::ramp`]).
 
 use std::path::PathBuf;
@@ -14,6 +14,7 @@ use test_support::discovery::{Discovery, DiscoveryOptions};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use crate::churn::{ChurnFigures, ChurnOptions, churn};
 use crate::mesh::{MeshSpec, change_virtual_service, churn_endpoints, write_mesh};
 use crate::proxy::{ProxyOptions, Watched, run_proxy};
 use crate::ramp::{RampOptions, ramp};
@@ -77,6 +78,8 @@ pub struct LoadOptions {
     /// With `config-change`, also measure its raw limit.
     pub raw: bool,
     pub ramp: RampOptions,
+    /// With `endpoint-churn`, sustained churn when its rate is above 0.
+    pub churn: ChurnOptions,
     /// An already running pilot-discovery's gRPC address; it must watch `config_dir`.
     pub discovery: Option<String>,
     /// The process ID of that running pilot-discovery, to read its memory and CPU.
@@ -107,6 +110,7 @@ impl Default for LoadOptions {
             streams_per_connection: 1,
             raw: true,
             ramp: RampOptions::default(),
+            churn: ChurnOptions::default(),
             discovery: None,
             discovery_pid: None,
             discovery_bin: None,
@@ -135,7 +139,7 @@ pub async fn run(opts: &LoadOptions) -> Result<Report> {
     };
     let proxy = ProxyOptions {
         delta: opts.delta,
-        record: false,
+        ..Default::default()
     };
     if opts.scenario == Scenario::Ramp {
         let upstream = Upstream::new(control.addr.clone(), opts.streams_per_connection);
@@ -158,8 +162,8 @@ pub async fn run(opts: &LoadOptions) -> Result<Report> {
         } else {
             opts.proxies
         };
-        let phase = discovery_phase(opts, &control, proxies, raw).await?;
-        let mut errors = phase.tally.errors;
+        let mut phase = discovery_phase(opts, &control, proxies, raw).await?;
+        let mut errors = std::mem::take(&mut phase.tally.errors);
         if opts.scenario != Scenario::Raw {
             control.usage(&mut report);
             report.converged = phase.samples.len();
@@ -169,6 +173,9 @@ pub async fn run(opts: &LoadOptions) -> Result<Report> {
             report.convergence_p99_ms = percentile_ms(&phase.samples, 0.99);
             report.convergence_max_ms = percentile_ms(&phase.samples, 1.0);
             report.bytes_sent = phase.tally.bytes;
+            if let Some(figures) = &phase.churn {
+                figures.fill(&mut report);
+            }
         }
         // pilot-discovery is idle from here: stop it, so that it takes no CPU from the raw phase.
         drop(control);
@@ -200,6 +207,7 @@ pub async fn run(opts: &LoadOptions) -> Result<Report> {
             Some(Err(e)) => errors.push(format!("raw: {e:#}")),
             None => {}
         }
+        errors.append(&mut report.errors);
         report.errors = errors;
     }
     report.loadgen_cpu_s = cpu_seconds(std::process::id());
@@ -275,11 +283,14 @@ struct Phase {
     samples: Vec<Duration>,
     /// Proxy 0's change, to replay, when asked for.
     capture: Option<Result<Capture>>,
+    /// Sustained endpoint churn's figures.
+    churn: Option<ChurnFigures>,
 }
 
 /// Runs `proxies` proxies against pilot-discovery through the handshake and the scenario's
 /// change; with `record`, proxy 0 records what it receives for the raw phase.
 async fn discovery_phase(opts: &LoadOptions, control: &ControlPlane, proxies: usize, record: bool) -> Result<Phase> {
+    let sustained = opts.scenario == Scenario::EndpointChurn && opts.churn.rate > 0.0;
     let (tx, rx) = mpsc::unbounded_channel();
     let mut tasks = JoinSet::new();
     let upstream = Upstream::new(control.addr.clone(), opts.streams_per_connection);
@@ -287,6 +298,7 @@ async fn discovery_phase(opts: &LoadOptions, control: &ControlPlane, proxies: us
         let proxy = ProxyOptions {
             delta: opts.delta,
             record: record && n == 0,
+            endpoints: sustained,
         };
         tasks.spawn(run_proxy(upstream.clone(), n, proxy, tx.clone()));
     }
@@ -303,9 +315,14 @@ async fn discovery_phase(opts: &LoadOptions, control: &ControlPlane, proxies: us
         samples: connect.clone(),
         connect,
         capture: None,
+        churn: None,
         tally,
     };
-    if let Some(watched) = watched {
+    if sustained {
+        let figures = churn(&mut phase.tally, &opts.mesh, &opts.churn, &control.dir, opts.timeout).await?;
+        phase.samples = figures.lags.clone();
+        phase.churn = Some(figures);
+    } else if let Some(watched) = watched {
         let made = change(&mut phase.tally, opts, &control.dir, watched).await?;
         phase.samples = phase.tally.change_times();
         if record {

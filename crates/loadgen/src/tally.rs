@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use crate::churn::ChurnTracker;
 use crate::proxy::{ProxyEvent, Recorded, Watched};
 
 /// The proxies' reports of one phase.
@@ -24,6 +25,8 @@ pub(crate) struct Tally {
     pub changed: Vec<Option<Duration>>,
     /// What the recording proxy received, in order.
     pub recorded: Vec<(Instant, Recorded)>,
+    /// Sustained endpoint churn: which proxy has ACKed which change.
+    pub churn: Option<ChurnTracker>,
     pub bytes: u64,
     pub errors: Vec<String>,
 }
@@ -39,6 +42,7 @@ impl Tally {
             changed_since: None,
             changed: vec![None; n],
             recorded: Vec::new(),
+            churn: None,
             bytes: 0,
             errors: Vec::new(),
         }
@@ -85,13 +89,23 @@ impl Tally {
     /// Applies events until `done` holds, the proxies are all gone, or the deadline.
     pub async fn until(&mut self, done: impl Fn(&Tally) -> bool) {
         while !done(self) {
-            match tokio::time::timeout_at(self.deadline, self.rx.recv()).await {
-                Ok(Some(e)) => self.apply(e),
-                Ok(None) => return,
-                Err(_) => {
-                    self.errors.push("timed out (--timeout)".to_owned());
-                    return;
-                }
+            if !self.next().await {
+                return;
+            }
+        }
+    }
+
+    /// Applies the next event; false once the proxies are all gone or at the deadline.
+    pub async fn next(&mut self) -> bool {
+        match tokio::time::timeout_at(self.deadline, self.rx.recv()).await {
+            Ok(Some(e)) => {
+                self.apply(e);
+                true
+            }
+            Ok(None) => false,
+            Err(_) => {
+                self.errors.push("timed out (--timeout)".to_owned());
+                false
             }
         }
     }
@@ -101,6 +115,11 @@ impl Tally {
             ProxyEvent::Converged { proxy, elapsed } => self.converged[proxy] = Some(elapsed),
             ProxyEvent::Bytes(b) => self.bytes += b as u64,
             ProxyEvent::Received { at, response } => self.recorded.push((at, response)),
+            ProxyEvent::Endpoints { proxy, clusters, at } => {
+                if let Some(churn) = &mut self.churn {
+                    churn.acked(proxy, &clusters, at);
+                }
+            }
             ProxyEvent::Failed { proxy, error } => {
                 self.failed[proxy] = true;
                 self.errors.push(format!("proxy {proxy}: {error}"));
