@@ -170,6 +170,12 @@ async fn endpoint_only_change_pushes_only_eds() -> anyhow::Result<()> {
     let claims = r.decode::<ClusterLoadAssignment>()?;
     let v2 = claims.iter().find(|c| c.cluster_name == V2).expect("v2 endpoints");
     assert_eq!(endpoint_ports(v2), vec![19099]);
+    // Only the clusters of the service whose endpoints moved, as Istio's incremental EDS.
+    let names: Vec<&str> = claims.iter().map(|c| c.cluster_name.as_str()).collect();
+    assert!(
+        names.iter().all(|n| n.ends_with("|reviews.default.svc.cluster.local")),
+        "{names:?}"
+    );
     client.expect_no_response(Duration::from_millis(800)).await?;
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! pending push slot that the push loop merges requests into (never a queue that grows per push).
 //! Also what both stream kinds share: node parsing, registration, generation off the runtime.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -14,7 +14,7 @@ use xds_api::type_url;
 use crate::clock::rfc3339;
 use crate::server::DiscoveryServer;
 use crate::status::ConnectionStatus;
-use crate::watched::{Version, Watch};
+use crate::watched::{Names, Version, Watch};
 use crate::{GenerateError, Proxy, PushRequest, PushSnapshot, Resource, WatchedResource};
 
 /// Locks a mutex, recovering the data if a panicking thread poisoned it: every critical section
@@ -90,7 +90,8 @@ impl Connection {
     }
 
     /// The watches a push covers: for a full push every type the changed kinds can affect (Istio's
-    /// per-generator `*NeedsPush`), EDS only otherwise; in push order.
+    /// per-generator `*NeedsPush`), EDS only otherwise (and, in state of the world, only the
+    /// clusters of the services whose endpoints moved); in push order.
     pub fn push_targets(&self, req: &PushRequest) -> Vec<WatchedResource> {
         let mut targets: Vec<WatchedResource> = lock(&self.watched)
             .values()
@@ -104,6 +105,9 @@ impl Connection {
             })
             .map(|w| w.resource.clone())
             .collect();
+        if !req.full && !self.delta {
+            targets = targets.into_iter().filter_map(|w| partial_eds(w, req)).collect();
+        }
         targets.sort_by(|a, b| {
             (type_url::push_order(&a.type_url), &a.type_url).cmp(&(type_url::push_order(&b.type_url), &b.type_url))
         });
@@ -195,6 +199,30 @@ pub(crate) struct Generated {
     /// resource, shared with it), same order.
     pub versions: Vec<Version>,
     pub elapsed: Duration,
+}
+
+/// An endpoint-only push in state of the world sends only the clusters of the services whose
+/// endpoints moved, as Istio's incremental EDS: EDS is not a wildcard type, so Envoy keeps the
+/// load assignments a response leaves out. `None` when the proxy watches none of them. An empty
+/// `configs_updated` means every service.
+fn partial_eds(w: WatchedResource, req: &PushRequest) -> Option<WatchedResource> {
+    if req.configs_updated.is_empty() {
+        return Some(w);
+    }
+    let hosts: HashSet<&str> = req
+        .configs_updated
+        .iter()
+        .filter(|k| k.kind == model::ConfigKind::ServiceEntry)
+        .map(|k| k.name.as_str())
+        .collect();
+    // `outbound|<port>|<subset>|<host>`
+    let names: Names = w
+        .names
+        .iter()
+        .filter(|n| n.rsplit('|').next().is_some_and(|h| hosts.contains(h)))
+        .cloned()
+        .collect();
+    (!names.is_empty()).then(|| WatchedResource { names, ..w })
 }
 
 /// Generates `targets` in the blocking pool, so a large generation never stalls the runtime.
