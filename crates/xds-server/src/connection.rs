@@ -222,7 +222,7 @@ fn partial_eds(w: WatchedResource, req: &PushRequest) -> Option<WatchedResource>
         .filter(|n| n.rsplit('|').next().is_some_and(|h| hosts.contains(h)))
         .cloned()
         .collect();
-    (!names.is_empty()).then(|| WatchedResource { names, ..w })
+    (!names.is_empty()).then_some(WatchedResource { names, ..w })
 }
 
 /// Generates `targets` in the blocking pool, so a large generation never stalls the runtime.
