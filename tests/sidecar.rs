@@ -282,7 +282,10 @@ async fn weighted_split_follows_the_weights_over_200_requests() {
     let v1 = seen.get("reviews-v1").copied().unwrap_or(0);
     let v2 = seen.get("reviews-v2").copied().unwrap_or(0);
     assert_eq!(v1 + v2, 200, "{seen:?}");
-    assert!((137..=183).contains(&v1), "v1 answered {v1} of 200 for a weight of 80: {seen:?}");
+    assert!(
+        (137..=183).contains(&v1),
+        "v1 answered {v1} of 200 for a weight of 80: {seen:?}"
+    );
     mesh.assert_no_rejects().unwrap();
 }
 
