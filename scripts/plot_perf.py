@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Plots docs/perf/loadgen.jsonl (one loadgen --json line per run) into docs/perf/loadgen.png:
+convergence p99 and the raw limit against proxies (config-change runs), and pilot-discovery's
+peak RSS against proxies (config-change runs and ramp steps).
+
+    python3 -m venv /tmp/plotenv && /tmp/plotenv/bin/pip install matplotlib
+    /tmp/plotenv/bin/python scripts/plot_perf.py
+"""
+import json
+import pathlib
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+root = pathlib.Path(__file__).resolve().parent.parent
+runs = [json.loads(line) for line in (root / "docs/perf/loadgen.jsonl").read_text().splitlines() if line.strip()]
+
+change = sorted((r for r in runs if r["scenario"] == "config-change" and not r["delta"]), key=lambda r: r["proxies"])
+ramps = [r for r in runs if r["scenario"] == "ramp"]
+
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+for services in sorted({r["services"] for r in change}):
+    rs = [r for r in change if r["services"] == services]
+    xs = [r["proxies"] for r in rs]
+    ax1.plot(xs, [r["convergence_p99_ms"] / 1000 for r in rs], "o-", label=f"convergence p99, {services} services")
+    ax1.plot(xs, [(r["raw_p99_ms"] or 0) / 1000 for r in rs], "s--", label=f"raw limit p99, {services} services")
+    ax2.plot(xs, [r["discovery_rss_mb"] for r in rs], "o-", label=f"config-change, {services} services")
+for r in ramps:
+    steps = r["steps"]
+    ax2.plot([s["proxies"] for s in steps], [s["rss_mb"] for s in steps], ".-",
+             label=f"ramp, {r['services']} service(s)")
+ax1.axhline(1.0, color="grey", lw=0.8, ls=":", label="target 1 s")
+ax1.set_xlabel("proxies")
+ax1.set_ylabel("seconds")
+ax1.set_title("One VirtualService change: time to every ACK")
+ax1.legend(fontsize=8)
+ax2.axhline(150, color="grey", lw=0.8, ls=":", label="target 150 MB (2,000 proxies)")
+ax2.axhline(2048, color="grey", lw=0.8, ls="-.", label="target 2 GB (25,000 proxies)")
+ax2.set_xscale("log")
+ax2.set_yscale("log")
+ax2.set_xlabel("proxies")
+ax2.set_ylabel("MB")
+ax2.set_title("pilot-discovery peak RSS")
+ax2.legend(fontsize=8)
+fig.tight_layout()
+out = root / "docs/perf/loadgen.png"
+fig.savefig(out, dpi=110)
+print(out)
