@@ -8,12 +8,11 @@ use std::time::Instant;
 
 use crate::grpc::Requests as Streaming;
 use futures::StreamExt;
-use tokio::sync::{OwnedSemaphorePermit, oneshot};
 use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource as PbResource};
 use xds_api::type_url;
 
 use crate::connection::{Connection, Generated, accept, generate, lock, log_generate_error};
-use crate::outbound::{self, OutSender, Outbound, drained};
+use crate::outbound::{OutSender, Slot};
 use crate::server::{Closed, DiscoveryServer};
 use crate::watched::{NameInterner, Respond, Version, WatchedResource, delta_request, version_str};
 use crate::{PushRequest, PushSnapshot, reason};
@@ -40,7 +39,6 @@ pub(crate) async fn serve(
         conn: conn.clone(),
         out,
         nonce: 0,
-        pushed: None,
     };
     let _ = stream.run(first, inbound).await;
     tracing::info!("ADS: {} {} delta terminated", conn.peer, conn.id);
@@ -51,8 +49,6 @@ struct DeltaStream {
     conn: Arc<Connection>,
     out: DeltaSender,
     nonce: u64,
-    /// Fires once tonic is past the last response a push sent.
-    pushed: Option<oneshot::Receiver<()>>,
 }
 
 /// Why a response is being built: answering a request always answers; a push only when
@@ -117,11 +113,11 @@ impl DeltaStream {
         let push = PushRequest::full(reason::PROXY_REQUEST);
         // Answers take a throttle slot as pushes do: a thousand proxies connecting at once must
         // not hold a thousand full responses in memory.
-        let mut slot = self.server.throttle().await;
+        let mut slot = Slot::new(self.server.throttle().await);
         for g in generate(snapshot.clone(), self.conn.proxy.clone(), vec![target], push, true).await {
             self.send(snapshot.as_ref(), g, Cause::Request, &mut slot).await?;
         }
-        self.release(slot).await;
+        slot.release().await;
         Ok(())
     }
 
@@ -139,7 +135,7 @@ impl DeltaStream {
             return Ok(());
         }
         // The slot is held from generation until the responses have left (see `outbound`).
-        let mut slot = self.server.throttle().await;
+        let mut slot = Slot::new(self.server.throttle().await);
         let generated = generate(snapshot.clone(), self.conn.proxy.clone(), targets, req.clone(), true).await;
         if req.full {
             *lock(&self.conn.last_pushed) = Some(snapshot.clone());
@@ -147,7 +143,7 @@ impl DeltaStream {
         for g in generated {
             self.send(snapshot.as_ref(), g, Cause::Push, &mut slot).await?;
         }
-        self.release(slot).await;
+        slot.release().await;
         self.server
             .metrics
             .convergence
@@ -155,22 +151,12 @@ impl DeltaStream {
         Ok(())
     }
 
-    /// Gives a throttle slot back once tonic is past the last response sent under it.
-    async fn release(&mut self, slot: Option<OwnedSemaphorePermit>) {
-        if let Some(pushed) = self.pushed.take()
-            && slot.is_some()
-        {
-            drained(pushed).await;
-        }
-        drop(slot);
-    }
-
     async fn send(
         &mut self,
         snapshot: &dyn PushSnapshot,
         g: Generated,
         cause: Cause,
-        slot: &mut Option<OwnedSemaphorePermit>,
+        slot: &mut Slot,
     ) -> Result<(), Closed> {
         let t = g.watched.type_url.as_str();
         let resources = match g.resources {
@@ -217,15 +203,7 @@ impl DeltaStream {
             ..Default::default()
         };
         let t0 = Instant::now();
-        let taken = if slot.is_some() {
-            let (tx, rx) = oneshot::channel();
-            self.pushed = Some(rx);
-            Some(tx)
-        } else {
-            None
-        };
-        let out = Outbound { item: Ok(resp), taken };
-        if outbound::send(&self.out, out, slot).await.is_err() {
+        if slot.send(&self.out, resp).await.is_err() {
             if cause == Cause::Push {
                 self.server.metrics.record_send_error(t);
             }

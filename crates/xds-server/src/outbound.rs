@@ -1,14 +1,15 @@
-//! The response side of an ADS stream: a small bounded channel to tonic whose receiving end tells
-//! a push when tonic has come back for the message after its last one, that is when the push's
-//! bytes have been handed to HTTP/2 and the connection had room for more. A push holds its
-//! throttle slot until then, so the bytes in flight are bounded by the throttle, not by the number
-//! of proxies (Istio's push semaphore covers `Send`, which blocks on flow control the same way).
+//! The response side of an ADS stream: a small bounded channel to the response body (`grpc`)
+//! whose receiving end tells a push when the body has come back for the message after its last
+//! one, that is when the push's bytes have been handed to HTTP/2 and the connection had room for
+//! more. A push holds its throttle [`Slot`] until then, so the bytes in flight are bounded by the
+//! throttle, not by the number of proxies (Istio's push semaphore covers `Send`, which blocks on
+//! flow control the same way).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 use tonic::Status;
 
 /// Responses queued per stream: one full push (CDS, EDS, LDS, RDS).
@@ -16,10 +17,10 @@ pub(crate) const STREAM_BUFFER: usize = 4;
 
 /// The longest a push keeps its throttle slot waiting for a proxy to read. A proxy that stops
 /// reading keeps its connection (its data stays queued) but no longer holds up other pushes; a
-/// push that finds the stream's queue full gives its slot up at once (`send`).
+/// push that finds the stream's queue full gives its slot up at once (`Slot::send`).
 pub(crate) const DRAIN_WAIT: Duration = Duration::from_secs(2);
 
-/// One message for tonic, with the signal to give once tonic is past it.
+/// One message for the response body, with the signal to give once the body is past it.
 pub(crate) struct Outbound<T> {
     pub item: Result<T, Status>,
     pub taken: Option<oneshot::Sender<()>>,
@@ -39,7 +40,7 @@ pub(crate) fn channel<T>() -> (OutSender<T>, ResponseStream<T>) {
     (tx, ResponseStream { rx, passed: None })
 }
 
-/// What tonic reads. Polled again after yielding a message, it signals that message's sender.
+/// What the response body (`grpc::Frames`) reads. Polled again after yielding a message, it signals that message's sender.
 pub struct ResponseStream<T> {
     rx: mpsc::Receiver<Outbound<T>>,
     passed: Option<oneshot::Sender<()>>,
@@ -64,24 +65,47 @@ impl<T> futures::Stream for ResponseStream<T> {
 }
 
 /// Waits until `taken` fires (or the stream is gone), at most [`DRAIN_WAIT`].
-pub(crate) async fn drained(taken: oneshot::Receiver<()>) {
+async fn drained(taken: oneshot::Receiver<()>) {
     let _ = tokio::time::timeout(DRAIN_WAIT, taken).await;
 }
 
-/// Queues `out`; when the queue is full the proxy is not reading, and `slot` (the push's
-/// throttle slot, if any) is released before waiting, so that proxy holds up no other push.
-/// `Err` when the stream is gone.
-pub(crate) async fn send<T>(
-    tx: &OutSender<T>,
-    out: Outbound<T>,
-    slot: &mut Option<tokio::sync::OwnedSemaphorePermit>,
-) -> Result<(), ()> {
-    match tx.try_send(out) {
-        Ok(()) => Ok(()),
-        Err(mpsc::error::TrySendError::Closed(_)) => Err(()),
-        Err(mpsc::error::TrySendError::Full(out)) => {
-            slot.take();
-            tx.send(out).await.map_err(|_| ())
+/// A push's (or an answer's) throttle slot, and the signal of the last response sent under it.
+pub(crate) struct Slot {
+    permit: Option<OwnedSemaphorePermit>,
+    last: Option<oneshot::Receiver<()>>,
+}
+
+impl Slot {
+    pub(crate) fn new(permit: Option<OwnedSemaphorePermit>) -> Slot {
+        Slot { permit, last: None }
+    }
+
+    /// Queues `item`. When the queue is full the proxy is not reading: the permit is given up
+    /// before waiting, so that proxy holds up no other push. `Err` when the stream is gone.
+    pub(crate) async fn send<T>(&mut self, tx: &OutSender<T>, item: T) -> Result<(), ()> {
+        let taken = self.permit.is_some().then(|| {
+            let (taken, last) = oneshot::channel();
+            self.last = Some(last);
+            taken
+        });
+        let out = Outbound { item: Ok(item), taken };
+        match tx.try_send(out) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(()),
+            Err(mpsc::error::TrySendError::Full(out)) => {
+                self.permit = None;
+                tx.send(out).await.map_err(|_| ())
+            }
+        }
+    }
+
+    /// Gives the permit back once the body is past the last response sent under it (at most
+    /// [`DRAIN_WAIT`]).
+    pub(crate) async fn release(mut self) {
+        if self.permit.is_some()
+            && let Some(last) = self.last.take()
+        {
+            drained(last).await;
         }
     }
 }

@@ -7,12 +7,11 @@ use std::time::Instant;
 
 use crate::grpc::Requests as Streaming;
 use futures::StreamExt;
-use tokio::sync::{OwnedSemaphorePermit, oneshot};
 use xds_api::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use xds_api::type_url;
 
 use crate::connection::{Connection, Generated, accept, generate, lock, log_generate_error};
-use crate::outbound::{self, OutSender, Outbound, drained};
+use crate::outbound::{OutSender, Slot};
 use crate::server::{Closed, DiscoveryServer};
 use crate::watched::{Respond, sotw_request};
 use crate::{PushRequest, PushSnapshot, reason};
@@ -39,7 +38,6 @@ pub(crate) async fn serve(
         conn: conn.clone(),
         out,
         nonce: 0,
-        pushed: None,
     };
     let _ = stream.run(first, inbound).await;
     tracing::info!("ADS: {} {} terminated", conn.peer, conn.id);
@@ -50,8 +48,6 @@ struct SotwStream {
     conn: Arc<Connection>,
     out: SotwSender,
     nonce: u64,
-    /// Fires once tonic is past the last response a push sent.
-    pushed: Option<oneshot::Receiver<()>>,
 }
 
 impl SotwStream {
@@ -97,11 +93,11 @@ impl SotwStream {
         let push = PushRequest::full(reason::PROXY_REQUEST);
         // Answers take a throttle slot as pushes do: a thousand proxies connecting at once must
         // not hold a thousand full responses in memory.
-        let mut slot = self.server.throttle().await;
+        let mut slot = Slot::new(self.server.throttle().await);
         for g in generate(snapshot.clone(), self.conn.proxy.clone(), vec![watched], push, false).await {
             self.send(snapshot.as_ref(), g, false, &mut slot).await?;
         }
-        self.release(slot).await;
+        slot.release().await;
         Ok(())
     }
 
@@ -119,7 +115,7 @@ impl SotwStream {
             return Ok(());
         }
         // The slot is held from generation until the responses have left (see `outbound`).
-        let mut slot = self.server.throttle().await;
+        let mut slot = Slot::new(self.server.throttle().await);
         let generated = generate(snapshot.clone(), self.conn.proxy.clone(), targets, req.clone(), false).await;
         if req.full {
             *lock(&self.conn.last_pushed) = Some(snapshot.clone());
@@ -127,7 +123,7 @@ impl SotwStream {
         for g in generated {
             self.send(snapshot.as_ref(), g, true, &mut slot).await?;
         }
-        self.release(slot).await;
+        slot.release().await;
         self.server
             .metrics
             .convergence
@@ -135,22 +131,12 @@ impl SotwStream {
         Ok(())
     }
 
-    /// Gives a throttle slot back once tonic is past the last response sent under it.
-    async fn release(&mut self, slot: Option<OwnedSemaphorePermit>) {
-        if let Some(pushed) = self.pushed.take()
-            && slot.is_some()
-        {
-            drained(pushed).await;
-        }
-        drop(slot);
-    }
-
     async fn send(
         &mut self,
         snapshot: &dyn PushSnapshot,
         g: Generated,
         push: bool,
-        slot: &mut Option<OwnedSemaphorePermit>,
+        slot: &mut Slot,
     ) -> Result<(), Closed> {
         let t = g.watched.type_url.as_str();
         let resources = match g.resources {
@@ -164,9 +150,8 @@ impl SotwStream {
         let nonce = self.server.nonce(self.nonce);
         let version = snapshot.version();
         // Each shared `Any` is copied out of its `Arc`: ~165 µs per full push at 1,000 services
-        // (1.3 MB; half of the encoding's cost). envoy-types' `Any.value` is a `Vec<u8>` and the
-        // generated ADS service takes owned responses, so sharing the bytes would need regenerated
-        // protos (prost `bytes`) or a hand-written service.
+        // (1.3 MB; half of the encoding's cost). envoy-types' `Any.value` is a `Vec<u8>`; sharing
+        // the bytes would mean framing the response from the encoded resources in `grpc`.
         let resp = DiscoveryResponse {
             version_info: version.to_owned(),
             resources: resources.iter().map(|r| (*r.resource).clone()).collect(),
@@ -175,15 +160,7 @@ impl SotwStream {
             ..Default::default()
         };
         let t0 = Instant::now();
-        let taken = if slot.is_some() {
-            let (tx, rx) = oneshot::channel();
-            self.pushed = Some(rx);
-            Some(tx)
-        } else {
-            None
-        };
-        let out = Outbound { item: Ok(resp), taken };
-        if outbound::send(&self.out, out, slot).await.is_err() {
+        if slot.send(&self.out, resp).await.is_err() {
             if push {
                 self.server.metrics.record_send_error(t);
             }
