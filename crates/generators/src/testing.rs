@@ -1,14 +1,20 @@
 //! Test helpers for the CDS/EDS generators: a push built from configs as users write them,
-//! proxies, golden files (`REFRESH_GOLDEN=true` rewrites them) and the Envoy binary.
+//! proxies, golden files (`REFRESH_GOLDEN=true` rewrites them), the Envoy binary and
+//! `envoy --mode validate` with stub clusters for what routes name.
 
-use std::path::PathBuf;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use model::config::parse_config;
 use model::proxy::NodeMetadata;
 use model::{Config, MeshConfig, Proxy};
+use prost::Message;
 use push_index::{PushContext, PushInput};
 use serde_json::{Value, json};
+use xds_api::envoy::config::bootstrap::v3::Bootstrap;
+use xds_api::envoy::config::cluster::v3::{Cluster, cluster::ClusterDiscoveryType, cluster::DiscoveryType};
+use xds_api::envoy::config::route::v3::{RouteConfiguration, route, route_action};
 
 pub fn push_with_mesh(mesh: MeshConfig, docs: Vec<Value>) -> PushContext {
     let mesh = Arc::new(mesh);
@@ -112,4 +118,62 @@ pub fn envoy_binary() -> Option<PathBuf> {
         )),
     ];
     candidates.into_iter().flatten().find(|p| p.is_file())
+}
+
+/// Runs `envoy --mode validate` on `bootstrap`: Ok with Envoy's log, or Err with it.
+pub fn envoy_validate(envoy: &Path, bootstrap: &Bootstrap) -> Result<String, String> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bootstrap.pb");
+    std::fs::write(&path, bootstrap.encode_to_vec()).unwrap();
+    let out = std::process::Command::new(envoy)
+        .args([
+            "--mode",
+            "validate",
+            "--disable-hot-restart",
+            "--log-level",
+            "info",
+            "-c",
+        ])
+        .arg(&path)
+        .output()
+        .expect("envoy runs");
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() { Ok(log) } else { Err(log) }
+}
+
+/// Stub clusters for every cluster the routes send to or mirror to.
+pub fn stub_clusters(routes: &[RouteConfiguration]) -> Vec<Cluster> {
+    let mut names = BTreeSet::new();
+    for r in routes
+        .iter()
+        .flat_map(|rc| rc.virtual_hosts.iter())
+        .flat_map(|v| v.routes.iter())
+    {
+        let Some(route::Action::Route(a)) = &r.action else {
+            continue;
+        };
+        match &a.cluster_specifier {
+            Some(route_action::ClusterSpecifier::Cluster(c)) => {
+                names.insert(c.clone());
+            }
+            Some(route_action::ClusterSpecifier::WeightedClusters(w)) => {
+                names.extend(w.clusters.iter().map(|c| c.name.clone()))
+            }
+            _ => {}
+        }
+        names.extend(a.request_mirror_policies.iter().map(|m| m.cluster.clone()));
+    }
+    names
+        .into_iter()
+        .map(|name| Cluster {
+            name,
+            cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
+            connect_timeout: Some(xds_api::pbwkt::Duration { seconds: 1, nanos: 0 }),
+            ..Default::default()
+        })
+        .collect()
 }

@@ -189,29 +189,9 @@ fn bootstrap(clusters: Vec<Cluster>) -> Bootstrap {
     }
 }
 
-/// Runs `envoy --mode validate` on a binary bootstrap; `Err(output)` if Envoy rejects it.
+/// Runs `envoy --mode validate` on the bootstrap of `clusters`; `Err(output)` if Envoy rejects it.
 fn envoy_validate(envoy: &std::path::Path, clusters: Vec<Cluster>) -> Result<(), String> {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("bootstrap.pb");
-    std::fs::write(&path, bootstrap(clusters).encode_to_vec()).unwrap();
-    let out = std::process::Command::new(envoy)
-        .args([
-            "--mode",
-            "validate",
-            "--disable-hot-restart",
-            "--log-level",
-            "warn",
-            "-c",
-        ])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if out.status.success() { Ok(()) } else { Err(text) }
+    crate::testing::envoy_validate(envoy, &bootstrap(clusters)).map(|_| ())
 }
 
 #[test]

@@ -3,14 +3,12 @@
 //! cluster for every cluster a route names, go into a bootstrap that `envoy --mode validate`
 //! must accept. Skipped, with a message, when no Envoy binary is found.
 
-use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::Command;
 
 use prost::Message;
 use serde_json::json;
 use xds_api::envoy::config::bootstrap::v3::{Bootstrap, bootstrap::StaticResources};
-use xds_api::envoy::config::cluster::v3::{Cluster, cluster::ClusterDiscoveryType, cluster::DiscoveryType};
+use xds_api::envoy::config::cluster::v3::Cluster;
 use xds_api::envoy::config::listener::v3::{Listener, filter};
 use xds_api::envoy::config::route::v3::{RouteConfiguration, route, route_action};
 use xds_api::envoy::extensions::filters::network::http_connection_manager::v3::{
@@ -40,63 +38,48 @@ xktFo23kSn9Blyy5/cbmZKmrzHm6Ok4WtzMD5Sysbe+CcG+CSNFMhvqg
 -----END PRIVATE KEY-----
 ";
 
-/// Replaces RDS with the named route configuration in every HCM of `listeners`.
-fn inline_routes(listeners: &mut [Listener], routes: &[RouteConfiguration]) {
+/// Replaces RDS in every HTTP connection manager of `listeners` with the route configuration
+/// `route` gives for its name (validate mode does not fetch RDS).
+pub(crate) fn inline_rds(listeners: &mut [Listener], mut route: impl FnMut(&str) -> RouteConfiguration) {
     for chain in listeners.iter_mut().flat_map(|l| l.filter_chains.iter_mut()) {
         for f in &mut chain.filters {
             let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
                 continue;
             };
+            if f.name != super::hcm::HTTP_CONNECTION_MANAGER {
+                continue;
+            }
             let mut h = HttpConnectionManager::decode(any.value.as_slice()).unwrap();
             let Some(hcm::RouteSpecifier::Rds(rds)) = &h.route_specifier else {
                 continue;
             };
-            let rc = routes
-                .iter()
-                .find(|r| r.name == rds.route_config_name)
-                .cloned()
-                .expect("route config served");
-            h.route_specifier = Some(hcm::RouteSpecifier::RouteConfig(rc));
+            h.route_specifier = Some(hcm::RouteSpecifier::RouteConfig(route(&rds.route_config_name)));
             f.config_type = Some(filter::ConfigType::TypedConfig(xds_api::pack(&h)));
         }
     }
 }
 
-/// Stub clusters for every cluster the routes send to or mirror to.
-fn stub_clusters(routes: &[RouteConfiguration]) -> Vec<Cluster> {
-    let mut names = BTreeSet::new();
-    for r in routes
-        .iter()
-        .flat_map(|rc| rc.virtual_hosts.iter())
-        .flat_map(|v| v.routes.iter())
-    {
-        let Some(route::Action::Route(a)) = &r.action else {
-            continue;
-        };
-        match &a.cluster_specifier {
-            Some(route_action::ClusterSpecifier::Cluster(c)) => {
-                names.insert(c.clone());
-            }
-            Some(route_action::ClusterSpecifier::WeightedClusters(w)) => {
-                names.extend(w.clusters.iter().map(|c| c.name.clone()))
-            }
-            _ => {}
-        }
-        names.extend(a.request_mirror_policies.iter().map(|m| m.cluster.clone()));
-    }
-    names
-        .into_iter()
-        .map(|name| Cluster {
-            name,
-            cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
-            connect_timeout: Some(xds_api::pbwkt::Duration { seconds: 1, nanos: 0 }),
-            ..Default::default()
-        })
-        .collect()
+/// Replaces RDS with the named route configuration of `routes` in every HCM of `listeners`.
+fn inline_routes(listeners: &mut [Listener], routes: &[RouteConfiguration]) {
+    inline_rds(listeners, |name| {
+        routes
+            .iter()
+            .find(|r| r.name == name)
+            .cloned()
+            .expect("route config served")
+    });
 }
 
-/// Runs `envoy --mode validate` on the bootstrap: Ok with Envoy's log, or Err with it.
-fn validate(envoy: &Path, dir: &Path, listeners: Vec<Listener>, clusters: Vec<Cluster>) -> Result<String, String> {
+/// A route configuration `name` that validates its clusters and sends everything to
+/// PassthroughCluster.
+pub(crate) fn passthrough_route(name: &str) -> RouteConfiguration {
+    let rc = json!({"name": name, "validateClusters": true, "virtualHosts": [{"name": "all", "domains": ["*"],
+        "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "PassthroughCluster"}}]}]});
+    xds_api::json::json_to_message(&rc).unwrap()
+}
+
+/// Runs `envoy --mode validate` on static listeners and clusters: Ok with Envoy's log, or Err with it.
+fn validate(envoy: &Path, listeners: Vec<Listener>, clusters: Vec<Cluster>) -> Result<String, String> {
     let bootstrap = Bootstrap {
         static_resources: Some(StaticResources {
             listeners,
@@ -105,26 +88,41 @@ fn validate(envoy: &Path, dir: &Path, listeners: Vec<Listener>, clusters: Vec<Cl
         }),
         ..Default::default()
     };
-    let path = dir.join("bootstrap.pb");
-    std::fs::write(&path, bootstrap.encode_to_vec()).unwrap();
-    let out = Command::new(envoy)
-        .args([
-            "--mode",
-            "validate",
-            "--disable-hot-restart",
-            "--log-level",
-            "info",
-            "-c",
-        ])
-        .arg(&path)
-        .output()
-        .expect("envoy runs");
-    let log = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    crate::testing::envoy_validate(envoy, &bootstrap)
+}
+
+/// Asserts that Envoy accepts a proxy's listeners and clusters and loads every listener. The
+/// bootstrap has the proxy's node and an ADS source (a static `xds-grpc` cluster), as EDS
+/// clusters need; `what` names the config in the failure message.
+pub(crate) fn assert_accepted_with_ads(
+    envoy: &Path,
+    node_id: &str,
+    listeners: Vec<Listener>,
+    clusters: Vec<Cluster>,
+    what: &str,
+) {
+    let n = listeners.len();
+    let mut bootstrap: Bootstrap = xds_api::json::json_to_message(&json!({
+        "node": {"id": node_id, "cluster": "test"},
+        "dynamicResources": {"adsConfig": {"apiType": "GRPC", "transportApiVersion": "V3",
+            "grpcServices": [{"envoyGrpc": {"clusterName": "xds-grpc"}}]}},
+        "staticResources": {"clusters": [{"name": "xds-grpc", "type": "STATIC", "connectTimeout": "1s",
+            "typedExtensionProtocolOptions": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicitHttpConfig": {"http2ProtocolOptions": {}}}},
+            "loadAssignment": {"clusterName": "xds-grpc", "endpoints": [{"lbEndpoints": [{"endpoint": {"address":
+                {"socketAddress": {"address": "127.0.0.1", "portValue": 15010}}}}]}]}}]}
+    }))
+    .unwrap();
+    let statics = bootstrap.static_resources.get_or_insert_with(StaticResources::default);
+    statics.clusters.extend(clusters);
+    statics.listeners = listeners;
+    let log =
+        crate::testing::envoy_validate(envoy, &bootstrap).unwrap_or_else(|log| panic!("envoy rejected {what}:\n{log}"));
+    assert!(
+        log.contains(&format!("loading {n} listener(s)")),
+        "listeners not loaded:\n{log}"
     );
-    if out.status.success() { Ok(log) } else { Err(log) }
 }
 
 #[test]
@@ -162,9 +160,9 @@ fn envoy_accepts_generated_gateway_config() {
         &["https.8443.https-mtls.mtls.istio-system".to_owned()],
     ));
     inline_routes(&mut listeners, &routes);
-    let clusters = stub_clusters(&routes);
+    let clusters = crate::testing::stub_clusters(&routes);
     assert!(clusters.len() >= 5, "routes name real clusters: {clusters:?}");
-    let log = validate(&envoy, dir.path(), listeners.clone(), clusters.clone())
+    let log = validate(&envoy, listeners.clone(), clusters.clone())
         .unwrap_or_else(|log| panic!("envoy rejected the generated config:\n{log}"));
     // a binary bootstrap Envoy could not read would pass with nothing in it: check what it loaded
     assert!(log.contains("loading 3 listener(s)"), "listeners not loaded:\n{log}");
@@ -180,6 +178,6 @@ fn envoy_accepts_generated_gateway_config() {
     broken[0].validate_clusters = Some(xds_api::pbwkt::BoolValue { value: true });
     let mut listeners = fixture_listeners(&push);
     inline_routes(&mut listeners, &broken);
-    let refused = validate(&envoy, dir.path(), listeners, clusters).expect_err("envoy must refuse unknown clusters");
+    let refused = validate(&envoy, listeners, clusters).expect_err("envoy must refuse unknown clusters");
     assert!(refused.contains("no-such-cluster"), "{refused}");
 }

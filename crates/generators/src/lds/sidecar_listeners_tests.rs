@@ -5,12 +5,11 @@
 
 use prost::Message;
 use serde_json::{Value, json};
-use xds_api::envoy::config::bootstrap::v3::{Bootstrap, bootstrap::StaticResources};
 use xds_api::envoy::config::cluster::v3::{Cluster, cluster};
 use xds_api::envoy::config::core::v3::address;
 use xds_api::envoy::config::endpoint::v3::lb_endpoint;
 use xds_api::envoy::config::listener::v3::{FilterChain, Listener, filter};
-use xds_api::envoy::config::route::v3::{RouteConfiguration, route, route_action};
+use xds_api::envoy::config::route::v3::{route, route_action};
 use xds_api::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, http_connection_manager as hcm,
 };
@@ -501,67 +500,11 @@ fn envoy_accepts_listeners_and_clusters_of_sidecars_with_ingress_and_egress_list
     ];
     for (p, proxy) in cases {
         let mut listeners = build_listeners(&proxy, &p);
-        let mut clusters = crate::cds::build_clusters(&proxy, &p);
+        let clusters = crate::cds::build_clusters(&proxy, &p);
         // validate mode does not fetch RDS: each HCM gets its real route configuration inline
-        for chain in listeners.iter_mut().flat_map(|l| l.filter_chains.iter_mut()) {
-            for f in &mut chain.filters {
-                let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
-                    continue;
-                };
-                if f.name != crate::lds::hcm::HTTP_CONNECTION_MANAGER {
-                    continue;
-                }
-                let mut h = HttpConnectionManager::decode(any.value.as_slice()).unwrap();
-                if let Some(hcm::RouteSpecifier::Rds(rds)) = &h.route_specifier {
-                    let rc: RouteConfiguration =
-                        crate::rds::build_route_configs(&proxy, &p, std::slice::from_ref(&rds.route_config_name))
-                            .remove(0);
-                    h.route_specifier = Some(hcm::RouteSpecifier::RouteConfig(rc));
-                    f.config_type = Some(filter::ConfigType::TypedConfig(xds_api::pack(&h)));
-                }
-            }
-        }
-        let n = listeners.len();
-        let mut bootstrap: Bootstrap = xds_api::json::json_to_message(&json!({
-            "node": {"id": proxy.node_id, "cluster": "test"},
-            "dynamicResources": {"adsConfig": {"apiType": "GRPC", "transportApiVersion": "V3",
-                "grpcServices": [{"envoyGrpc": {"clusterName": "xds-grpc"}}]}},
-            "staticResources": {"clusters": [{"name": "xds-grpc", "type": "STATIC", "connectTimeout": "1s",
-                "typedExtensionProtocolOptions": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                    "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                    "explicitHttpConfig": {"http2ProtocolOptions": {}}}},
-                "loadAssignment": {"clusterName": "xds-grpc", "endpoints": [{"lbEndpoints": [{"endpoint": {"address":
-                    {"socketAddress": {"address": "127.0.0.1", "portValue": 15010}}}}]}]}}]}
-        }))
-        .unwrap();
-        let statics = bootstrap.static_resources.get_or_insert_with(StaticResources::default);
-        clusters.append(&mut statics.clusters);
-        statics.clusters = clusters;
-        statics.listeners = listeners;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("bootstrap.pb");
-        std::fs::write(&path, bootstrap.encode_to_vec()).unwrap();
-        let out = std::process::Command::new(&envoy)
-            .args([
-                "--mode",
-                "validate",
-                "--disable-hot-restart",
-                "--log-level",
-                "info",
-                "-c",
-            ])
-            .arg(&path)
-            .output()
-            .unwrap();
-        let log = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "envoy rejected {}:\n{log}", proxy.id);
-        assert!(
-            log.contains(&format!("loading {n} listener(s)")),
-            "listeners not loaded:\n{log}"
-        );
+        crate::lds::envoy_tests::inline_rds(&mut listeners, |name| {
+            crate::rds::build_route_configs(&proxy, &p, &[name.to_owned()]).remove(0)
+        });
+        crate::lds::envoy_tests::assert_accepted_with_ads(&envoy, &proxy.node_id, listeners, clusters, &proxy.id);
     }
 }

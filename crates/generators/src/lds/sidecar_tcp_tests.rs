@@ -8,7 +8,6 @@ use std::net::IpAddr;
 
 use prost::Message;
 use serde_json::{Value, json};
-use xds_api::envoy::config::bootstrap::v3::{Bootstrap, bootstrap::StaticResources};
 use xds_api::envoy::config::core::v3::{address, socket_address};
 use xds_api::envoy::config::listener::v3::{FilterChain, FilterChainMatch, Listener, filter};
 use xds_api::envoy::extensions::filters::network::http_connection_manager::v3::{
@@ -533,67 +532,13 @@ fn envoy_accepts_tcp_and_tls_listeners_and_cds_serves_their_clusters() {
         return;
     };
     // validate mode does not fetch RDS: the sniffed listener's HCM gets an inline route
-    for chain in listeners.iter_mut().flat_map(|l| l.filter_chains.iter_mut()) {
-        for f in chain
-            .filters
-            .iter_mut()
-            .filter(|f| f.name == super::hcm::HTTP_CONNECTION_MANAGER)
-        {
-            let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
-                continue;
-            };
-            let mut h = HttpConnectionManager::decode(any.value.as_slice()).unwrap();
-            let rc = json!({"name": "stub", "virtualHosts": [{"name": "all", "domains": ["*"],
-                "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "PassthroughCluster"}}]}]});
-            h.route_specifier = Some(hcm::RouteSpecifier::RouteConfig(
-                xds_api::json::json_to_message(&rc).unwrap(),
-            ));
-            f.config_type = Some(filter::ConfigType::TypedConfig(xds_api::pack(&h)));
-        }
-    }
-    let n = listeners.len();
-    let mut bootstrap: Bootstrap = xds_api::json::json_to_message(&json!({
-        "node": {"id": "sidecar~10.0.0.9~p.default~default.svc.cluster.local", "cluster": "test"},
-        "dynamicResources": {"adsConfig": {"apiType": "GRPC", "transportApiVersion": "V3",
-            "grpcServices": [{"envoyGrpc": {"clusterName": "xds-grpc"}}]}},
-        "staticResources": {"clusters": [{"name": "xds-grpc", "type": "STATIC", "connectTimeout": "1s",
-            "typedExtensionProtocolOptions": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                "explicitHttpConfig": {"http2ProtocolOptions": {}}}},
-            "loadAssignment": {"clusterName": "xds-grpc", "endpoints": [{"lbEndpoints": [{"endpoint": {"address":
-                {"socketAddress": {"address": "127.0.0.1", "portValue": 15010}}}}]}]}}]}
-    }))
-    .unwrap();
-    let statics = bootstrap.static_resources.get_or_insert_with(StaticResources::default);
-    statics.clusters.extend(clusters);
-    statics.listeners = listeners;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("bootstrap.pb");
-    std::fs::write(&path, bootstrap.encode_to_vec()).unwrap();
-    let out = std::process::Command::new(envoy)
-        .args([
-            "--mode",
-            "validate",
-            "--disable-hot-restart",
-            "--log-level",
-            "info",
-            "-c",
-        ])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let log = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "envoy rejected the sidecar's TCP/TLS config:\n{log}"
-    );
-    assert!(
-        log.contains(&format!("loading {n} listener(s)")),
-        "listeners not loaded:\n{log}"
+    super::envoy_tests::inline_rds(&mut listeners, super::envoy_tests::passthrough_route);
+    super::envoy_tests::assert_accepted_with_ads(
+        &envoy,
+        &proxy.node_id,
+        listeners,
+        clusters,
+        "the sidecar's TCP/TLS config",
     );
 }
 

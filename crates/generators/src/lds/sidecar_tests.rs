@@ -4,7 +4,6 @@
 
 use prost::Message;
 use serde_json::{Value, json};
-use xds_api::envoy::config::bootstrap::v3::{Bootstrap, bootstrap::StaticResources};
 use xds_api::envoy::config::listener::v3::{FilterChain, Listener, filter};
 use xds_api::envoy::config::route::v3::{route, route_action};
 use xds_api::envoy::extensions::filters::network::http_connection_manager::v3::{
@@ -266,74 +265,11 @@ fn envoy_accepts_a_sidecars_listeners_and_clusters() {
     let proxy = sidecar("default");
     let mut listeners = build_listeners(&proxy, &p);
     // validate mode does not fetch RDS: serve each `<port>` as an inline route to PassthroughCluster
-    for chain in listeners.iter_mut().flat_map(|l| l.filter_chains.iter_mut()) {
-        for f in &mut chain.filters {
-            let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
-                continue;
-            };
-            if f.name != super::hcm::HTTP_CONNECTION_MANAGER {
-                continue;
-            }
-            let mut h = HttpConnectionManager::decode(any.value.as_slice()).unwrap();
-            if let Some(hcm::RouteSpecifier::Rds(rds)) = &h.route_specifier {
-                h.route_specifier = Some(hcm::RouteSpecifier::RouteConfig(stub_route(&rds.route_config_name)));
-                f.config_type = Some(filter::ConfigType::TypedConfig(xds_api::pack(&h)));
-            }
-        }
-    }
-    let mut clusters = crate::cds::build_clusters(&proxy, &p);
+    super::envoy_tests::inline_rds(&mut listeners, super::envoy_tests::passthrough_route);
+    let clusters = crate::cds::build_clusters(&proxy, &p);
     assert!(
         clusters.iter().any(|c| c.name == "inbound|8080||"),
         "inbound clusters present"
     );
-    let n = listeners.len();
-    // EDS clusters need a node and an ADS source: a static xds-grpc cluster (HTTP/2) stands in
-    let mut bootstrap: Bootstrap = xds_api::json::json_to_message(&json!({
-        "node": {"id": "sidecar~10.0.0.9~p.default~default.svc.cluster.local", "cluster": "test"},
-        "dynamicResources": {"adsConfig": {"apiType": "GRPC", "transportApiVersion": "V3",
-            "grpcServices": [{"envoyGrpc": {"clusterName": "xds-grpc"}}]}},
-        "staticResources": {"clusters": [{"name": "xds-grpc", "type": "STATIC", "connectTimeout": "1s",
-            "typedExtensionProtocolOptions": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                "explicitHttpConfig": {"http2ProtocolOptions": {}}}},
-            "loadAssignment": {"clusterName": "xds-grpc", "endpoints": [{"lbEndpoints": [{"endpoint": {"address":
-                {"socketAddress": {"address": "127.0.0.1", "portValue": 15010}}}}]}]}}]}
-    }))
-    .unwrap();
-    let statics = bootstrap.static_resources.get_or_insert_with(StaticResources::default);
-    clusters.append(&mut statics.clusters);
-    statics.clusters = clusters;
-    statics.listeners = listeners;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("bootstrap.pb");
-    std::fs::write(&path, bootstrap.encode_to_vec()).unwrap();
-    let out = std::process::Command::new(envoy)
-        .args([
-            "--mode",
-            "validate",
-            "--disable-hot-restart",
-            "--log-level",
-            "info",
-            "-c",
-        ])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let log = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "envoy rejected the sidecar config:\n{log}");
-    assert!(
-        log.contains(&format!("loading {n} listener(s)")),
-        "listeners not loaded:\n{log}"
-    );
-}
-
-/// A route configuration `name` that validates its clusters and sends everything to PassthroughCluster.
-fn stub_route(name: &str) -> xds_api::envoy::config::route::v3::RouteConfiguration {
-    let rc = json!({"name": name, "validateClusters": true, "virtualHosts": [{"name": "all", "domains": ["*"],
-        "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "PassthroughCluster"}}]}]});
-    xds_api::json::json_to_message(&rc).unwrap()
+    super::envoy_tests::assert_accepted_with_ads(&envoy, &proxy.node_id, listeners, clusters, "the sidecar config");
 }

@@ -1,18 +1,14 @@
 //! Sidecar route configurations: behaviour tables ("a request from a sidecar in N to host H on
 //! port P reaches cluster C"), the domain forms, one golden file and a real-Envoy validation.
 
-use std::collections::BTreeSet;
-use std::process::Command;
 use std::sync::Arc;
 
 use model::{Config, ConfigSpec, MeshConfig, Proxy, Service};
-use prost::Message;
 use serde_json::{Value, json};
 use xds_api::envoy::config::bootstrap::v3::{Bootstrap, bootstrap::StaticResources};
-use xds_api::envoy::config::cluster::v3::{Cluster, cluster::ClusterDiscoveryType, cluster::DiscoveryType};
 use xds_api::envoy::config::core::v3::{Address, SocketAddress, address, socket_address};
 use xds_api::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
-use xds_api::envoy::config::route::v3::{RouteConfiguration, route, route_action};
+use xds_api::envoy::config::route::v3::{RouteConfiguration, route};
 use xds_api::envoy::extensions::filters::http::router::v3::Router;
 use xds_api::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, http_connection_manager as hcm, http_filter,
@@ -350,33 +346,6 @@ fn without_defaults(text: &str) -> String {
         .collect()
 }
 
-/// Stub STATIC clusters for every cluster a route names.
-fn stub_clusters(rcs: &[RouteConfiguration]) -> Vec<Cluster> {
-    let mut names = BTreeSet::new();
-    for r in rcs.iter().flat_map(|rc| &rc.virtual_hosts).flat_map(|v| &v.routes) {
-        if let Some(route::Action::Route(a)) = &r.action {
-            match &a.cluster_specifier {
-                Some(route_action::ClusterSpecifier::Cluster(c)) => {
-                    names.insert(c.clone());
-                }
-                Some(route_action::ClusterSpecifier::WeightedClusters(w)) => {
-                    names.extend(w.clusters.iter().map(|c| c.name.clone()))
-                }
-                _ => {}
-            }
-        }
-    }
-    names
-        .into_iter()
-        .map(|name| Cluster {
-            name,
-            cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
-            connect_timeout: Some(xds_api::pbwkt::Duration { seconds: 1, nanos: 0 }),
-            ..Default::default()
-        })
-        .collect()
-}
-
 /// A listener on 127.0.0.1:`port` whose HCM carries `rc` inline.
 fn listener_with(rc: &RouteConfiguration, port: u32) -> Listener {
     let hcm = HttpConnectionManager {
@@ -435,25 +404,13 @@ fn envoy_accepts_sidecar_route_configs() {
     let bootstrap = Bootstrap {
         static_resources: Some(StaticResources {
             listeners,
-            clusters: stub_clusters(&rcs),
+            clusters: crate::testing::stub_clusters(&rcs),
             ..Default::default()
         }),
         ..Default::default()
     };
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("bootstrap.pb");
-    std::fs::write(&path, bootstrap.encode_to_vec()).unwrap();
-    let out = Command::new(envoy)
-        .args(["--mode", "validate", "--disable-hot-restart", "-c"])
-        .arg(&path)
-        .output()
-        .expect("envoy runs");
-    let log = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "envoy rejected the sidecar routes:\n{log}");
+    let log = crate::testing::envoy_validate(&envoy, &bootstrap)
+        .unwrap_or_else(|log| panic!("envoy rejected the sidecar routes:\n{log}"));
     assert!(log.contains("loading 3 listener(s)"), "listeners not loaded:\n{log}");
 }
 
