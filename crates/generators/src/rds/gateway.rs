@@ -8,14 +8,10 @@ use std::sync::Arc;
 
 use model::{Config, Proxy};
 use xds_api::envoy::config::route::v3::{Route, RouteConfiguration, VirtualHost, virtual_host::TlsRequirementType};
-use xds_api::pbwkt::{BoolValue, UInt32Value};
 
-use super::empty_route_config;
+use super::{empty_route_config, route_config};
 use crate::lds::merged_gateway::{MergedGateway, MergedServer};
 use crate::route::{self, PushView, RouteContext};
-
-/// Istio's `DefaultMaxDirectResponseBodySizeBytes` (1 MiB, the limit validation allows).
-const MAX_DIRECT_RESPONSE_BODY_SIZE_BYTES: u32 = 1024 * 1024;
 
 /// A virtual host being assembled. Routes come in chunks, one per (gateway, VirtualService);
 /// equal chunk lists mean identical routes (Istio compares route pointers).
@@ -143,16 +139,7 @@ pub fn build_gateway_http_route_config<P: PushView>(
             .collect()
     };
     virtual_hosts.sort_by(|a, b| a.name.cmp(&b.name));
-    RouteConfiguration {
-        name: route_name.to_owned(),
-        virtual_hosts,
-        validate_clusters: Some(BoolValue { value: false }),
-        ignore_port_in_host_matching: true,
-        max_direct_response_body_size_bytes: Some(UInt32Value {
-            value: MAX_DIRECT_RESPONSE_BODY_SIZE_BYTES,
-        }),
-        ..Default::default()
-    }
+    route_config(route_name, virtual_hosts)
 }
 
 /// Istio's `host.NamesForNamespace`: `ns/host` entries apply only to VirtualServices in `ns`

@@ -8,8 +8,8 @@ pub mod sidecar;
 
 use model::Proxy;
 use push_index::PushContext;
-use xds_api::envoy::config::route::v3::RouteConfiguration;
-use xds_api::pbwkt::BoolValue;
+use xds_api::envoy::config::route::v3::{RouteConfiguration, VirtualHost};
+use xds_api::pbwkt::{BoolValue, UInt32Value};
 
 use crate::lds::merged_gateway::MergedGateway;
 use sidecar::SidecarPushView;
@@ -39,6 +39,24 @@ pub fn build_route_configs_from<P: SidecarPushView>(
         .iter()
         .map(|n| gateway::build_gateway_http_route_config(proxy, push, &merged, n))
         .collect()
+}
+
+/// Istio's `DefaultMaxDirectResponseBodySizeBytes` (1 MiB, the limit validation allows).
+const MAX_DIRECT_RESPONSE_BODY_SIZE_BYTES: u32 = 1024 * 1024;
+
+/// A route configuration as Istio builds it for gateways and sidecars: clusters not validated,
+/// ports ignored in host matching, direct responses up to 1 MiB.
+fn route_config(name: &str, virtual_hosts: Vec<VirtualHost>) -> RouteConfiguration {
+    RouteConfiguration {
+        name: name.to_owned(),
+        virtual_hosts,
+        validate_clusters: Some(BoolValue { value: false }),
+        ignore_port_in_host_matching: true,
+        max_direct_response_body_size_bytes: Some(UInt32Value {
+            value: MAX_DIRECT_RESPONSE_BODY_SIZE_BYTES,
+        }),
+        ..Default::default()
+    }
 }
 
 /// A configuration with no virtual hosts (every request gets 404 NR), as Istio for unknown names.

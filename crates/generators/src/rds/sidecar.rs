@@ -22,14 +22,12 @@ use xds_api::envoy::config::route::v3::{
     Decorator, DirectResponseAction, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route::Action,
     route_action, route_match::PathSpecifier,
 };
-use xds_api::pbwkt::{BoolValue, Duration, UInt32Value};
+use xds_api::pbwkt::Duration;
 
-use super::empty_route_config;
+use super::{empty_route_config, route_config};
 use crate::names::{PASSTHROUGH_CLUSTER, TrafficDirection, subset_key};
 use crate::route::{self, MESH_GATEWAY, PushView, RouteContext, hash, policy};
 
-/// Istio's `DefaultMaxDirectResponseBodySizeBytes`.
-const MAX_DIRECT_RESPONSE_BODY_SIZE_BYTES: u32 = 1024 * 1024;
 /// Istio's `util.PassthroughRouteName`: the catch-all under ALLOW_ANY.
 pub const PASSTHROUGH_ROUTE_NAME: &str = "allow_any";
 /// Istio's `util.BlackHoleRouteName`: the catch-all under REGISTRY_ONLY.
@@ -172,16 +170,7 @@ pub fn build_sidecar_outbound_http_route_config<P: SidecarPushView>(
     if only_host.is_none() && !used.contains("*") {
         virtual_hosts.push(catch_all_virtual_host(push.registry_only(proxy)));
     }
-    RouteConfiguration {
-        name: route_name.to_owned(),
-        virtual_hosts,
-        validate_clusters: Some(BoolValue { value: false }),
-        ignore_port_in_host_matching: true,
-        max_direct_response_body_size_bytes: Some(UInt32Value {
-            value: MAX_DIRECT_RESPONSE_BODY_SIZE_BYTES,
-        }),
-        ..Default::default()
-    }
+    route_config(route_name, virtual_hosts)
 }
 
 /// A sidecar route name: `<port>`, or `<host>:<port>` (then `Some(host)`).
