@@ -60,7 +60,7 @@ impl PushContext {
     /// Whether the config `key`, as this push holds it, is part of what `proxy` is sent; `None`
     /// when this push does not hold it (deleted, or not yet created).
     pub fn proxy_sees(&self, proxy: &Proxy, key: &ConfigKey) -> Option<bool> {
-        if key.kind == ConfigKind::ServiceEntry && self.serves(proxy, key) {
+        if key.kind == ConfigKind::ServiceEntry && self.serves(proxy, &key.name, &key.namespace) {
             return Some(true);
         }
         let cache = self.caches().get::<DependencyCache>();
@@ -118,15 +118,6 @@ impl PushContext {
             .iter()
             .any(|s| s.hostname == key.name && s.namespace() == key.namespace);
         Some(visible && self.sidecar_scope(proxy).imports(&key.namespace, &key.name))
-    }
-
-    /// Whether the proxy's own workload is an endpoint of the service `key` (its inbound config).
-    fn serves(&self, proxy: &Proxy, key: &ConfigKey) -> bool {
-        !proxy.ip_addresses.is_empty()
-            && self
-                .endpoints(&key.name, &key.namespace)
-                .iter()
-                .any(|e| crate::instances::is_proxy_address(proxy, &e.address))
     }
 
     fn sees_virtual_service(&self, proxy: &Proxy, vs: &Config) -> bool {

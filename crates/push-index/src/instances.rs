@@ -64,18 +64,38 @@ impl InstancesByAddress {
 }
 
 impl PushContext {
+    /// Runs `f` over this push's instances by address, built on first use.
+    fn with_instances<R>(&self, f: impl FnOnce(&HashMap<IpAddr, Vec<(Position, u16)>>) -> R) -> R {
+        let index = self.caches().get::<InstancesByAddress>();
+        f(index.0.get_or_init(|| InstancesByAddress::build(self)))
+    }
+
+    /// Whether the proxy runs an instance of the service (`hostname`, `namespace`).
+    pub(crate) fn serves(&self, proxy: &Proxy, hostname: &str, namespace: &str) -> bool {
+        let services = &self.registry().services;
+        self.with_instances(|by_address| {
+            proxy
+                .ip_addresses
+                .iter()
+                .filter_map(|ip| by_address.get(ip))
+                .flatten()
+                .filter_map(|((si, _, _), _)| services.get(*si))
+                .any(|s| s.hostname == hostname && s.namespace() == namespace)
+        })
+    }
+
     /// The proxy's service instances, in service order (hostname, namespace) then port order; one
     /// per (service, service port, target port), whatever the number of matching endpoints.
     pub fn service_instances(&self, proxy: &Proxy) -> Vec<ServiceInstance> {
-        let index = self.caches().get::<InstancesByAddress>();
-        let by_address = index.0.get_or_init(|| InstancesByAddress::build(self));
-        let mut found: Vec<(Position, u16)> = proxy
-            .ip_addresses
-            .iter()
-            .filter_map(|ip| by_address.get(ip))
-            .flatten()
-            .copied()
-            .collect();
+        let mut found: Vec<(Position, u16)> = self.with_instances(|by_address| {
+            proxy
+                .ip_addresses
+                .iter()
+                .filter_map(|ip| by_address.get(ip))
+                .flatten()
+                .copied()
+                .collect()
+        });
         if proxy.ip_addresses.len() > 1 {
             // several addresses: back to registry order, and one instance for all of them
             found.sort_unstable();
@@ -95,12 +115,6 @@ impl PushContext {
             })
             .collect()
     }
-}
-
-pub(crate) fn is_proxy_address(proxy: &Proxy, address: &str) -> bool {
-    address
-        .parse::<IpAddr>()
-        .is_ok_and(|ip| proxy.ip_addresses.contains(&ip))
 }
 
 #[cfg(test)]
