@@ -106,17 +106,14 @@ impl PushContext {
 
     /// A service key (kind ServiceEntry, named by hostname): visible and imported.
     fn sees_service(&self, proxy: &Proxy, key: &ConfigKey) -> Option<bool> {
-        let exists = self
-            .services
-            .all()
-            .any(|s| s.hostname == key.name && s.namespace() == key.namespace);
-        if !exists {
+        if !self.services.contains(&key.name, &key.namespace) {
             return None;
         }
+        // The proxy's namespace sees one service per hostname: is it this one?
         let visible = self
-            .services_for_namespace(&proxy.config_namespace)
-            .iter()
-            .any(|s| s.hostname == key.name && s.namespace() == key.namespace);
+            .services
+            .exact(&key.name, &proxy.config_namespace)
+            .is_some_and(|s| s.namespace() == key.namespace);
         Some(visible && self.sidecar_scope(proxy).imports(&key.namespace, &key.name))
     }
 

@@ -108,6 +108,11 @@ impl ServiceIndex {
         self.by_host.values().flat_map(|m| m.values().map(|e| &e.service))
     }
 
+    /// Whether a service with this hostname is defined in this namespace (visible or not).
+    pub fn contains(&self, host: &str, namespace: &str) -> bool {
+        self.by_host.get(host).is_some_and(|m| m.contains_key(namespace))
+    }
+
     /// The service with exactly this hostname that a client in `namespace` sees. Several namespaces
     /// may define one hostname (ServiceEntries allow any host): Kubernetes services win over other
     /// registries (no "domain squatting"), then the client's own namespace, then the first
