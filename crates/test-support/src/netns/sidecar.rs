@@ -11,6 +11,9 @@ use super::{ADMIN_PORT, PROXY_UID, Pod, STATUS_PORT};
 use crate::bin::cargo_bin;
 use crate::envoy::envoy_bin;
 
+/// Runs what follows as `nobody`, whose connections the capture redirects, as an app's would be.
+const AS_APP: [&str; 4] = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"];
+
 impl Pod {
     /// An HTTP app on 0.0.0.0:`port` answering GET with `{"backend": <name>, "host": ...}`;
     /// `/status/<code>` answers with that status, `/delay/<ms>` answers after that long, and
@@ -68,20 +71,15 @@ socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
             "import socket\ns = socket.create_connection(({host:?}, {port}), timeout=5)\n\
              s.sendall({line:?}.encode() + b'\\n')\nprint(s.makefile().readline(), end='')\n"
         );
-        let out = self.exec(&[
-            "setpriv",
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            // `nobody` may not reach a python3 shim under /root (pyenv): take the system one.
-            if std::path::Path::new("/usr/bin/python3").exists() {
-                "/usr/bin/python3"
-            } else {
-                "python3"
-            },
-            "-c",
-            &script,
-        ])?;
+        // `nobody` may not reach a python3 shim under /root (pyenv): take the system one.
+        let python = if std::path::Path::new("/usr/bin/python3").exists() {
+            "/usr/bin/python3"
+        } else {
+            "python3"
+        };
+        let mut args = AS_APP.to_vec();
+        args.extend([python, "-c", &script]);
+        let out = self.exec(&args)?;
         if !out.status.success() {
             bail!("TCP to {host}:{port} failed: {}", String::from_utf8_lossy(&out.stderr));
         }
@@ -218,8 +216,7 @@ socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
 
     /// `curl` in the pod as `nobody` (captured by the sidecar, as an app's request): (status, body).
     pub fn curl_app(&self, url: &str, headers: &[&str]) -> anyhow::Result<(u16, String)> {
-        let pre = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"];
-        self.curl_with(&pre, headers, url)
+        self.curl_with(&AS_APP, headers, url)
     }
 
     fn curl(&self, pre: &[&str], url: &str) -> anyhow::Result<(u16, String)> {
