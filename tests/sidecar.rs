@@ -3,8 +3,8 @@
 //! on the host. A client pod's request to `reviews.default.svc.cluster.local:9080` (a ServiceEntry
 //! VIP) is captured by its sidecar, routed by a mesh VirtualService to a subset, and captured again
 //! by the server pod's sidecar (its inbound cluster counts it). Envoy runs as uid 1337, which the
-//! capture excludes, as in an injected pod. Skips when not root or when
-//! `ip netns`/iptables are missing.
+//! capture excludes, as in an injected pod. The tests (module `netns`) fail when not root or when
+//! `ip netns`/iptables are missing; `scripts/test.sh` skips them on such machines.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use serde_json::json;
 use test_support::discovery::{Discovery, DiscoveryOptions};
-use test_support::netns::{self, Network, Pod};
+use test_support::netns::{Network, Pod};
 
 const VIP: &str = "240.240.0.10";
 const TCP_VIP: &str = "240.240.0.11";
@@ -28,12 +28,14 @@ struct SidecarMesh {
     _net: Network,
 }
 
-fn skip() -> bool {
-    if let Err(why) = netns::supported() {
-        println!("SKIP: sidecar tests need network namespaces: {why}");
-        return true;
+/// Fails the test, saying what is missing, when this machine cannot run pods.
+fn require_netns() {
+    if let Err(why) = test_support::netns::supported() {
+        panic!(
+            "the sidecar tests need network namespaces (root, `ip netns`, iptables, setpriv, curl): {why} \
+             (scripts/test.sh skips them on such machines)"
+        );
     }
-    false
 }
 
 fn workload_entry(name: &str, version: &str, ip: std::net::Ipv4Addr) -> String {
@@ -228,92 +230,6 @@ fn tail(s: &str) -> &str {
     &s[start..]
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn mesh_virtual_service_routes_captured_traffic_between_sidecars() {
-    if skip() {
-        return;
-    }
-    let mesh = SidecarMesh::start(0, "ALLOW_ANY").await.unwrap();
-    mesh.wait_for_backend("reviews-v2", 5).unwrap();
-    // Envoy runs as istio-proxy, the uid the capture excludes.
-    assert_eq!(mesh.client.envoy_uid().unwrap(), 1337);
-    // The server side saw the requests through its own sidecar (inbound capture), v1 none.
-    let v2_stats = mesh.reviews["v2"].envoy_stats().unwrap();
-    let inbound: Vec<_> = v2_stats
-        .iter()
-        .filter(|(k, v)| k.contains("inbound") && **v > 0)
-        .collect();
-    assert!(
-        mesh.inbound_requests("v2").unwrap() >= 5,
-        "v2 inbound stats: {inbound:?}"
-    );
-    assert_eq!(mesh.inbound_requests("v1").unwrap(), 0);
-    let v2 = "outbound|9080|v2|reviews.default.svc.cluster.local";
-    assert!(
-        mesh.client.cluster_stat(v2, "upstream_rq_total").unwrap() >= 5,
-        "client outbound v2 stats"
-    );
-    mesh.assert_no_rejects().unwrap();
-
-    // Moving all traffic to v1 lands in the running sidecars.
-    std::fs::write(mesh.dir.path().join("config/vs.yaml"), virtual_service(100)).unwrap();
-    mesh.wait_for_backend("reviews-v1", 5).unwrap();
-    assert!(mesh.inbound_requests("v1").unwrap() >= 5);
-    mesh.assert_no_rejects().unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn weighted_split_follows_the_weights_over_200_requests() {
-    if skip() {
-        return;
-    }
-    // 80/20: v1 should answer 160 of 200 (binomial sd 5.7); accept 4 sd either way.
-    let mesh = SidecarMesh::start(80, "ALLOW_ANY").await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut seen = BTreeMap::<String, usize>::new();
-    while seen.values().sum::<usize>() < 200 {
-        if let Some(who) = mesh.who() {
-            *seen.entry(who).or_default() += 1;
-        } else {
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        assert!(Instant::now() < deadline, "only {seen:?} answered within 60s");
-    }
-    let v1 = seen.get("reviews-v1").copied().unwrap_or(0);
-    let v2 = seen.get("reviews-v2").copied().unwrap_or(0);
-    assert_eq!(v1 + v2, 200, "{seen:?}");
-    assert!(
-        (137..=183).contains(&v1),
-        "v1 answered {v1} of 200 for a weight of 80: {seen:?}"
-    );
-    mesh.assert_no_rejects().unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn registry_only_blocks_unknown_hosts() {
-    if skip() {
-        return;
-    }
-    let mesh = SidecarMesh::start(0, "REGISTRY_ONLY").await.unwrap();
-    mesh.wait_for_backend("reviews-v2", 3).unwrap();
-    // An address no service declares (on-link in the pod, so nothing leaves the test bridge).
-    let (code, _) = mesh.client.curl_app("http://240.240.9.9:7777/", &[]).unwrap();
-    assert_ne!(code, 200);
-    let stats = mesh.client.envoy_stats().unwrap();
-    assert!(
-        mesh.client
-            .cluster_stat("BlackHoleCluster", "upstream_cx_none_healthy")
-            .unwrap()
-            >= 1,
-        "BlackHoleCluster not used: {:?}",
-        stats
-            .iter()
-            .filter(|(k, _)| k.contains("BlackHole") || k.contains("Passthrough"))
-            .collect::<Vec<_>>()
-    );
-    mesh.assert_no_rejects().unwrap();
-}
-
 const HTTP_FEATURES: &str = r#"apiVersion: networking.istio.io/v1
 kind: VirtualService
 metadata: {name: reviews, namespace: default}
@@ -345,73 +261,154 @@ fn app_requests(pod: &Pod, port: u16, path: &str) -> anyhow::Result<u64> {
     Ok(seen[path].as_u64().unwrap_or(0))
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn header_match_fault_timeout_and_retries_between_sidecars() {
-    if skip() {
-        return;
-    }
-    let mesh = SidecarMesh::start_with(HTTP_FEATURES, "ALLOW_ANY").await.unwrap();
-    mesh.wait_for_backend("reviews-v2", 3).unwrap();
+/// The tests, named `netns::*` so that `scripts/test.sh` can skip them where pods cannot run.
+mod netns {
+    use super::*;
 
-    // Header match to a subset.
-    for _ in 0..5 {
-        let (code, body) = mesh.client.curl_app(URL, &["end-user: jason"]).unwrap();
+    #[tokio::test(flavor = "multi_thread")]
+    async fn mesh_virtual_service_routes_captured_traffic_between_sidecars() {
+        require_netns();
+        let mesh = SidecarMesh::start(0, "ALLOW_ANY").await.unwrap();
+        mesh.wait_for_backend("reviews-v2", 5).unwrap();
+        // Envoy runs as istio-proxy, the uid the capture excludes.
+        assert_eq!(mesh.client.envoy_uid().unwrap(), 1337);
+        // The server side saw the requests through its own sidecar (inbound capture), v1 none.
+        let v2_stats = mesh.reviews["v2"].envoy_stats().unwrap();
+        let inbound: Vec<_> = v2_stats
+            .iter()
+            .filter(|(k, v)| k.contains("inbound") && **v > 0)
+            .collect();
+        assert!(
+            mesh.inbound_requests("v2").unwrap() >= 5,
+            "v2 inbound stats: {inbound:?}"
+        );
+        assert_eq!(mesh.inbound_requests("v1").unwrap(), 0);
+        let v2 = "outbound|9080|v2|reviews.default.svc.cluster.local";
+        assert!(
+            mesh.client.cluster_stat(v2, "upstream_rq_total").unwrap() >= 5,
+            "client outbound v2 stats"
+        );
+        mesh.assert_no_rejects().unwrap();
+
+        // Moving all traffic to v1 lands in the running sidecars.
+        std::fs::write(mesh.dir.path().join("config/vs.yaml"), virtual_service(100)).unwrap();
+        mesh.wait_for_backend("reviews-v1", 5).unwrap();
+        assert!(mesh.inbound_requests("v1").unwrap() >= 5);
+        mesh.assert_no_rejects().unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn weighted_split_follows_the_weights_over_200_requests() {
+        require_netns();
+        // 80/20: v1 should answer 160 of 200 (binomial sd 5.7); accept 4 sd either way.
+        let mesh = SidecarMesh::start(80, "ALLOW_ANY").await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut seen = BTreeMap::<String, usize>::new();
+        while seen.values().sum::<usize>() < 200 {
+            if let Some(who) = mesh.who() {
+                *seen.entry(who).or_default() += 1;
+            } else {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            assert!(Instant::now() < deadline, "only {seen:?} answered within 60s");
+        }
+        let v1 = seen.get("reviews-v1").copied().unwrap_or(0);
+        let v2 = seen.get("reviews-v2").copied().unwrap_or(0);
+        assert_eq!(v1 + v2, 200, "{seen:?}");
+        assert!(
+            (137..=183).contains(&v1),
+            "v1 answered {v1} of 200 for a weight of 80: {seen:?}"
+        );
+        mesh.assert_no_rejects().unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn registry_only_blocks_unknown_hosts() {
+        require_netns();
+        let mesh = SidecarMesh::start(0, "REGISTRY_ONLY").await.unwrap();
+        mesh.wait_for_backend("reviews-v2", 3).unwrap();
+        // An address no service declares (on-link in the pod, so nothing leaves the test bridge).
+        let (code, _) = mesh.client.curl_app("http://240.240.9.9:7777/", &[]).unwrap();
+        assert_ne!(code, 200);
+        let stats = mesh.client.envoy_stats().unwrap();
+        assert!(
+            mesh.client
+                .cluster_stat("BlackHoleCluster", "upstream_cx_none_healthy")
+                .unwrap()
+                >= 1,
+            "BlackHoleCluster not used: {:?}",
+            stats
+                .iter()
+                .filter(|(k, _)| k.contains("BlackHole") || k.contains("Passthrough"))
+                .collect::<Vec<_>>()
+        );
+        mesh.assert_no_rejects().unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn header_match_fault_timeout_and_retries_between_sidecars() {
+        require_netns();
+        let mesh = SidecarMesh::start_with(HTTP_FEATURES, "ALLOW_ANY").await.unwrap();
+        mesh.wait_for_backend("reviews-v2", 3).unwrap();
+
+        // Header match to a subset.
+        for _ in 0..5 {
+            let (code, body) = mesh.client.curl_app(URL, &["end-user: jason"]).unwrap();
+            assert_eq!(code, 200, "{body}");
+            assert!(body.contains("reviews-v1"), "{body}");
+        }
+
+        // Fault abort: answered by the client's sidecar, the backend never sees it.
+        let (code, _) = mesh.client.curl_app(&format!("{URL}fault/x"), &[]).unwrap();
+        assert_eq!(code, 418);
+        assert_eq!(app_requests(&mesh.reviews["v2"], 9080, "/fault/x").unwrap(), 0);
+
+        // Timeout: the backend answers after 3s, the route gives up after 1s with 504.
+        let t0 = Instant::now();
+        let (code, _) = mesh.client.curl_app(&format!("{URL}delay/3000"), &[]).unwrap();
+        let took = t0.elapsed();
+        assert_eq!(code, 504);
+        assert!(took < Duration::from_millis(2500), "timed out after {took:?}");
+        assert_eq!(app_requests(&mesh.reviews["v2"], 9080, "/delay/3000").unwrap(), 1);
+
+        // Retries: one request and three retries on 5xx reach the backend.
+        let (code, _) = mesh.client.curl_app(&format!("{URL}status/503"), &[]).unwrap();
+        assert_eq!(code, 503);
+        assert_eq!(app_requests(&mesh.reviews["v2"], 9080, "/status/503").unwrap(), 4);
+        let v2 = "outbound|9080|v2|reviews.default.svc.cluster.local";
+        assert!(mesh.client.cluster_stat(v2, "upstream_rq_retry").unwrap() >= 3);
+        mesh.assert_no_rejects().unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn tcp_service_through_tcp_proxy_and_allow_any_passthrough() {
+        require_netns();
+        let mesh = SidecarMesh::start(0, "ALLOW_ANY").await.unwrap();
+        mesh.wait_for_backend("reviews-v2", 3).unwrap();
+
+        // A TCP service: the client's `240.240.0.11_9090` tcp_proxy, then reviews-v1's inbound chain.
+        let answer = mesh.client.tcp_app(TCP_HOST, 9090, "ping").unwrap();
+        assert_eq!(answer, "reviews-v1 ping");
+        let outbound = format!("outbound|9090||{TCP_HOST}");
+        assert!(mesh.client.cluster_stat(&outbound, "upstream_cx_total").unwrap() >= 1);
+        assert!(
+            mesh.reviews["v1"]
+                .cluster_stat("inbound|9090||", "upstream_cx_total")
+                .unwrap()
+                >= 1
+        );
+
+        // ALLOW_ANY: an address and port no service declares passes through to its destination.
+        let url = format!("http://{}:7777/", mesh.reviews["v1"].ip);
+        let (code, body) = mesh.client.curl_app(&url, &[]).unwrap();
         assert_eq!(code, 200, "{body}");
         assert!(body.contains("reviews-v1"), "{body}");
+        assert!(
+            mesh.client
+                .cluster_stat("PassthroughCluster", "upstream_cx_total")
+                .unwrap()
+                >= 1
+        );
+        mesh.assert_no_rejects().unwrap();
     }
-
-    // Fault abort: answered by the client's sidecar, the backend never sees it.
-    let (code, _) = mesh.client.curl_app(&format!("{URL}fault/x"), &[]).unwrap();
-    assert_eq!(code, 418);
-    assert_eq!(app_requests(&mesh.reviews["v2"], 9080, "/fault/x").unwrap(), 0);
-
-    // Timeout: the backend answers after 3s, the route gives up after 1s with 504.
-    let t0 = Instant::now();
-    let (code, _) = mesh.client.curl_app(&format!("{URL}delay/3000"), &[]).unwrap();
-    let took = t0.elapsed();
-    assert_eq!(code, 504);
-    assert!(took < Duration::from_millis(2500), "timed out after {took:?}");
-    assert_eq!(app_requests(&mesh.reviews["v2"], 9080, "/delay/3000").unwrap(), 1);
-
-    // Retries: one request and three retries on 5xx reach the backend.
-    let (code, _) = mesh.client.curl_app(&format!("{URL}status/503"), &[]).unwrap();
-    assert_eq!(code, 503);
-    assert_eq!(app_requests(&mesh.reviews["v2"], 9080, "/status/503").unwrap(), 4);
-    let v2 = "outbound|9080|v2|reviews.default.svc.cluster.local";
-    assert!(mesh.client.cluster_stat(v2, "upstream_rq_retry").unwrap() >= 3);
-    mesh.assert_no_rejects().unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn tcp_service_through_tcp_proxy_and_allow_any_passthrough() {
-    if skip() {
-        return;
-    }
-    let mesh = SidecarMesh::start(0, "ALLOW_ANY").await.unwrap();
-    mesh.wait_for_backend("reviews-v2", 3).unwrap();
-
-    // A TCP service: the client's `240.240.0.11_9090` tcp_proxy, then reviews-v1's inbound chain.
-    let answer = mesh.client.tcp_app(TCP_HOST, 9090, "ping").unwrap();
-    assert_eq!(answer, "reviews-v1 ping");
-    let outbound = format!("outbound|9090||{TCP_HOST}");
-    assert!(mesh.client.cluster_stat(&outbound, "upstream_cx_total").unwrap() >= 1);
-    assert!(
-        mesh.reviews["v1"]
-            .cluster_stat("inbound|9090||", "upstream_cx_total")
-            .unwrap()
-            >= 1
-    );
-
-    // ALLOW_ANY: an address and port no service declares passes through to its destination.
-    let url = format!("http://{}:7777/", mesh.reviews["v1"].ip);
-    let (code, body) = mesh.client.curl_app(&url, &[]).unwrap();
-    assert_eq!(code, 200, "{body}");
-    assert!(body.contains("reviews-v1"), "{body}");
-    assert!(
-        mesh.client
-            .cluster_stat("PassthroughCluster", "upstream_cx_total")
-            .unwrap()
-            >= 1
-    );
-    mesh.assert_no_rejects().unwrap();
 }

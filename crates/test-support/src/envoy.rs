@@ -23,7 +23,7 @@ pub use dump::{
     cluster_names, dump_section, endpoint_addresses, listener_names, parse_stats, route_config_names,
     update_rejected_total,
 };
-pub use install::{envoy_bin, workspace_root};
+pub use install::{envoy_bin, require_envoy_bin, workspace_root};
 
 /// How often the `wait_*` helpers poll the admin API.
 const POLL: Duration = Duration::from_millis(50);

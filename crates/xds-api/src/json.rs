@@ -397,19 +397,40 @@ mod tests {
         assert!(any_to_json(&any).is_err());
     }
 
-    fn envoy_bin() -> Option<std::path::PathBuf> {
-        let path = std::env::var_os("ENVOY_BIN")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| "/tmp/envoy-venv-probe/lib/python3.11/site-packages/envoy/_bin/envoy".into());
-        path.is_file().then_some(path)
+    /// The Envoy binary: `$ENVOY_BIN`, else the one `scripts/install-envoy.sh` put in the workspace's
+    /// `.venv`; panics, failing the test, when there is none. (`test_support::envoy` has the full
+    /// locator, but test-support depends on this crate.)
+    fn envoy_bin() -> std::path::PathBuf {
+        const HOW: &str = "run scripts/install-envoy.sh (it installs one into <workspace>/.venv) \
+                           or set ENVOY_BIN to an envoy binary";
+        if let Some(bin) = std::env::var_os("ENVOY_BIN").filter(|bin| !bin.is_empty()) {
+            let bin = std::path::PathBuf::from(bin);
+            assert!(
+                bin.is_file(),
+                "this test needs an Envoy binary, and ENVOY_BIN={} is not a file: {HOW}",
+                bin.display()
+            );
+            return bin;
+        }
+        let lib = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/lib");
+        std::fs::read_dir(&lib)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|entry| entry.file_name().to_string_lossy().starts_with("python3"))
+            .map(|entry| entry.path().join("site-packages/envoy/_bin/envoy"))
+            .find(|bin| bin.is_file())
+            .unwrap_or_else(|| {
+                panic!(
+                    "this test needs an Envoy binary: ENVOY_BIN is unset and {} holds none: {HOW}",
+                    lib.display()
+                )
+            })
     }
 
     #[test]
     fn envoy_accepts_rendered_bootstrap() {
-        let Some(envoy) = envoy_bin() else {
-            eprintln!("skipping: no Envoy binary (set ENVOY_BIN)");
-            return;
-        };
+        let envoy = envoy_bin();
         let bootstrap = Bootstrap {
             static_resources: Some(StaticResources {
                 clusters: vec![http2_cluster()],

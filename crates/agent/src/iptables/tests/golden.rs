@@ -10,7 +10,11 @@ use super::super::config::DnsServers;
 use super::super::rules;
 use super::{DNS, config_with};
 
-const GOLDEN_DIR: &str = "/work/shared/corpus/istio/tools/istio-iptables/pkg/capture/testdata";
+/// In the shared corpus beside the repository (`../shared`).
+const GOLDEN_DIR: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../../shared/corpus/istio/tools/istio-iptables/pkg/capture/testdata"
+);
 const UID_GID: [&str; 4] = ["-u", "3,4", "-g", "1,2"];
 const IPV6: &str = "--enable-inbound-ipv6";
 
@@ -169,10 +173,11 @@ fn restore_lines(golden: &str) -> (Vec<&str>, bool) {
 
 #[test]
 fn rules_match_istio_goldens_line_for_line() {
-    if !Path::new(GOLDEN_DIR).is_dir() {
-        eprintln!("skipping: {GOLDEN_DIR} not present");
-        return;
-    }
+    assert!(
+        Path::new(GOLDEN_DIR).is_dir(),
+        "Istio's iptables goldens are missing: {GOLDEN_DIR} is not a directory \
+         (the tests read the shared corpus in ../shared)"
+    );
     let mut covered = BTreeSet::new();
     for Case { name, flags, dns } in cases() {
         let golden = std::fs::read_to_string(format!("{GOLDEN_DIR}/{name}.golden")).unwrap();

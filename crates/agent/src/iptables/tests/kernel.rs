@@ -1,6 +1,7 @@
 //! Real kernel: apply a capture in a fresh network namespace, re-apply, check `iptables-save`,
-//! `ip6tables-save`, `ip rule` and `ip route`, then clean up twice. Skipped when not root, when
-//! `ip netns` or the iptables tools are missing, or (TPROXY) when the kernel lacks TPROXY.
+//! `ip6tables-save`, `ip rule` and `ip route`, then clean up twice. The tests fail, saying what is
+//! missing, when not root, when `ip netns` or the iptables tools are missing, or (TPROXY) when the
+//! kernel lacks TPROXY; `scripts/test.sh` detects that up front and skips them.
 
 use std::process::{Command, Stdio};
 
@@ -36,18 +37,24 @@ fn in_ns(ns: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// A fresh namespace with lo up (as in a pod), or `None` with the reason printed.
-fn namespace(test: &str) -> Option<(NetnsGuard, Target)> {
+/// Fails the test: this machine lacks `why`.
+fn missing(why: &str) -> ! {
+    panic!(
+        "iptables::tests::kernel cannot run here: {why} (these tests need root, `ip netns`, iptables and \
+         ip6tables, and TPROXY in the kernel; scripts/test.sh skips them on such machines)"
+    )
+}
+
+/// A fresh namespace with lo up (as in a pod); fails the test when none can be made.
+fn namespace(test: &str) -> (NetnsGuard, Target) {
     for tool in ["iptables-restore", "ip6tables-restore"] {
         if !command_works(tool, &["--version"]) {
-            eprintln!("skipping: {tool} not installed");
-            return None;
+            missing(&format!("{tool} is not installed"));
         }
     }
     let ns = format!("istio-ipt-{test}-{}", std::process::id());
     if !command_works("ip", &["netns", "add", &ns]) {
-        eprintln!("skipping: cannot create a network namespace (needs root)");
-        return None;
+        missing("cannot create a network namespace (`ip netns add` failed; needs root)");
     }
     let guard = NetnsGuard(ns.clone());
     assert!(command_works(
@@ -58,14 +65,12 @@ fn namespace(test: &str) -> Option<(NetnsGuard, Target)> {
         iptables_version: String::new(),
         netns: Some(ns),
     };
-    Some((guard, target))
+    (guard, target)
 }
 
 #[test]
 fn redirect_applies_and_cleans_up_in_a_network_namespace() {
-    let Some((_guard, target)) = namespace("redirect") else {
-        return;
-    };
+    let (_guard, target) = namespace("redirect");
     let flags = [
         "-b",
         "*",
@@ -146,9 +151,7 @@ fn redirect_applies_and_cleans_up_in_a_network_namespace() {
 
 #[test]
 fn tproxy_applies_and_cleans_up_in_a_network_namespace() {
-    let Some((_guard, target)) = namespace("tproxy") else {
-        return;
-    };
+    let (_guard, target) = namespace("tproxy");
     let ns = target.netns.clone().unwrap();
     let probe = "*mangle\n:ISTIO_PROBE - [0:0]\n-A ISTIO_PROBE -p tcp -j TPROXY --on-port 1 --tproxy-mark 1\nCOMMIT\n";
     let mut child = Command::new("ip")
@@ -159,8 +162,7 @@ fn tproxy_applies_and_cleans_up_in_a_network_namespace() {
         .unwrap();
     std::io::Write::write_all(&mut child.stdin.take().unwrap(), probe.as_bytes()).unwrap();
     if !child.wait().unwrap().success() {
-        eprintln!("skipping: the kernel has no TPROXY target");
-        return;
+        missing("the kernel has no TPROXY target (iptables-restore --test rejects -j TPROXY)");
     }
     let flags = [
         "-m",
