@@ -3,14 +3,14 @@
 //! and watches the directory, emitting `ConfigEvent`s for what changed.
 #![forbid(unsafe_code)]
 
-pub mod error;
-pub mod events;
-pub mod parse;
+mod error;
+mod events;
+mod parse;
 mod scan;
-pub mod store;
+mod store;
 #[cfg(test)]
 mod testutil;
-pub mod watch;
+mod watch;
 
 pub use error::{DocRef, Level, SourceError, SourceErrorEntry};
 pub use events::{ConfigChange, ConfigEvent, ConfigSnapshot, diff};

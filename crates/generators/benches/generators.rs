@@ -1,8 +1,8 @@
 //! Benches of the generators for one sidecar of the synthetic mesh (`mesh`, shared with the
 //! push-index benches): CDS, EDS (every EDS cluster), LDS and RDS (every route name its listeners
-//! ask for) through the `generate` dispatch, on a fresh push (cold caches) and for a second proxy
-//! of the same class on a push that already served one (warm caches); and a full push (all four
-//! types) packed into `DiscoveryResponse`s and encoded.
+//! ask for) through the `generate` dispatch, on a fresh push and `PushCache` (cold caches) and for
+//! a second proxy of the same class on a push whose cache already served one (warm caches); and a
+//! full push (all four types) packed into `DiscoveryResponse`s and encoded.
 //! Run: `cargo bench -p generators --bench generators [-- FILTER --sample-count 10]`.
 
 #[path = "../../push-index/benches/mesh/mod.rs"]
@@ -13,10 +13,12 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use divan::Bencher;
 use divan::counter::BytesCount;
-use generators::{GeneratedResource, generate};
+use generators::{PushCache, generate};
 use model::{MeshConfig, Proxy};
 use prost::Message;
 use push_index::{ChangeScope, PushContext, PushInput};
+use xds_api::Resource;
+use xds_api::envoy::config::cluster::v3::Cluster;
 use xds_api::envoy::config::listener::v3::{Listener, filter};
 use xds_api::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, http_connection_manager as hcm,
@@ -30,15 +32,15 @@ const TYPES: &[&str] = &["cds", "eds", "lds", "rds"];
 fn main() {
     for &services in mesh::SIZES {
         let f = fixture(services);
-        let push = f.fresh_push();
+        let (push, cache) = f.fresh();
         let sizes: Vec<String> = TYPES
             .iter()
-            .map(|t| format!("{t}={}", responses(&push, &f.proxy, &f, &[t])[0].len()))
+            .map(|t| format!("{t}={}", responses(&push, &cache, &f.proxy, &f, &[t])[0].len()))
             .collect();
-        let total: usize = responses(&push, &f.proxy, &f, TYPES).iter().map(Vec::len).sum();
+        let total: usize = responses(&push, &cache, &f.proxy, &f, TYPES).iter().map(Vec::len).sum();
         println!(
             "services={services}: {} clusters ({} EDS), {} route configs; encoded push bytes: {} total={total}",
-            generators::cds::build_clusters(&f.proxy, &push).len(),
+            run(&push, &cache, &f.proxy, &f, "cds").len(),
             f.eds_names.len(),
             f.route_names.len(),
             sizes.join(" "),
@@ -67,6 +69,11 @@ impl Fixture {
         self.push.rebuild(self.input.clone(), &ChangeScope::default())
     }
 
+    /// A fresh push and its (empty) generator cache.
+    fn fresh(&self) -> (PushContext, PushCache) {
+        (self.fresh_push(), PushCache::default())
+    }
+
     fn names(&self, type_url: &str) -> &[String] {
         match type_url {
             type_url::ENDPOINT => &self.eds_names,
@@ -93,11 +100,12 @@ fn build_fixture(services: usize) -> Fixture {
     let push = PushContext::new(input.clone());
     let proxy = mesh::sidecar(0);
     let peer = mesh::sidecar(16);
-    let eds_names = generators::cds::build_clusters(&proxy, &push)
+    let cache = PushCache::default();
+    let eds_names = decoded::<Cluster>(&push, &cache, &proxy, type_url::CLUSTER)
         .into_iter()
         .filter_map(|c| c.eds_cluster_config.map(|e| e.service_name))
         .collect();
-    let mut route_names: Vec<String> = generators::lds::build_listeners(&proxy, &push)
+    let mut route_names: Vec<String> = decoded::<Listener>(&push, &cache, &proxy, type_url::LISTENER)
         .iter()
         .flat_map(rds_names)
         .collect();
@@ -111,6 +119,15 @@ fn build_fixture(services: usize) -> Fixture {
         eds_names,
         route_names,
     }
+}
+
+/// The resources of a wildcard type (CDS, LDS) for `proxy`, decoded.
+fn decoded<M: Message + Default>(push: &PushContext, cache: &PushCache, proxy: &Proxy, type_url: &str) -> Vec<M> {
+    generate(push, cache, proxy, type_url, &[])
+        .unwrap_or_else(|e| panic!("{type_url}: {e}"))
+        .iter()
+        .map(|r| M::decode(r.resource.value.as_slice()).unwrap_or_else(|e| panic!("{type_url}: {e}")))
+        .collect()
 }
 
 /// RDS names of the HTTP connection managers of a listener.
@@ -142,22 +159,22 @@ fn type_url_of(short: &str) -> &'static str {
     }
 }
 
-fn run(push: &PushContext, proxy: &Proxy, f: &Fixture, short: &str) -> Vec<GeneratedResource> {
+fn run(push: &PushContext, cache: &PushCache, proxy: &Proxy, f: &Fixture, short: &str) -> Vec<Resource> {
     let t = type_url_of(short);
-    generate(push, proxy, t, f.names(t)).unwrap_or_else(|e| panic!("{short}: {e}"))
+    generate(push, cache, proxy, t, f.names(t)).unwrap_or_else(|e| panic!("{short}: {e}"))
 }
 
 /// One encoded `DiscoveryResponse` per type, in push order.
-fn responses(push: &PushContext, proxy: &Proxy, f: &Fixture, types: &[&str]) -> Vec<Vec<u8>> {
+fn responses(push: &PushContext, cache: &PushCache, proxy: &Proxy, f: &Fixture, types: &[&str]) -> Vec<Vec<u8>> {
     types
         .iter()
-        .map(|&short| encode(push, type_url_of(short), &run(push, proxy, f, short)))
+        .map(|&short| encode(push, type_url_of(short), &run(push, cache, proxy, f, short)))
         .collect()
 }
 
 /// A `DiscoveryResponse` as the SotW stream builds it (resources copied out of their shared
 /// `Arc<Any>`), encoded.
-fn encode(push: &PushContext, type_url: &str, resources: &[GeneratedResource]) -> Vec<u8> {
+fn encode(push: &PushContext, type_url: &str, resources: &[Resource]) -> Vec<u8> {
     DiscoveryResponse {
         version_info: push.version().to_owned(),
         resources: resources.iter().map(|r| (*r.resource).clone()).collect(),
@@ -173,8 +190,8 @@ fn encode(push: &PushContext, type_url: &str, resources: &[GeneratedResource]) -
 fn generate_cold<const S: usize>(bencher: Bencher, short: &str) {
     let f = fixture(S);
     bencher
-        .with_inputs(|| f.fresh_push())
-        .bench_local_refs(|push| run(push, &f.proxy, &f, short));
+        .with_inputs(|| f.fresh())
+        .bench_local_refs(|(push, cache)| run(push, cache, &f.proxy, &f, short));
 }
 
 /// One type for a second sidecar of the same class on a push that already served the first:
@@ -182,9 +199,9 @@ fn generate_cold<const S: usize>(bencher: Bencher, short: &str) {
 #[divan::bench(consts = [100, 1000], args = TYPES)]
 fn generate_warm<const S: usize>(bencher: Bencher, short: &str) {
     let f = fixture(S);
-    let push = f.fresh_push();
-    run(&push, &f.proxy, &f, short);
-    bencher.bench_local(|| run(&push, &f.peer, &f, short));
+    let (push, cache) = f.fresh();
+    run(&push, &cache, &f.proxy, &f, short);
+    bencher.bench_local(|| run(&push, &cache, &f.peer, &f, short));
 }
 
 /// A full push to one sidecar on a fresh push: CDS, EDS, LDS and RDS generated, packed into
@@ -192,35 +209,33 @@ fn generate_warm<const S: usize>(bencher: Bencher, short: &str) {
 #[divan::bench(consts = [100, 1000])]
 fn full_push_cold<const S: usize>(bencher: Bencher) {
     let f = fixture(S);
-    let bytes: usize = responses(&f.fresh_push(), &f.proxy, &f, TYPES)
-        .iter()
-        .map(Vec::len)
-        .sum();
+    let (push, cache) = f.fresh();
+    let bytes: usize = responses(&push, &cache, &f.proxy, &f, TYPES).iter().map(Vec::len).sum();
     bencher
         .counter(BytesCount::new(bytes))
-        .with_inputs(|| f.fresh_push())
-        .bench_local_refs(|push| responses(push, &f.proxy, &f, TYPES));
+        .with_inputs(|| f.fresh())
+        .bench_local_refs(|(push, cache)| responses(push, cache, &f.proxy, &f, TYPES));
 }
 
 /// The same full push for a second sidecar of the same class (warm per-push caches).
 #[divan::bench(consts = [100, 1000])]
 fn full_push_warm<const S: usize>(bencher: Bencher) {
     let f = fixture(S);
-    let push = f.fresh_push();
-    let bytes: usize = responses(&push, &f.proxy, &f, TYPES).iter().map(Vec::len).sum();
+    let (push, cache) = f.fresh();
+    let bytes: usize = responses(&push, &cache, &f.proxy, &f, TYPES).iter().map(Vec::len).sum();
     bencher
         .counter(BytesCount::new(bytes))
-        .bench_local(|| responses(&push, &f.peer, &f, TYPES));
+        .bench_local(|| responses(&push, &cache, &f.peer, &f, TYPES));
 }
 
 /// Only the packing and encoding of an already generated full push.
 #[divan::bench(consts = [100, 1000])]
 fn encode_only<const S: usize>(bencher: Bencher) {
     let f = fixture(S);
-    let push = f.fresh_push();
-    let generated: Vec<(&str, Vec<GeneratedResource>)> = TYPES
+    let (push, cache) = f.fresh();
+    let generated: Vec<(&str, Vec<Resource>)> = TYPES
         .iter()
-        .map(|&short| (type_url_of(short), run(&push, &f.proxy, &f, short)))
+        .map(|&short| (type_url_of(short), run(&push, &cache, &f.proxy, &f, short)))
         .collect();
     let bytes: usize = generated.iter().map(|(t, r)| encode(&push, t, r).len()).sum();
     bencher

@@ -1,16 +1,20 @@
 //! xDS generators: pure functions from (proxy, push index, watched names) to Envoy resources,
 //! one module per type URL. No I/O.
+//!
+//! The crate exports its entry point only: [`generate`] answers one type URL for one proxy from a
+//! `PushContext` and the [`PushCache`] of that push. The builders behind it stay private.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
-pub mod cds;
-pub mod eds;
-pub mod generate;
-pub mod lds;
-pub mod names;
-pub mod rds;
-pub mod route;
+mod cds;
+mod eds;
+mod generate;
+mod lds;
+mod names;
+mod rds;
+mod route;
 #[cfg(test)]
 mod testing;
-pub mod traffic_policy;
+mod traffic_policy;
 
-pub use generate::{GenerateError, GeneratedResource, generate};
+pub use generate::{PushCache, generate};

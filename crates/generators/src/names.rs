@@ -2,13 +2,13 @@
 
 /// Traffic direction of a cluster, as Istio's `model.TrafficDirection`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TrafficDirection {
+pub(crate) enum TrafficDirection {
     Inbound,
     Outbound,
 }
 
 impl TrafficDirection {
-    pub fn as_str(&self) -> &'static str {
+    pub(crate) fn as_str(&self) -> &'static str {
         match self {
             TrafficDirection::Inbound => "inbound",
             TrafficDirection::Outbound => "outbound",
@@ -17,12 +17,12 @@ impl TrafficDirection {
 }
 
 /// `direction|port|subset|hostname`, as Istio's `model.BuildSubsetKey`.
-pub fn subset_key(direction: TrafficDirection, subset: &str, host: &str, port: u16) -> String {
+pub(crate) fn subset_key(direction: TrafficDirection, subset: &str, host: &str, port: u16) -> String {
     format!("{}|{}|{}|{}", direction.as_str(), port, subset, host)
 }
 
 /// Parses a subset key back into (direction, subset, host, port), as Istio's `ParseSubsetKey`.
-pub fn parse_subset_key(key: &str) -> Option<(TrafficDirection, &str, &str, u16)> {
+pub(crate) fn parse_subset_key(key: &str) -> Option<(TrafficDirection, &str, &str, u16)> {
     let mut parts = key.splitn(4, '|');
     let direction = match parts.next()? {
         "inbound" => TrafficDirection::Inbound,
@@ -37,18 +37,22 @@ pub fn parse_subset_key(key: &str) -> Option<(TrafficDirection, &str, &str, u16)
 
 /// Route config name of a gateway server port: `http.<port>` (Istio's plaintext HTTP servers),
 /// `https.<port>.<server name or port name>.<gateway name>.<namespace>` for HTTPS servers.
-pub fn gateway_http_route_name(port: u32) -> String {
+pub(crate) fn gateway_http_route_name(port: u32) -> String {
     format!("http.{port}")
 }
 
-pub fn gateway_https_route_name(port: u32, port_name: &str, gateway_name: &str, gateway_namespace: &str) -> String {
+pub(crate) fn gateway_https_route_name(
+    port: u32,
+    port_name: &str,
+    gateway_name: &str,
+    gateway_namespace: &str,
+) -> String {
     format!("https.{port}.{port_name}.{gateway_name}.{gateway_namespace}")
 }
 
-pub const BLACK_HOLE_CLUSTER: &str = "BlackHoleCluster";
-pub const PASSTHROUGH_CLUSTER: &str = "PassthroughCluster";
-pub const INBOUND_PASSTHROUGH_CLUSTER_IPV4: &str = "InboundPassthroughCluster";
-pub const PROMETHEUS_CLUSTER: &str = "prometheus_stats";
+pub(crate) const BLACK_HOLE_CLUSTER: &str = "BlackHoleCluster";
+pub(crate) const PASSTHROUGH_CLUSTER: &str = "PassthroughCluster";
+pub(crate) const INBOUND_PASSTHROUGH_CLUSTER_IPV4: &str = "InboundPassthroughCluster";
 
 #[cfg(test)]
 mod tests {

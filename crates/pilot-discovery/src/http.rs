@@ -10,18 +10,17 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
 use config_sources::StoreSnapshot;
+use environment::Environment;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use xds_api::type_url;
-use xds_server::{DiscoveryServer, PushRequest, WatchedResource};
-
-use crate::pipeline::Pipeline;
+use xds_server::{DiscoveryServer, PushSnapshot, WatchedResource};
 
 #[derive(Clone)]
 pub struct AppState {
-    pub server: Arc<DiscoveryServer>,
-    pub pipeline: Arc<Pipeline>,
+    pub server: Arc<DiscoveryServer<Environment>>,
+    pub environment: Arc<Environment>,
     pub registry: Arc<Registry>,
     pub store: watch::Receiver<StoreSnapshot>,
 }
@@ -149,14 +148,12 @@ async fn configz(State(s): State<AppState>) -> Json<Value> {
 }
 
 async fn registryz(State(s): State<AppState>) -> Json<Value> {
-    let state = s.pipeline.state();
-    Json(json!(state.registry.services))
+    Json(json!(s.environment.registry().services))
 }
 
 async fn endpointz(State(s): State<AppState>) -> Json<Value> {
-    let state = s.pipeline.state();
-    let by_service: BTreeMap<String, Value> = state
-        .registry
+    let registry = s.environment.registry();
+    let by_service: BTreeMap<String, Value> = registry
         .endpoints
         .iter()
         .map(|(k, eps)| (k.to_string(), json!(**eps)))
@@ -165,7 +162,7 @@ async fn endpointz(State(s): State<AppState>) -> Json<Value> {
 }
 
 async fn mesh(State(s): State<AppState>) -> Json<Value> {
-    Json(json!(s.pipeline.mesh()))
+    Json(json!(s.environment.mesh()))
 }
 
 async fn push_status(State(s): State<AppState>) -> Json<Value> {
@@ -194,7 +191,6 @@ async fn config_dump(State(s): State<AppState>, Query(q): Query<DumpQuery>) -> R
         return (StatusCode::SERVICE_UNAVAILABLE, "no push context yet\n").into_response();
     };
     let version = snapshot.version().to_owned();
-    let req = PushRequest::full(xds_server::reason::DEBUG);
     let mut sections = Vec::new();
     for (t, dump_type, list_field, item_field) in [
         (
@@ -234,7 +230,7 @@ async fn config_dump(State(s): State<AppState>, Query(q): Query<DumpQuery>) -> R
                 wildcard: true,
             },
         };
-        let resources = match snapshot.generate(&proxy, t, &watched, &req) {
+        let resources = match snapshot.generate(&proxy, &watched) {
             Ok(r) => r,
             Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
         };

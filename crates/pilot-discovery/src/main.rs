@@ -6,7 +6,6 @@ mod args;
 mod http;
 mod logging;
 mod metrics;
-mod pipeline;
 mod request;
 mod secure;
 mod server;

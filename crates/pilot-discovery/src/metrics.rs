@@ -3,14 +3,12 @@
 
 use std::sync::Arc;
 
-use config_sources::ConfigSnapshot;
-use model::ConfigKind;
+use environment::EnvironmentStats;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use registry::RegistrySnapshot;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TypeLabel {
@@ -45,10 +43,9 @@ impl PipelineMetrics {
         m
     }
 
-    pub fn observe(&self, configs: &ConfigSnapshot, registry: &RegistrySnapshot) {
-        self.services.set(registry.services.len() as i64);
-        let vs = configs.keys().filter(|k| k.kind == ConfigKind::VirtualService).count();
-        self.virtual_services.set(vs as i64);
+    pub fn observe(&self, stats: EnvironmentStats) {
+        self.services.set(stats.services as i64);
+        self.virtual_services.set(stats.virtual_services as i64);
     }
 
     /// The observer the config store calls for every rejected resource.

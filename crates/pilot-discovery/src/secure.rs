@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use ca::{CertificateAuthority, IssuedCert};
+use environment::Environment;
 use model::MeshConfig;
 use tokio::net::TcpListener;
 use tonic::transport::{Identity, ServerTlsConfig};
@@ -158,7 +159,7 @@ impl SecureGrpc {
         self,
         builder: tonic::transport::Server,
         listener: TcpListener,
-        ads: AdsService,
+        ads: AdsService<Environment>,
     ) -> anyhow::Result<()> {
         let tls = ServerTlsConfig::new().identity(Identity::from_pem(&self.cert.cert_chain_pem, &self.cert.key_pem));
         let addr = listener.local_addr().unwrap_or(self.addr);

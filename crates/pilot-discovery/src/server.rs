@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use environment::{Environment, ServiceEntries};
 use model::MeshConfig;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
@@ -16,7 +17,6 @@ use xds_server::{DiscoveryServer, ServerOptions};
 use crate::args::{DiscoveryArgs, parse_listen_addr};
 use crate::http::{AppState, debug_router, monitoring_router};
 use crate::metrics::PipelineMetrics;
-use crate::pipeline::Pipeline;
 use crate::settings::Settings;
 
 /// Reads the mesh config file; Istio's defaults when the file does not exist.
@@ -74,24 +74,26 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     let dir_watch = config_sources::watch_store(store, settings.debounce_after.max(config_sources::DEFAULT_DEBOUNCE))
         .context("watching --configDir")?;
 
-    let pipeline = Arc::new(Pipeline::new(
+    let environment = Arc::new(Environment::new(
         mesh.clone(),
         args.domain.clone(),
-        dir_watch.initial.configs.clone(),
-        pipeline_metrics,
+        vec![Box::new(ServiceEntries::new(mesh.clone()))],
     ));
+    // The initial state; the server's first push covers everything.
+    let _ = environment.config_changed(&initial_change);
+    pipeline_metrics.observe(environment.stats());
     let opts = ServerOptions {
         debounce_after: settings.debounce_after,
         debounce_max: settings.debounce_max,
         enable_eds_debounce: settings.enable_eds_debounce,
         push_throttle: settings.push_throttle,
     };
-    let server = DiscoveryServer::new(pipeline.clone(), opts, &mut registry);
+    let server = DiscoveryServer::new(environment.clone(), opts, &mut registry);
     server.start();
 
     let state = AppState {
         server: server.clone(),
-        pipeline: pipeline.clone(),
+        environment: environment.clone(),
         registry: Arc::new(registry),
         store: dir_watch.state.clone(),
     };
@@ -128,16 +130,17 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
 
     // Config changes into pushes.
     let mut changes = dir_watch.changes;
-    let pipe = pipeline.clone();
+    let env = environment.clone();
     let srv = server.clone();
     tasks.spawn(async move {
         while let Some(change) = changes.recv().await {
             for e in &change.events {
                 tracing::info!(config = %e.key(), event = event_name(e), "config changed");
             }
-            if let Some(req) = pipe.apply(&change) {
+            if let Some(req) = env.config_changed(&change) {
                 srv.config_update(req);
             }
+            pipeline_metrics.observe(env.stats());
         }
         bail!("config directory watch stopped")
     });

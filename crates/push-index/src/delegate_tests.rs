@@ -682,21 +682,7 @@ fn an_empty_mesh_default_export_to_means_public() {
 
 // ---- through the PushContext ----
 
-fn push(docs: Vec<Value>) -> crate::PushContext {
-    let mesh = Arc::new(model::MeshConfig::default());
-    let configs: Vec<Arc<Config>> = docs
-        .into_iter()
-        .map(|d| Arc::new(model::config::parse_config(d, "default").unwrap()))
-        .collect();
-    let registry = Arc::new(registry::build(&configs, &mesh));
-    crate::PushContext::new(crate::PushInput {
-        mesh,
-        domain: "cluster.local".into(),
-        configs,
-        registry,
-        version: "1".into(),
-    })
-}
+use crate::testing::push;
 
 fn vs_doc(name: &str, ns: &str, spec: Value) -> Value {
     json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
@@ -748,6 +734,5 @@ fn push_context_merges_roots_resolves_delegates_in_their_namespace_and_lists_dep
 }
 
 fn proxy_in(ns: &str) -> model::Proxy {
-    let md = model::proxy::NodeMetadata::from_json("x", &json!({"NAMESPACE": ns})).unwrap();
-    model::Proxy::parse(&format!("router~10.0.0.9~p.{ns}~{ns}.svc.cluster.local"), md).unwrap()
+    model::testing::proxy("router", "10.0.0.9", ns, json!({}))
 }

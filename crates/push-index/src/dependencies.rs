@@ -2,20 +2,20 @@
 //! and `SidecarScope.DependsOnConfig`: a proxy is pushed for a changed config only if that config,
 //! as the push before or after the change has it, is part of what the proxy is sent.
 //!
-//! - services (keys of kind ServiceEntry named by hostname, as the pipeline reports registry
-//!   changes): visible to the proxy's namespace (`exportTo`) and imported by its Sidecar scope, or
-//!   served by the proxy itself (its inbound side);
+//! - services (`Changed::Service`, as the environment reports registry changes): visible to the
+//!   proxy's namespace (`exportTo`) and imported by its Sidecar scope, or served by the proxy
+//!   itself (its inbound side);
 //! - VirtualServices: in the proxy's mesh list (sidecars) or bound to a gateway selecting it
 //!   (routers); delegates (no hosts) by the roots among those that name them;
 //! - DestinationRules: exported to the proxy's namespace and for a host its scope imports;
 //! - Gateways: only routers they select; Sidecars: only sidecars of their namespace (or of any
 //!   namespace, for the root namespace's);
-//! - anything else, or a key neither push holds: every proxy.
+//! - anything else, a change neither push holds, or `ConfigsUpdated::All`: every proxy.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use model::{Config, ConfigKey, ConfigKind, ConfigSpec, NodeType, Proxy};
+use model::{Changed, Config, ConfigKey, ConfigKind, ConfigSpec, ConfigsUpdated, NodeType, Proxy, ServiceKey};
 
 use crate::PushContext;
 
@@ -23,27 +23,35 @@ use crate::PushContext;
 /// only for a service the proxy serves, which is checked apart and never cached.
 type ViewKey = (NodeType, String, BTreeMap<String, String>);
 
-/// Per push: configs by key, and answers per (proxy class, key).
+/// Per push: configs by key, and answers per (proxy class, change).
 #[derive(Default)]
-struct DependencyCache {
+pub(crate) struct DependencyCache {
     configs: OnceLock<HashMap<ConfigKey, Arc<Config>>>,
-    answers: Mutex<HashMap<(ViewKey, ConfigKey), Option<bool>>>,
+    answers: Mutex<HashMap<(ViewKey, Changed), Option<bool>>>,
 }
 
-/// Istio's `ProxyNeedsPush` for a push caused by `keys` (an empty set means "everything"): true
-/// when any key is part of what `proxy` sees in `current` or saw in one of the `earlier` pushes
-/// (the push the change was made against, the push the proxy last got). A key no push holds is
-/// assumed to concern every proxy.
-pub fn proxy_needs_push<'a>(
+impl std::fmt::Debug for DependencyCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let answers = self.answers.lock().map(|a| a.len()).unwrap_or_default();
+        f.debug_struct("DependencyCache")
+            .field("answers", &answers)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Istio's `ProxyNeedsPush` for a push of `changes`: true when any change is part of what `proxy`
+/// sees in `current` or saw in one of the `earlier` pushes (the push the change was made against,
+/// the push the proxy last got). `All`, or a change no push holds, concerns every proxy.
+pub fn proxy_needs_push(
     current: &PushContext,
     earlier: &[&PushContext],
     proxy: &Proxy,
-    mut keys: impl ExactSizeIterator<Item = &'a ConfigKey>,
+    changes: &ConfigsUpdated,
 ) -> bool {
-    if keys.len() == 0 {
+    let ConfigsUpdated::Only(changes) = changes else {
         return true;
-    }
-    keys.any(|key| {
+    };
+    changes.iter().any(|key| {
         let answers = std::iter::once(current)
             .chain(earlier.iter().copied())
             .map(|p| p.proxy_sees(proxy, key));
@@ -57,13 +65,15 @@ pub fn proxy_needs_push<'a>(
 }
 
 impl PushContext {
-    /// Whether the config `key`, as this push holds it, is part of what `proxy` is sent; `None`
+    /// Whether the change `key`, as this push holds it, is part of what `proxy` is sent; `None`
     /// when this push does not hold it (deleted, or not yet created).
-    pub fn proxy_sees(&self, proxy: &Proxy, key: &ConfigKey) -> Option<bool> {
-        if key.kind == ConfigKind::ServiceEntry && self.serves(proxy, &key.name, &key.namespace) {
+    pub fn proxy_sees(&self, proxy: &Proxy, key: &Changed) -> Option<bool> {
+        if let Changed::Service(service) = key
+            && self.serves(proxy, &service.hostname, &service.namespace)
+        {
             return Some(true);
         }
-        let cache = self.caches().get::<DependencyCache>();
+        let cache = &self.dependencies;
         let cache_key = (
             (proxy.node_type, proxy.config_namespace.clone(), proxy.labels.clone()),
             key.clone(),
@@ -76,7 +86,10 @@ impl PushContext {
         {
             return *answer;
         }
-        let answer = self.compute_sees(proxy, key, &cache);
+        let answer = match key {
+            Changed::Service(service) => self.sees_service(proxy, service),
+            Changed::Config(config) => self.compute_sees(proxy, config, cache),
+        };
         cache
             .answers
             .lock()
@@ -87,10 +100,8 @@ impl PushContext {
 
     fn compute_sees(&self, proxy: &Proxy, key: &ConfigKey, cache: &DependencyCache) -> Option<bool> {
         match key.kind {
-            ConfigKind::ServiceEntry => self.sees_service(proxy, key).or_else(|| {
-                // Not a service hostname: a ServiceEntry named directly, whatever it produced.
-                config(self, cache, key).map(|_| true)
-            }),
+            // A ServiceEntry named directly (its services travel as `Changed::Service`).
+            ConfigKind::ServiceEntry => config(self, cache, key).map(|_| true),
             ConfigKind::VirtualService => config(self, cache, key).map(|c| self.sees_virtual_service(proxy, &c)),
             ConfigKind::DestinationRule => config(self, cache, key).map(|c| self.sees_destination_rule(proxy, &c)),
             ConfigKind::Gateway => config(self, cache, key).map(|_| {
@@ -104,17 +115,17 @@ impl PushContext {
         }
     }
 
-    /// A service key (kind ServiceEntry, named by hostname): visible and imported.
-    fn sees_service(&self, proxy: &Proxy, key: &ConfigKey) -> Option<bool> {
-        if !self.services.contains(&key.name, &key.namespace) {
+    /// A service: visible and imported.
+    fn sees_service(&self, proxy: &Proxy, key: &ServiceKey) -> Option<bool> {
+        if !self.services.contains(&key.hostname, &key.namespace) {
             return None;
         }
         // The proxy's namespace sees one service per hostname: is it this one?
         let visible = self
             .services
-            .exact(&key.name, &proxy.config_namespace)
+            .exact(&key.hostname, &proxy.config_namespace)
             .is_some_and(|s| s.namespace() == key.namespace);
-        Some(visible && self.sidecar_scope(proxy).imports(&key.namespace, &key.name))
+        Some(visible && self.sidecar_scope(proxy).imports(&key.namespace, &key.hostname))
     }
 
     fn sees_virtual_service(&self, proxy: &Proxy, vs: &Config) -> bool {

@@ -1,33 +1,13 @@
 //! Which proxies a change concerns: a table of (change, proxy) → pushed or not.
 
-use std::sync::Arc;
-
-use model::config::parse_config;
-use model::proxy::NodeMetadata;
-use model::{Config, ConfigKey, ConfigKind, MeshConfig, Proxy};
+use model::{Changed, ConfigKey, ConfigKind, ConfigsUpdated, Proxy, ServiceKey};
 use serde_json::{Value, json};
 
-use crate::{PushContext, PushInput, proxy_needs_push};
+use crate::{PushContext, proxy_needs_push};
+use model::testing::proxy;
 
 fn push(docs: &[Value]) -> PushContext {
-    let mesh = Arc::new(MeshConfig::default());
-    let configs: Vec<Arc<Config>> = docs
-        .iter()
-        .map(|d| Arc::new(parse_config(d.clone(), "default").unwrap()))
-        .collect();
-    let registry = Arc::new(registry::build(&configs, &mesh));
-    PushContext::new(PushInput {
-        mesh,
-        domain: "cluster.local".into(),
-        configs,
-        registry,
-        version: "v1".into(),
-    })
-}
-
-fn proxy(node_type: &str, ip: &str, ns: &str, labels: Value) -> Proxy {
-    let md = NodeMetadata::from_json("x", &json!({"NAMESPACE": ns, "LABELS": labels})).unwrap();
-    Proxy::parse(&format!("{node_type}~{ip}~p.{ns}~{ns}.svc.cluster.local"), md).unwrap()
+    crate::testing::push(docs.iter().cloned())
 }
 
 fn sidecar_in(ns: &str) -> Proxy {
@@ -72,16 +52,16 @@ fn sidecar_resource(ns: &str, hosts: &[&str]) -> Value {
         "spec": {"egress": [{"hosts": hosts}]}})
 }
 
-fn key(kind: ConfigKind, ns: &str, name: &str) -> ConfigKey {
-    ConfigKey {
+fn key(kind: ConfigKind, ns: &str, name: &str) -> Changed {
+    Changed::Config(ConfigKey {
         kind,
         namespace: ns.into(),
         name: name.into(),
-    }
+    })
 }
 
-fn service_key(ns: &str, host: &str) -> ConfigKey {
-    key(ConfigKind::ServiceEntry, ns, host)
+fn service_key(ns: &str, host: &str) -> Changed {
+    Changed::Service(ServiceKey::new(host, ns))
 }
 
 fn mesh() -> Vec<Value> {
@@ -100,9 +80,9 @@ fn mesh() -> Vec<Value> {
     ]
 }
 
-fn needs(push: &PushContext, previous: Option<&PushContext>, proxy: &Proxy, k: ConfigKey) -> bool {
+fn needs(push: &PushContext, previous: Option<&PushContext>, proxy: &Proxy, k: Changed) -> bool {
     let earlier: Vec<&PushContext> = previous.into_iter().collect();
-    proxy_needs_push(push, &earlier, proxy, [k].iter())
+    proxy_needs_push(push, &earlier, proxy, &ConfigsUpdated::Only([k].into()))
 }
 
 #[test]
@@ -202,7 +182,7 @@ fn the_push_before_the_change_counts_too() {
 #[test]
 fn everything_and_unknown_kinds_concern_everyone() {
     let p = push(&mesh());
-    assert!(proxy_needs_push(&p, &[], &sidecar_in("b"), [].iter()));
+    assert!(proxy_needs_push(&p, &[], &sidecar_in("b"), &ConfigsUpdated::All));
     assert!(needs(
         &p,
         None,

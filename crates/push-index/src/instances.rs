@@ -28,7 +28,7 @@ type Position = (usize, usize, usize);
 /// The instances of every endpoint address of a push, as (position, target port) in registry
 /// order (service, then port, then endpoint), one per (service, port, target port) and address.
 #[derive(Debug, Default)]
-struct InstancesByAddress(OnceLock<HashMap<IpAddr, Vec<(Position, u16)>>>);
+pub(crate) struct InstancesByAddress(OnceLock<HashMap<IpAddr, Vec<(Position, u16)>>>);
 
 impl InstancesByAddress {
     fn build(push: &PushContext) -> HashMap<IpAddr, Vec<(Position, u16)>> {
@@ -66,8 +66,7 @@ impl InstancesByAddress {
 impl PushContext {
     /// Runs `f` over this push's instances by address, built on first use.
     fn with_instances<R>(&self, f: impl FnOnce(&HashMap<IpAddr, Vec<(Position, u16)>>) -> R) -> R {
-        let index = self.caches().get::<InstancesByAddress>();
-        f(index.0.get_or_init(|| InstancesByAddress::build(self)))
+        f(self.instances.0.get_or_init(|| InstancesByAddress::build(self)))
     }
 
     /// Whether the proxy runs an instance of the service (`hostname`, `namespace`).

@@ -8,7 +8,6 @@
 //! go through the proxy's namespace (`exportTo`) only.
 #![forbid(unsafe_code)]
 
-mod cache;
 mod delegate;
 mod dependencies;
 mod destination_rules;
@@ -16,6 +15,8 @@ mod gateways;
 mod instances;
 mod services;
 mod sidecar_scope;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 mod virtual_services;
 
 #[cfg(test)]
@@ -28,7 +29,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use model::service::Endpoints;
 use model::{Config, ConfigKind, MeshConfig, Proxy, Service};
 
-pub use cache::PushCaches;
 pub use dependencies::proxy_needs_push;
 pub use destination_rules::{DestinationRuleIndex, MergedDestinationRule};
 pub use gateways::GatewayIndex;
@@ -52,7 +52,8 @@ pub struct PushInput {
     pub version: String,
 }
 
-/// The per-push index. Immutable once built, except for the generators' caches.
+/// The per-push index. Immutable once built, except for what it computes on first use (Sidecar
+/// scopes, instances by address, push dependencies).
 #[derive(Debug)]
 pub struct PushContext {
     version: String,
@@ -64,7 +65,10 @@ pub struct PushContext {
     destination_rules: Arc<DestinationRuleIndex>,
     virtual_services: Arc<VirtualServiceIndex>,
     gateways: Arc<GatewayIndex>,
-    caches: PushCaches,
+    /// Service instances by endpoint address, built on first use.
+    instances: instances::InstancesByAddress,
+    /// Configs by key and `proxy_sees` answers, for push filtering.
+    dependencies: dependencies::DependencyCache,
     /// Sidecar scopes by (proxy namespace, proxy labels), computed on first use.
     sidecar_scopes: Mutex<HashMap<ScopeKey, Arc<SidecarScope>>>,
 }
@@ -100,13 +104,15 @@ impl PushContext {
             destination_rules,
             virtual_services,
             gateways,
-            caches: PushCaches::default(),
+            instances: Default::default(),
+            dependencies: Default::default(),
             sidecar_scopes: Mutex::default(),
         }
     }
 
     /// A new push that reuses the indexes of `self` that `changed` does not touch. The mesh config
-    /// and domain must be those of `self` (a mesh change needs `PushContext::new`); caches start empty.
+    /// and domain must be those of `self` (a mesh change needs `PushContext::new`); what is computed on first use
+    /// starts empty.
     pub fn rebuild(&self, input: PushInput, changed: &ChangeScope) -> PushContext {
         if input.mesh != self.mesh || input.domain != self.domain {
             return PushContext::new(input);
@@ -142,7 +148,8 @@ impl PushContext {
             destination_rules,
             virtual_services,
             gateways,
-            caches: PushCaches::default(),
+            instances: Default::default(),
+            dependencies: Default::default(),
             sidecar_scopes: Mutex::default(),
         }
     }
@@ -166,11 +173,6 @@ impl PushContext {
 
     pub fn registry(&self) -> &registry::RegistrySnapshot {
         &self.registry
-    }
-
-    /// Caches that generators keep for the lifetime of this push.
-    pub fn caches(&self) -> &PushCaches {
-        &self.caches
     }
 
     /// Services visible to the proxy's namespace (`exportTo`), one per hostname, sorted by hostname.

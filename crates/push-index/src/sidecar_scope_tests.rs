@@ -2,32 +2,14 @@
 
 use std::sync::Arc;
 
-use model::config::parse_config;
-use model::proxy::NodeMetadata;
-use model::{Config, ConfigKey, ConfigKind, MeshConfig, Proxy};
+use model::{ConfigKey, ConfigKind, Proxy};
 use serde_json::{Value, json};
 
-use crate::{PushContext, PushInput};
-
-fn push(docs: Vec<Value>) -> PushContext {
-    let mesh = Arc::new(MeshConfig::default());
-    let configs: Vec<Arc<Config>> = docs
-        .into_iter()
-        .map(|d| Arc::new(parse_config(d, "default").unwrap()))
-        .collect();
-    let registry = Arc::new(registry::build(&configs, &mesh));
-    PushContext::new(PushInput {
-        mesh,
-        domain: "cluster.local".into(),
-        configs,
-        registry,
-        version: "v1".into(),
-    })
-}
+use crate::PushContext;
+use crate::testing::push;
 
 fn proxy_of(node_type: &str, ns: &str, labels: Value) -> Proxy {
-    let md = NodeMetadata::from_json("x", &json!({"NAMESPACE": ns, "LABELS": labels})).unwrap();
-    Proxy::parse(&format!("{node_type}~10.0.0.9~p.{ns}~{ns}.svc.cluster.local"), md).unwrap()
+    model::testing::proxy(node_type, "10.0.0.9", ns, labels)
 }
 
 fn proxy(ns: &str, labels: Value) -> Proxy {

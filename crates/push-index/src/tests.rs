@@ -3,32 +3,18 @@
 use std::sync::Arc;
 
 use model::config::parse_config;
-use model::proxy::NodeMetadata;
 use model::{Config, ConfigSpec, MeshConfig, Proxy};
 use serde_json::{Value, json};
 
+use crate::testing::push;
 use crate::{PushContext, PushInput};
+
+fn proxy(node_type: &str, ns: &str, labels: Value) -> Proxy {
+    model::testing::proxy(node_type, "10.0.0.9", ns, labels)
+}
 
 fn cfg(doc: Value) -> Arc<Config> {
     Arc::new(parse_config(doc, "default").unwrap())
-}
-
-fn push(docs: Vec<Value>) -> PushContext {
-    let mesh = Arc::new(MeshConfig::default());
-    let configs: Vec<Arc<Config>> = docs.into_iter().map(cfg).collect();
-    let registry = Arc::new(registry::build(&configs, &mesh));
-    PushContext::new(PushInput {
-        mesh,
-        domain: "cluster.local".into(),
-        configs,
-        registry,
-        version: "v1".into(),
-    })
-}
-
-fn proxy(node_type: &str, ns: &str, labels: Value) -> Proxy {
-    let md = NodeMetadata::from_json("x", &json!({"NAMESPACE": ns, "LABELS": labels})).unwrap();
-    Proxy::parse(&format!("{node_type}~10.0.0.9~p.{ns}~{ns}.svc.cluster.local"), md).unwrap()
 }
 
 fn service_entry(name: &str, ns: &str, host: &str, export_to: Value) -> Value {

@@ -1,8 +1,10 @@
 //! The ServiceEntry service registry, as Istio's `pilot/pkg/serviceregistry/serviceentry`: turns
 //! ServiceEntry and WorkloadEntry configs into `Service`s and `Endpoint`s, and says what changed
-//! between two builds (full push vs EDS-only push). Pure and synchronous.
+//! between two builds (full push vs EDS-only push). Pure and synchronous; `ServiceEntryRegistry`
+//! keeps it up to date change by change.
 #![forbid(unsafe_code)]
 
+mod controller;
 mod conversion;
 mod diff;
 mod workload_entry;
@@ -11,12 +13,13 @@ mod workload_entry;
 mod tests;
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::Arc;
 
+pub use model::ServiceKey;
 use model::service::Endpoints;
 use model::{Config, ConfigSpec, Endpoint, MeshConfig, Service};
 
+pub use controller::ServiceEntryRegistry;
 pub use conversion::{
     LOCALITY_LABEL, SERVICE_REGISTRY_EXTERNAL, TLS_MODE_LABEL, UNIX_ADDRESS_PREFIX, tls_mode, visible_from,
 };
@@ -24,33 +27,6 @@ pub use diff::{RegistryDiff, diff};
 
 use conversion::{Workload, convert_endpoint, convert_services, host_endpoint, is_dns, resolution, valid_ports};
 use workload_entry::WorkloadEntryIndex;
-
-/// Identifies a service of the registry: Istio keys services and their endpoints by hostname and
-/// namespace, so one hostname may exist once per namespace.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ServiceKey {
-    pub hostname: String,
-    pub namespace: String,
-}
-
-impl ServiceKey {
-    pub fn new(hostname: impl Into<String>, namespace: impl Into<String>) -> ServiceKey {
-        ServiceKey {
-            hostname: hostname.into(),
-            namespace: namespace.into(),
-        }
-    }
-
-    pub fn of(service: &Service) -> ServiceKey {
-        ServiceKey::new(service.hostname.clone(), service.namespace())
-    }
-}
-
-impl fmt::Display for ServiceKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.hostname)
-    }
-}
 
 /// Everything the ServiceEntry registry knows at one moment. Immutable; rebuild and swap whole.
 #[derive(Debug, Clone, Default, PartialEq)]

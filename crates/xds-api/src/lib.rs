@@ -1,8 +1,12 @@
 //! xDS API types and type URLs. Envoy's protos come from the `envoy-types` crate; this crate
-//! names the type URLs pilot serves and packs resources into `Any`.
+//! names the type URLs pilot serves, packs resources into `Any`, and holds the encoded
+//! [`Resource`] that generators make and the ADS server sends.
 #![forbid(unsafe_code)]
 
 pub mod json;
+mod resource;
+
+pub use resource::{GenerateError, Resource, version_of};
 
 pub use envoy_types;
 pub use envoy_types::pb::envoy;

@@ -15,7 +15,7 @@ use crate::clock::rfc3339;
 use crate::server::DiscoveryServer;
 use crate::status::ConnectionStatus;
 use crate::watched::{Names, Version, Watch};
-use crate::{GenerateError, Proxy, PushRequest, PushSnapshot, Resource, WatchedResource};
+use crate::{GenerateError, Proxy, PushRequest, PushSnapshot, Resource, SnapshotBuilder, WatchedResource};
 
 /// Locks a mutex, recovering the data if a panicking thread poisoned it: every critical section
 /// here leaves the data consistent.
@@ -23,7 +23,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-pub(crate) struct Connection {
+pub(crate) struct Connection<S> {
     /// `<proxy id>-<counter>`, as Istio's `connectionID`.
     pub id: String,
     pub proxy: Arc<Proxy>,
@@ -34,13 +34,13 @@ pub(crate) struct Connection {
     /// (type URL, gRPC code) of NACKs counted in the per node reject gauges.
     pub rejects: Mutex<BTreeSet<(String, i32)>>,
     /// The snapshot the proxy's config was last generated from (Istio's `PrevSidecarScope`).
-    pub last_pushed: Mutex<Option<Arc<dyn PushSnapshot>>>,
+    pub last_pushed: Mutex<Option<Arc<S>>>,
     pending: Mutex<Option<PushRequest>>,
     notify: Notify,
 }
 
-impl Connection {
-    pub fn new(id: String, proxy: Proxy, peer: String, delta: bool) -> Connection {
+impl<S> Connection<S> {
+    pub fn new(id: String, proxy: Proxy, peer: String, delta: bool) -> Connection<S> {
         Connection {
             id,
             proxy: Arc::new(proxy),
@@ -127,14 +127,14 @@ impl Connection {
 /// Reads a stream's first request and registers its proxy, as both ADS flavours start. A node that
 /// cannot be parsed is refused with `InvalidArgument` naming what is wrong (counted in
 /// `pilot_xds_invalid_node`). `None` when the stream ended or was refused.
-pub(crate) async fn accept<Req: prost::Message + Default, Resp>(
-    server: &Arc<DiscoveryServer>,
+pub(crate) async fn accept<B: SnapshotBuilder, Req: prost::Message + Default, Resp>(
+    server: &Arc<DiscoveryServer<B>>,
     inbound: &mut crate::grpc::Requests<Req>,
     out: &crate::outbound::OutSender<Resp>,
     peer: String,
     delta: bool,
     node: impl Fn(&Req) -> Option<&Node>,
-) -> Option<(Req, Registration)> {
+) -> Option<(Req, Registration<B>)> {
     use futures::StreamExt;
     let first = match inbound.next().await {
         Some(Ok(req)) => req,
@@ -180,12 +180,12 @@ pub(crate) fn parse_node(node: Option<&Node>) -> Result<Proxy, Status> {
 }
 
 /// Removes the connection from the server when its stream task ends, however it ends.
-pub(crate) struct Registration {
-    pub server: Arc<DiscoveryServer>,
-    pub conn: Arc<Connection>,
+pub(crate) struct Registration<B: SnapshotBuilder> {
+    pub server: Arc<DiscoveryServer<B>>,
+    pub conn: Arc<Connection<B::Snapshot>>,
 }
 
-impl Drop for Registration {
+impl<B: SnapshotBuilder> Drop for Registration<B> {
     fn drop(&mut self) {
         self.server.unregister(&self.conn);
     }
@@ -203,18 +203,12 @@ pub(crate) struct Generated {
 
 /// An endpoint-only push in state of the world sends only the clusters of the services whose
 /// endpoints moved, as Istio's incremental EDS: EDS is not a wildcard type, so Envoy keeps the
-/// load assignments a response leaves out. `None` when the proxy watches none of them. An empty
-/// `configs_updated` means every service.
+/// load assignments a response leaves out. `None` when the proxy watches none of them.
 fn partial_eds(w: WatchedResource, req: &PushRequest) -> Option<WatchedResource> {
-    if req.configs_updated.is_empty() {
+    if req.configs_updated.is_all() {
         return Some(w);
     }
-    let hosts: HashSet<&str> = req
-        .configs_updated
-        .iter()
-        .filter(|k| k.kind == model::ConfigKind::ServiceEntry)
-        .map(|k| k.name.as_str())
-        .collect();
+    let hosts: HashSet<&str> = req.configs_updated.services().map(|k| k.hostname.as_str()).collect();
     // `outbound|<port>|<subset>|<host>`
     let names: Names = w
         .names
@@ -227,11 +221,10 @@ fn partial_eds(w: WatchedResource, req: &PushRequest) -> Option<WatchedResource>
 
 /// Generates `targets` in the blocking pool, so a large generation never stalls the runtime.
 /// Resources of non-wildcard types are limited to the watched names.
-pub(crate) async fn generate(
-    snapshot: Arc<dyn PushSnapshot>,
+pub(crate) async fn generate<S: PushSnapshot>(
+    snapshot: Arc<S>,
     proxy: Arc<Proxy>,
     targets: Vec<WatchedResource>,
-    req: PushRequest,
     delta: bool,
 ) -> Vec<Generated> {
     let work = move || {
@@ -239,14 +232,12 @@ pub(crate) async fn generate(
             .into_iter()
             .map(|watched| {
                 let t0 = Instant::now();
-                let resources = snapshot
-                    .generate(&proxy, &watched.type_url, &watched, &req)
-                    .map(|mut rs| {
-                        if !watched.wildcard {
-                            rs.retain(|r| watched.names.contains(&r.name));
-                        }
-                        rs
-                    });
+                let resources = snapshot.generate(&proxy, &watched).map(|mut rs| {
+                    if !watched.wildcard {
+                        rs.retain(|r| watched.names.contains(&r.name));
+                    }
+                    rs
+                });
                 let versions = match (&resources, delta) {
                     (Ok(rs), true) => rs
                         .iter()
@@ -286,19 +277,9 @@ pub(crate) fn log_generate_error(conn_id: &str, t: &str, e: &GenerateError) {
     }
 }
 
-/// A resource's delta version: a hash of its type URL and bytes.
-pub(crate) fn resource_version(any: &xds_api::pbwkt::Any) -> String {
-    use std::hash::{DefaultHasher, Hash, Hasher};
-    let mut h = DefaultHasher::new();
-    any.type_url.hash(&mut h);
-    any.value.hash(&mut h);
-    format!("{:016x}", h.finish())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use xds_api::pbwkt;
 
     #[test]
     fn refuses_bad_nodes_with_invalid_argument_naming_the_node() {
@@ -343,42 +324,13 @@ mod tests {
 
     #[tokio::test]
     async fn pending_pushes_merge_into_one_slot() {
-        let c = Connection::new("a-1".into(), parse_node(Some(&node())).unwrap(), "p".into(), false);
-        c.enqueue(&PushRequest::endpoints([]));
-        c.enqueue(&PushRequest::full(crate::reason::CONFIG));
+        let c = Connection::<()>::new("a-1".into(), parse_node(Some(&node())).unwrap(), "p".into(), false);
+        c.enqueue(&PushRequest::all_endpoints());
+        c.enqueue(&PushRequest::full(model::TriggerReason::ConfigUpdate));
         let req = c.next_push().await;
         assert!(req.full);
         assert_eq!(req.reason.len(), 2);
         assert!(lock(&c.pending).is_none());
-    }
-
-    #[test]
-    fn resource_version_follows_bytes() {
-        let a = pbwkt::Any {
-            type_url: "t".into(),
-            value: vec![1],
-        };
-        let b = pbwkt::Any {
-            type_url: "t".into(),
-            value: vec![2],
-        };
-        assert_eq!(resource_version(&a), resource_version(&a.clone()));
-        assert_ne!(resource_version(&a), resource_version(&b));
-    }
-
-    #[test]
-    fn a_shared_resource_is_versioned_once_with_the_hash_of_its_bytes() {
-        let r = Resource::new("a", &pbwkt::Duration { seconds: 1, nanos: 0 });
-        let shared = Resource {
-            name: "a".into(),
-            ..r.clone()
-        };
-        assert!(shared.version.get().is_none());
-        assert_eq!(r.version(), resource_version(&r.resource));
-        // the copy handed to another proxy finds the version already computed
-        assert_eq!(shared.version.get().map(String::as_str), Some(r.version()));
-        let other = Resource::new("a", &pbwkt::Duration { seconds: 2, nanos: 0 });
-        assert_ne!(other.version(), r.version());
     }
 
     fn node() -> Node {

@@ -127,7 +127,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reason;
+    use crate::TriggerReason;
     use std::sync::{Arc, Mutex};
     use tokio::sync::mpsc;
 
@@ -162,7 +162,7 @@ mod tests {
     async fn burst_is_merged_into_one_push_after_quiet_period() {
         let (tx, log) = start(opts(true), Duration::ZERO);
         for _ in 0..5 {
-            tx.send(PushRequest::full(reason::CONFIG)).unwrap();
+            tx.send(PushRequest::full(TriggerReason::ConfigUpdate)).unwrap();
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -170,7 +170,7 @@ mod tests {
         assert_eq!(log.len(), 1);
         // Last event at 200ms, quiet for 100ms.
         assert_eq!(log[0].0, Duration::from_millis(300));
-        assert_eq!(log[0].1.reason.get(reason::CONFIG), Some(&5));
+        assert_eq!(log[0].1.reason.get(&TriggerReason::ConfigUpdate), Some(&5));
         assert_eq!(
             log[0].2,
             Debounced {
@@ -186,7 +186,7 @@ mod tests {
         // An event every 30ms, never 100ms of quiet: events at 0, 30, ..., 9990ms go into the
         // first push at 10s; the next window starts at 10.02s.
         for _ in 0..700 {
-            tx.send(PushRequest::full(reason::CONFIG)).unwrap();
+            tx.send(PushRequest::full(TriggerReason::ConfigUpdate)).unwrap();
             tokio::time::sleep(Duration::from_millis(30)).await;
         }
         let t = times(&log);
@@ -197,10 +197,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn one_push_in_flight_and_events_meanwhile_go_into_the_next() {
         let (tx, log) = start(opts(true), Duration::from_secs(2));
-        tx.send(PushRequest::full(reason::CONFIG)).unwrap();
+        tx.send(PushRequest::full(TriggerReason::ConfigUpdate)).unwrap();
         tokio::time::sleep(Duration::from_millis(500)).await;
         for _ in 0..3 {
-            tx.send(PushRequest::full(reason::SERVICE)).unwrap();
+            tx.send(PushRequest::full(TriggerReason::ServiceUpdate)).unwrap();
         }
         tokio::time::sleep(Duration::from_secs(5)).await;
         let log = log.lock().unwrap();
@@ -208,13 +208,13 @@ mod tests {
         assert_eq!(log[0].0, Duration::from_millis(100));
         // The first push ends at 2.1s; the next starts then, not at 0.6s.
         assert_eq!(log[1].0, Duration::from_millis(2100));
-        assert_eq!(log[1].1.reason.get(reason::SERVICE), Some(&3));
+        assert_eq!(log[1].1.reason.get(&TriggerReason::ServiceUpdate), Some(&3));
     }
 
     #[tokio::test(start_paused = true)]
     async fn eds_is_pushed_at_once_without_eds_debounce() {
         let (tx, log) = start(opts(false), Duration::ZERO);
-        tx.send(PushRequest::endpoints([])).unwrap();
+        tx.send(PushRequest::all_endpoints()).unwrap();
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert_eq!(times(&log), vec![Duration::ZERO]);
         assert!(!log.lock().unwrap()[0].1.full);
@@ -223,8 +223,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn eds_is_debounced_by_default() {
         let (tx, log) = start(opts(true), Duration::ZERO);
-        tx.send(PushRequest::endpoints([])).unwrap();
-        tx.send(PushRequest::endpoints([])).unwrap();
+        tx.send(PushRequest::all_endpoints()).unwrap();
+        tx.send(PushRequest::all_endpoints()).unwrap();
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(times(&log), vec![Duration::from_millis(100)]);
         assert_eq!(log.lock().unwrap()[0].2.events, 2);

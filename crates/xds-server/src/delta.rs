@@ -1,183 +1,70 @@
-//! Delta ADS streams (`DeltaAggregatedResources`), as Istio's `StreamDeltas` and `pushDeltaXds`:
-//! per type the server tracks what the proxy has (name -> version, a hash of the resource bytes),
-//! and each response carries only what changed plus `removed_resources`.
+//! Delta ADS (`DeltaAggregatedResources`), as Istio's `StreamDeltas` and `pushDeltaXds`: per
+//! type the server tracks what the proxy has (name -> version, a hash of the resource bytes), and
+//! each response carries only what changed plus `removed_resources`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Instant;
 
-use crate::grpc::Requests as Streaming;
-use futures::StreamExt;
+use xds_api::Resource;
+use xds_api::envoy::config::core::v3::Node;
 use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource as PbResource};
-use xds_api::type_url;
 
-use crate::connection::{Connection, Generated, accept, generate, lock, log_generate_error};
-use crate::outbound::{OutSender, Slot};
-use crate::server::{Closed, DiscoveryServer};
-use crate::watched::{NameInterner, Respond, Version, WatchedResource, delta_request, version_str};
-use crate::{PushRequest, PushSnapshot, reason};
+use crate::connection::{Connection, Generated, lock};
+use crate::stream::{Cause, Flavour};
+use crate::watched::{NameInterner, Outcome, Respond, Version, Watch, delta_request, version_str};
+use crate::{PushSnapshot, WatchedResource};
 
-pub(crate) type DeltaSender = OutSender<DeltaDiscoveryResponse>;
+pub(crate) struct Delta;
 
-/// Serves one delta stream until the proxy goes away.
-pub(crate) async fn serve(
-    server: Arc<DiscoveryServer>,
-    mut inbound: Streaming<DeltaDiscoveryRequest>,
-    out: DeltaSender,
-    peer: String,
-) {
-    let Some((first, registration)) = accept(&server, &mut inbound, &out, peer, true, |r: &DeltaDiscoveryRequest| {
-        r.node.as_ref()
-    })
-    .await
-    else {
-        return;
-    };
-    let conn = registration.conn.clone();
-    let mut stream = DeltaStream {
-        server,
-        conn: conn.clone(),
-        out,
-        nonce: 0,
-    };
-    let _ = stream.run(first, inbound).await;
-    tracing::info!("ADS: {} {} delta terminated", conn.peer, conn.id);
-}
+impl Flavour for Delta {
+    type Request = DeltaDiscoveryRequest;
+    type Response = DeltaDiscoveryResponse;
+    const DELTA: bool = true;
+    const LOG: &'static str = "delta ";
 
-struct DeltaStream {
-    server: Arc<DiscoveryServer>,
-    conn: Arc<Connection>,
-    out: DeltaSender,
-    nonce: u64,
-}
-
-/// Why a response is being built: answering a request always answers; a push only when
-/// something changed.
-#[derive(Clone, Copy, PartialEq)]
-enum Cause {
-    Request,
-    Push,
-}
-
-impl DeltaStream {
-    async fn run(
-        &mut self,
-        first: DeltaDiscoveryRequest,
-        mut inbound: Streaming<DeltaDiscoveryRequest>,
-    ) -> Result<(), Closed> {
-        self.on_request(first).await?;
-        let conn = self.conn.clone();
-        let out = self.out.clone();
-        loop {
-            tokio::select! {
-                biased;
-                msg = inbound.next() => match msg {
-                    Some(Ok(req)) => self.on_request(req).await?,
-                    Some(Err(e)) => {
-                        tracing::debug!("ADS: {} delta receive error: {e}", self.conn.id);
-                        return Ok(());
-                    }
-                    None => return Ok(()),
-                },
-                req = conn.next_push() => self.push(req).await?,
-                _ = out.closed() => return Ok(()),
-            }
-        }
+    fn node(req: &DeltaDiscoveryRequest) -> Option<&Node> {
+        req.node.as_ref()
     }
 
-    async fn on_request(&mut self, req: DeltaDiscoveryRequest) -> Result<(), Closed> {
-        if req.type_url.is_empty() {
-            tracing::warn!("ADS: {} sent a delta request without type_url; ignored", self.conn.id);
-            return Ok(());
-        }
-        let (outcome, respond) = delta_request(&mut lock(&self.conn.watched), &req, &self.server.names);
-        self.server.record_outcome(&self.conn, &req.type_url, &outcome);
-        let Some(mut target) = lock(&self.conn.watched).get(&req.type_url).map(|w| w.resource.clone()) else {
-            return Ok(());
-        };
-        match respond {
-            Respond::No => return Ok(()),
-            Respond::All => {}
-            Respond::Names(names) => {
-                target = WatchedResource {
-                    names: names.into_iter().collect(),
-                    wildcard: false,
-                    ..target
-                }
-            }
-        }
-        let Some(snapshot) = self.server.current_snapshot() else {
-            return Ok(());
-        };
-        lock(&self.conn.last_pushed).get_or_insert_with(|| snapshot.clone());
-        let push = PushRequest::full(reason::PROXY_REQUEST);
-        // Answers take a throttle slot as pushes do: a thousand proxies connecting at once must
-        // not hold a thousand full responses in memory.
-        let mut slot = Slot::new(self.server.throttle().await);
-        for g in generate(snapshot.clone(), self.conn.proxy.clone(), vec![target], push, true).await {
-            self.send(snapshot.as_ref(), g, Cause::Request, &mut slot).await?;
-        }
-        slot.release().await;
-        Ok(())
+    fn type_url(req: &DeltaDiscoveryRequest) -> &str {
+        &req.type_url
     }
 
-    async fn push(&mut self, req: PushRequest) -> Result<(), Closed> {
-        let Some(snapshot) = self.server.current_snapshot() else {
-            return Ok(());
-        };
-        let last_pushed = lock(&self.conn.last_pushed).clone();
-        if !snapshot.needs_push(&self.conn.proxy, &req, last_pushed.as_deref()) {
-            tracing::debug!("Skipping delta push to {}, no updates required", self.conn.id);
-            return Ok(());
-        }
-        let targets = self.conn.push_targets(&req);
-        if targets.is_empty() {
-            return Ok(());
-        }
-        // The slot is held from generation until the responses have left (see `outbound`).
-        let mut slot = Slot::new(self.server.throttle().await);
-        let generated = generate(snapshot.clone(), self.conn.proxy.clone(), targets, req.clone(), true).await;
-        if req.full {
-            *lock(&self.conn.last_pushed) = Some(snapshot.clone());
-        }
-        for g in generated {
-            self.send(snapshot.as_ref(), g, Cause::Push, &mut slot).await?;
-        }
-        slot.release().await;
-        self.server
-            .metrics
-            .convergence
-            .observe(req.start.elapsed().as_secs_f64());
-        Ok(())
+    fn on_request(
+        watched: &mut HashMap<String, Watch>,
+        req: &DeltaDiscoveryRequest,
+        names: &NameInterner,
+    ) -> (Outcome, Option<WatchedResource>) {
+        let (outcome, respond) = delta_request(watched, req, names);
+        let target = watched.get(&req.type_url).and_then(|w| match respond {
+            Respond::No => None,
+            Respond::All => Some(w.resource.clone()),
+            Respond::Names(names) => Some(WatchedResource {
+                names: names.into_iter().collect(),
+                wildcard: false,
+                ..w.resource.clone()
+            }),
+        });
+        (outcome, target)
     }
 
-    async fn send(
-        &mut self,
-        snapshot: &dyn PushSnapshot,
-        g: Generated,
+    fn response(
+        conn: &Connection<impl PushSnapshot>,
+        names: &NameInterner,
+        g: &Generated,
+        resources: &[Resource],
+        version: &str,
         cause: Cause,
-        slot: &mut Slot,
-    ) -> Result<(), Closed> {
+    ) -> Option<(DeltaDiscoveryResponse, usize, String)> {
         let t = g.watched.type_url.as_str();
-        let resources = match g.resources {
-            Ok(r) => r,
-            Err(e) => {
-                log_generate_error(&self.conn.id, t, &e);
-                return Ok(());
-            }
-        };
-        let version = snapshot.version();
         let (changed, removed) = {
-            let mut watched = lock(&self.conn.watched);
-            let Some(w) = watched.get_mut(t) else {
-                return Ok(());
-            };
+            let mut watched = lock(&conn.watched);
+            let w = watched.get_mut(t)?;
             let current: Vec<(&str, &Version)> = resources.iter().map(|r| r.name.as_str()).zip(&g.versions).collect();
-            let answering = cause == Cause::Request;
-            diff(&mut w.known, &current, &g.watched, answering, &self.server.names)
+            diff(&mut w.known, &current, &g.watched, cause == Cause::Request, names)
         };
         if cause == Cause::Push && changed.is_empty() && removed.is_empty() {
-            return Ok(());
+            return None;
         }
         let by_name: BTreeMap<&str, _> = resources.iter().map(|r| (r.name.as_str(), r)).collect();
         let pb_resources: Vec<PbResource> = changed
@@ -191,34 +78,20 @@ impl DeltaStream {
                 })
             })
             .collect();
-        self.nonce += 1;
-        let nonce = self.server.nonce(self.nonce);
         let n = pb_resources.len();
+        let log = format!(" removed:{removed:?}");
         let resp = DeltaDiscoveryResponse {
             system_version_info: version.to_owned(),
             resources: pb_resources,
             type_url: t.to_owned(),
-            removed_resources: removed.clone(),
-            nonce: nonce.clone(),
+            removed_resources: removed,
             ..Default::default()
         };
-        let t0 = Instant::now();
-        if slot.send(&self.out, resp).await.is_err() {
-            if cause == Cause::Push {
-                self.server.metrics.record_send_error(t);
-            }
-            return Err(Closed);
-        }
-        self.conn.record_sent(t, &nonce, version);
-        self.server.record_sent(t, version, n, g.elapsed + t0.elapsed());
-        tracing::debug!(
-            "{}: {} for node:{} resources:{n} removed:{:?} nonce:{nonce} version:{version}",
-            type_url::short(t).to_uppercase(),
-            if cause == Cause::Push { "PUSH" } else { "PUSH request" },
-            self.conn.id,
-            removed,
-        );
-        Ok(())
+        Some((resp, n, log))
+    }
+
+    fn set_nonce(resp: &mut DeltaDiscoveryResponse, nonce: String) {
+        resp.nonce = nonce;
     }
 }
 
@@ -289,6 +162,7 @@ fn diff<'a>(
 mod tests {
     use super::*;
     use std::sync::OnceLock;
+    use xds_api::type_url;
 
     fn scope(names: &[&str], wildcard: bool) -> WatchedResource {
         WatchedResource {

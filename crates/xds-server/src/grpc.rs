@@ -22,8 +22,11 @@ use tonic::server::NamedService;
 use tonic::transport::server::TcpConnectInfo;
 use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 
+use crate::SnapshotBuilder;
+use crate::delta::Delta;
 use crate::outbound::ResponseStream;
 use crate::server::DiscoveryServer;
+use crate::sotw::Sotw;
 
 const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
 const SOTW_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
@@ -34,22 +37,29 @@ const MAX_MESSAGE_SIZE: usize = 100 * 1024 * 1024;
 const HEADER_SIZE: usize = 5;
 
 /// `AggregatedDiscoveryService` over a [`DiscoveryServer`], for `tonic::transport::Server`.
-#[derive(Clone)]
-pub struct AdsService {
-    server: Arc<DiscoveryServer>,
+pub struct AdsService<B: SnapshotBuilder> {
+    server: Arc<DiscoveryServer<B>>,
 }
 
-impl AdsService {
-    pub(crate) fn new(server: Arc<DiscoveryServer>) -> AdsService {
+impl<B: SnapshotBuilder> Clone for AdsService<B> {
+    fn clone(&self) -> Self {
+        AdsService {
+            server: self.server.clone(),
+        }
+    }
+}
+
+impl<B: SnapshotBuilder> AdsService<B> {
+    pub(crate) fn new(server: Arc<DiscoveryServer<B>>) -> AdsService<B> {
         AdsService { server }
     }
 }
 
-impl NamedService for AdsService {
+impl<B: SnapshotBuilder> NamedService for AdsService<B> {
     const NAME: &'static str = SERVICE;
 }
 
-impl Service<http::Request<Body>> for AdsService {
+impl<B: SnapshotBuilder> Service<http::Request<Body>> for AdsService<B> {
     type Response = http::Response<Body>;
     type Error = Infallible;
     type Future = BoxFuture<Self::Response, Self::Error>;
@@ -73,12 +83,12 @@ impl Service<http::Request<Body>> for AdsService {
             let response = if path == SOTW_PATH {
                 let inbound = Requests::<DiscoveryRequest>::new(body);
                 let (tx, rx) = crate::outbound::channel();
-                tokio::spawn(crate::sotw::serve(server, inbound, tx, peer));
+                tokio::spawn(crate::stream::serve::<B, Sotw>(server, inbound, tx, peer));
                 grpc_response(rx)
             } else {
                 let inbound = Requests::<DeltaDiscoveryRequest>::new(body);
                 let (tx, rx) = crate::outbound::channel();
-                tokio::spawn(crate::delta::serve(server, inbound, tx, peer));
+                tokio::spawn(crate::stream::serve::<B, Delta>(server, inbound, tx, peer));
                 grpc_response(rx)
             };
             Ok(response)

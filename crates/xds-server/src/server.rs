@@ -19,7 +19,7 @@ use crate::debounce::{self, DebounceOptions, Debounced};
 use crate::metrics::{Metrics, VersionLabel, code_name, type_label};
 use crate::status::{ConnectionStatus, PushStatus};
 use crate::watched::{NameInterner, Outcome};
-use crate::{Proxy, PushRequest, PushSnapshot, SnapshotBuilder, reason};
+use crate::{Proxy, PushRequest, PushSnapshot, SnapshotBuilder, TriggerReason};
 
 /// Tuning of pushes, as Istio's `PILOT_*` settings. Reading the environment is the binary's job.
 #[derive(Debug, Clone)]
@@ -49,15 +49,15 @@ impl Default for ServerOptions {
 #[derive(Debug)]
 pub(crate) struct Closed;
 
-pub struct DiscoveryServer {
-    builder: Arc<dyn SnapshotBuilder>,
+pub struct DiscoveryServer<B: SnapshotBuilder> {
+    builder: Arc<B>,
     opts: ServerOptions,
     pub(crate) metrics: Metrics,
-    snapshot: RwLock<Option<Arc<dyn PushSnapshot>>>,
+    snapshot: RwLock<Option<Arc<B::Snapshot>>>,
     ready: watch::Sender<bool>,
     updates: mpsc::UnboundedSender<PushRequest>,
     updates_rx: Mutex<Option<mpsc::UnboundedReceiver<PushRequest>>>,
-    connections: Mutex<BTreeMap<String, Arc<Connection>>>,
+    connections: Mutex<BTreeMap<String, Arc<Connection<B::Snapshot>>>>,
     throttle: Arc<Semaphore>,
     counter: AtomicU64,
     /// Distinguishes this server's nonces from another instance's.
@@ -67,12 +67,12 @@ pub struct DiscoveryServer {
     pub(crate) names: NameInterner,
 }
 
-impl DiscoveryServer {
+impl<B: SnapshotBuilder> DiscoveryServer<B> {
     pub fn new(
-        builder: Arc<dyn SnapshotBuilder>,
+        builder: Arc<B>,
         opts: ServerOptions,
         registry: &mut prometheus_client::registry::Registry,
-    ) -> Arc<DiscoveryServer> {
+    ) -> Arc<DiscoveryServer<B>> {
         let (updates, rx) = mpsc::unbounded_channel();
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -109,7 +109,7 @@ impl DiscoveryServer {
         };
         tokio::spawn(async move {
             let Some(s) = server.upgrade() else { return };
-            s.build_snapshot(&PushRequest::full(reason::GLOBAL)).await;
+            s.build_snapshot(&PushRequest::full(TriggerReason::GlobalUpdate)).await;
             s.ready.send_replace(true);
             tracing::info!("xDS server ready: initial push snapshot built");
             drop(s);
@@ -136,13 +136,13 @@ impl DiscoveryServer {
     }
 
     /// The ADS service for `tonic::transport::Server::add_service` (requests up to 100 MiB).
-    pub fn ads_service(self: &Arc<Self>) -> crate::grpc::AdsService {
+    pub fn ads_service(self: &Arc<Self>) -> crate::grpc::AdsService<B> {
         crate::grpc::AdsService::new(self.clone())
     }
 
     /// Every connection, sorted by connection ID (`/debug/adsz`, `/debug/syncz`).
     pub fn connections(&self) -> Vec<ConnectionStatus> {
-        let conns: Vec<Arc<Connection>> = lock(&self.connections).values().cloned().collect();
+        let conns: Vec<Arc<Connection<B::Snapshot>>> = lock(&self.connections).values().cloned().collect();
         conns.iter().map(|c| c.status()).collect()
     }
 
@@ -156,7 +156,7 @@ impl DiscoveryServer {
         Some((conn.proxy.clone(), conn.status()))
     }
 
-    pub fn current_snapshot(&self) -> Option<Arc<dyn PushSnapshot>> {
+    pub fn current_snapshot(&self) -> Option<Arc<B::Snapshot>> {
         self.snapshot.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
@@ -165,7 +165,7 @@ impl DiscoveryServer {
         lock(&self.push_status).clone()
     }
 
-    async fn build_snapshot(&self, req: &PushRequest) -> Option<Arc<dyn PushSnapshot>> {
+    async fn build_snapshot(&self, req: &PushRequest) -> Option<Arc<B::Snapshot>> {
         let builder = self.builder.clone();
         let r = req.clone();
         let t0 = Instant::now();
@@ -181,8 +181,8 @@ impl DiscoveryServer {
             version: snapshot.version().to_owned(),
             time: rfc3339(SystemTime::now()),
             full: req.full,
-            reason: req.reason.clone(),
-            configs_updated: req.configs_updated.len(),
+            reason: req.reason.iter().map(|(r, n)| (r.as_str().to_owned(), *n)).collect(),
+            configs_updated: req.configs_updated.count().unwrap_or_default(),
             build_seconds: t0.elapsed().as_secs_f64(),
             connections: 0,
             types: BTreeMap::new(),
@@ -190,7 +190,7 @@ impl DiscoveryServer {
         Some(snapshot)
     }
 
-    pub(crate) fn register(self: &Arc<Self>, proxy: Proxy, peer: String, delta: bool) -> Registration {
+    pub(crate) fn register(self: &Arc<Self>, proxy: Proxy, peer: String, delta: bool) -> Registration<B> {
         let n = self.counter.fetch_add(1, Ordering::Relaxed) + 1;
         let id = format!("{}-{n}", proxy.id);
         let conn = Arc::new(Connection::new(id.clone(), proxy, peer, delta));
@@ -211,7 +211,7 @@ impl DiscoveryServer {
         }
     }
 
-    pub(crate) fn unregister(&self, conn: &Connection) {
+    pub(crate) fn unregister(&self, conn: &Connection<B::Snapshot>) {
         lock(&self.connections).remove(&conn.id);
         self.metrics
             .xds_clients
@@ -231,7 +231,7 @@ impl DiscoveryServer {
     }
 
     /// Logs and counts what a request meant, as Istio does in `ShouldRespond`.
-    pub(crate) fn record_outcome(&self, conn: &Connection, t: &str, outcome: &Outcome) {
+    pub(crate) fn record_outcome(&self, conn: &Connection<B::Snapshot>, t: &str, outcome: &Outcome) {
         let stype = type_url::short(t);
         match outcome {
             Outcome::Nack { code, message } => {
@@ -269,19 +269,21 @@ fn version_label(proxy: &Proxy) -> VersionLabel {
 }
 
 /// One debounced push, as Istio's `Push`: build the snapshot, then mark every connection.
-async fn push(server: Weak<DiscoveryServer>, req: PushRequest, debounced: Debounced) {
+async fn push<B: SnapshotBuilder>(server: Weak<DiscoveryServer<B>>, req: PushRequest, debounced: Debounced) {
     let Some(s) = server.upgrade() else { return };
     s.metrics.debounce_time.observe(debounced.delay.as_secs_f64());
     for (r, n) in &req.reason {
         s.metrics
             .push_triggers
-            .get_or_create(&crate::metrics::TypeLabel { r#type: r.clone() })
+            .get_or_create(&crate::metrics::TypeLabel {
+                r#type: r.as_str().to_owned(),
+            })
             .inc_by(u64::from(*n));
     }
     if s.build_snapshot(&req).await.is_none() {
         return;
     }
-    let conns: Vec<Arc<Connection>> = lock(&s.connections).values().cloned().collect();
+    let conns: Vec<Arc<Connection<B::Snapshot>>> = lock(&s.connections).values().cloned().collect();
     lock(&s.push_status).connections = conns.len();
     tracing::info!(
         "Push debounce stable[{}] {}: {:?} since last change, full={}, {} connections",

@@ -1,7 +1,7 @@
 //! Which types a full push sends, by the kinds of config that changed, as Istio's per-generator
 //! `cdsNeedsPush`, `edsNeedsPush`, `ldsNeedsPush` and `rdsNeedsPush` (`skipped*Configs`): a type
-//! is pushed unless every changed config is of a kind that cannot affect it. An empty change set
-//! means "everything". Kinds Istio skips that this project does not model (Secret, DNSName) have
+//! is pushed unless every changed config is of a kind that cannot affect it (a changed service
+//! counts as a ServiceEntry). `ConfigsUpdated::All` means "everything". Kinds Istio skips that this project does not model (Secret, DNSName) have
 //! no counterpart here.
 
 use model::{ConfigKind, NodeType};
@@ -54,8 +54,8 @@ const SKIPPED_RDS: &[ConfigKind] = &[
 ];
 
 /// Whether a full push `req` sends `type_url` to a proxy of type `node`.
-pub(crate) fn type_needs_push(type_url: &str, node: NodeType, req: &PushRequest) -> bool {
-    if req.configs_updated.is_empty() {
+pub fn type_needs_push(type_url: &str, node: NodeType, req: &PushRequest) -> bool {
+    if req.configs_updated.is_all() {
         return true;
     }
     let skipped: &[ConfigKind] = match type_url {
@@ -66,7 +66,7 @@ pub(crate) fn type_needs_push(type_url: &str, node: NodeType, req: &PushRequest)
         type_url::ROUTE => SKIPPED_RDS,
         _ => &[],
     };
-    req.configs_updated.iter().any(|k| !skipped.contains(&k.kind))
+    req.configs_updated.changes().any(|k| !skipped.contains(&k.kind()))
 }
 
 #[cfg(test)]
@@ -75,7 +75,7 @@ mod tests {
     use model::ConfigKey;
 
     fn change(kinds: &[ConfigKind]) -> PushRequest {
-        PushRequest::config_update(kinds.iter().map(|k| ConfigKey {
+        PushRequest::configs(kinds.iter().map(|k| ConfigKey {
             kind: *k,
             namespace: "ns".into(),
             name: "n".into(),
@@ -117,6 +117,14 @@ mod tests {
                 ["cds", "eds", "lds", "rds"]
             );
         }
+        let service = PushRequest::changed(
+            model::TriggerReason::ServiceUpdate,
+            [model::Changed::Service(model::ServiceKey::new(
+                "a.ns.svc.cluster.local",
+                "ns",
+            ))],
+        );
+        assert_eq!(pushed(NodeType::SidecarProxy, &service), ["cds", "eds", "lds", "rds"]);
     }
 
     #[test]
@@ -126,7 +134,10 @@ mod tests {
             ["cds", "lds", "rds"]
         );
         assert_eq!(
-            pushed(NodeType::SidecarProxy, &PushRequest::full(crate::reason::GLOBAL)),
+            pushed(
+                NodeType::SidecarProxy,
+                &PushRequest::full(model::TriggerReason::GlobalUpdate)
+            ),
             ["cds", "eds", "lds", "rds"]
         );
         assert_eq!(pushed(NodeType::Router, &change(&[WorkloadEntry])), ["eds"]);

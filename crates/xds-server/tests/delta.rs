@@ -11,7 +11,7 @@ use common::*;
 use test_support::ads::delta::DeltaAdsClient;
 use xds_api::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use xds_api::type_url;
-use xds_server::PushRequest;
+use xds_server::{PushRequest, TriggerReason};
 
 const QUIET: Duration = Duration::from_millis(300);
 
@@ -45,7 +45,7 @@ async fn wildcard_subscribe_unsubscribe_and_removed_resources() {
         m.clusters.insert(A.into(), vec!["10.9.9.1".into()]);
         m.clusters.insert(B.into(), vec!["10.9.9.2".into()]);
     });
-    ts.server.config_update(PushRequest::config_update([]));
+    ts.server.config_update(PushRequest::full(TriggerReason::ConfigUpdate));
     let cds = c.recv_ack().await.unwrap();
     assert_eq!(cds.type_url(), type_url::CLUSTER);
     assert!(
@@ -93,7 +93,7 @@ async fn nack_is_counted_and_not_resent_and_stale_nonce_is_ignored() {
     c.subscribe(type_url::CLUSTER, &[]).unwrap();
     c.recv_ack().await.unwrap();
     ts.set_mesh(|m| m.padding = 10);
-    ts.server.config_update(PushRequest::config_update([]));
+    ts.server.config_update(PushRequest::full(TriggerReason::ConfigUpdate));
     let r = c.recv().await.unwrap();
     assert_eq!(r.names().len(), 3);
     c.nack("rejected").unwrap();

@@ -10,7 +10,7 @@ use common::*;
 use test_support::ads::AdsClient;
 use xds_api::envoy::service::discovery::v3::DiscoveryRequest;
 use xds_api::type_url;
-use xds_server::{PushRequest, ServerOptions, reason};
+use xds_server::{PushRequest, PushSnapshot, ServerOptions, TriggerReason};
 
 fn builds(ts: &TestServer) -> Vec<(tokio::time::Instant, PushRequest)> {
     ts.builds.lock().unwrap().clone()
@@ -20,12 +20,12 @@ fn builds(ts: &TestServer) -> Vec<(tokio::time::Instant, PushRequest)> {
 async fn burst_is_merged_into_one_build_and_max_is_respected() {
     let ts = server(Mesh::basic(), ServerOptions::default()).await;
     assert_eq!(builds(&ts).len(), 1, "the initial snapshot");
-    assert_eq!(builds(&ts)[0].1.reason.get(reason::GLOBAL), Some(&1));
+    assert_eq!(builds(&ts)[0].1.reason.get(&TriggerReason::GlobalUpdate), Some(&1));
 
     let t0 = tokio::time::Instant::now();
     for _ in 0..10 {
-        ts.server.config_update(PushRequest::config_update([]));
-        ts.server.config_update(PushRequest::endpoints([]));
+        ts.server.config_update(PushRequest::full(TriggerReason::ConfigUpdate));
+        ts.server.config_update(PushRequest::all_endpoints());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -38,15 +38,15 @@ async fn burst_is_merged_into_one_build_and_max_is_respected() {
         "100ms after the last event at 180ms"
     );
     assert!(req.full);
-    assert_eq!(req.reason.get(reason::CONFIG), Some(&10));
-    assert_eq!(req.reason.get(reason::ENDPOINT), Some(&10));
+    assert_eq!(req.reason.get(&TriggerReason::ConfigUpdate), Some(&10));
+    assert_eq!(req.reason.get(&TriggerReason::EndpointUpdate), Some(&10));
     assert_eq!(ts.server.current_snapshot().unwrap().version(), "v2");
     assert_eq!(ts.server.push_status().version, "v2");
 
     // Never quiet: pushed at debounce_max (10s) anyway.
     let t1 = tokio::time::Instant::now();
     for _ in 0..400 {
-        ts.server.config_update(PushRequest::config_update([]));
+        ts.server.config_update(PushRequest::full(TriggerReason::ConfigUpdate));
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
     let b = builds(&ts);
@@ -63,7 +63,7 @@ async fn eds_only_updates_skip_debounce_when_disabled() {
     };
     let ts = server(Mesh::basic(), opts).await;
     let t0 = tokio::time::Instant::now();
-    ts.server.config_update(PushRequest::endpoints([]));
+    ts.server.config_update(PushRequest::all_endpoints());
     tokio::time::sleep(Duration::from_millis(1)).await;
     let b = builds(&ts);
     assert_eq!(b.len(), 2);
@@ -111,7 +111,7 @@ async fn a_proxy_that_never_reads_does_not_block_others() {
     fast.handshake(None).await.unwrap();
     for i in 0..4 {
         ts.set_mesh(|m| m.padding += 1);
-        ts.server.config_update(PushRequest::config_update([]));
+        ts.server.config_update(PushRequest::full(TriggerReason::ConfigUpdate));
         let want = format!("v{}", i + 2);
         for t in [
             type_url::CLUSTER,

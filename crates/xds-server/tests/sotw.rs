@@ -11,7 +11,7 @@ use test_support::ads::AdsClient;
 use xds_api::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use xds_api::envoy::service::discovery::v3::DiscoveryRequest;
 use xds_api::type_url;
-use xds_server::PushRequest;
+use xds_server::{PushRequest, TriggerReason};
 
 const QUIET: Duration = Duration::from_millis(300);
 
@@ -31,7 +31,7 @@ async fn connected() -> (TestServer, AdsClient) {
 async fn handshake_then_full_push_in_cds_eds_lds_rds_order() {
     let (ts, mut c) = connected().await;
     c.expect_no_response(QUIET).await.unwrap();
-    ts.server.config_update(PushRequest::config_update([]));
+    ts.server.config_update(PushRequest::full(TriggerReason::ConfigUpdate));
     let mut order = Vec::new();
     for _ in 0..4 {
         let r = c.recv_ack().await.unwrap();
@@ -58,7 +58,7 @@ async fn handshake_then_full_push_in_cds_eds_lds_rds_order() {
 #[tokio::test]
 async fn nack_is_recorded_and_not_answered() {
     let (ts, mut c) = connected().await;
-    ts.server.config_update(PushRequest::config_update([]));
+    ts.server.config_update(PushRequest::full(TriggerReason::ConfigUpdate));
     let cds = c.expect_type(type_url::CLUSTER).await.unwrap();
     c.nack("cluster outbound|80||a: bad config").unwrap();
     // The rest of the push still arrives; CDS is not resent.
@@ -80,7 +80,7 @@ async fn nack_is_recorded_and_not_answered() {
     );
 
     // The next push is ACKed: the error is cleared.
-    ts.server.config_update(PushRequest::config_update([]));
+    ts.server.config_update(PushRequest::full(TriggerReason::ConfigUpdate));
     for _ in 0..4 {
         c.recv_ack().await.unwrap();
     }
@@ -102,7 +102,7 @@ async fn stale_nonce_is_ignored_and_counted() {
     c.expect_no_response(QUIET).await.unwrap();
     assert_eq!(ts.metric(r#"pilot_xds_expired_nonce_total{type="eds"}"#), Some(1.0));
     // The stale request did not change the subscription: a push still covers A, B and C.
-    ts.server.config_update(PushRequest::endpoints([]));
+    ts.server.config_update(PushRequest::all_endpoints());
     assert_eq!(c.recv_ack().await.unwrap().names, vec![A, B, C]);
 }
 
@@ -122,12 +122,12 @@ async fn eds_subscription_change_is_answered_with_the_new_set() {
     // Only a removal: nothing to send (Istio answers added names only).
     c.request(type_url::ENDPOINT, &[C]).unwrap();
     c.expect_no_response(QUIET).await.unwrap();
-    ts.server.config_update(PushRequest::endpoints([]));
+    ts.server.config_update(PushRequest::all_endpoints());
     assert_eq!(c.recv_ack().await.unwrap().names, vec![C]);
     // Empty names unsubscribe EDS: pushes skip it.
     c.request(type_url::ENDPOINT, &[]).unwrap();
     c.expect_no_response(QUIET).await.unwrap();
-    ts.server.config_update(PushRequest::endpoints([]));
+    ts.server.config_update(PushRequest::all_endpoints());
     c.expect_no_response(QUIET).await.unwrap();
 }
 
@@ -137,7 +137,7 @@ async fn eds_only_push_sends_only_eds() {
     ts.set_mesh(|m| {
         m.clusters.insert(A.into(), vec!["10.0.0.9".into()]);
     });
-    ts.server.config_update(PushRequest::endpoints([]));
+    ts.server.config_update(PushRequest::all_endpoints());
     let r = c.expect_type(type_url::ENDPOINT).await.unwrap();
     c.ack().unwrap();
     assert_eq!(r.version(), "v2");
@@ -185,7 +185,7 @@ async fn metrics_and_debug_views_follow_connections() {
     let (ts, mut c) = connected().await;
     assert_eq!(ts.metric(r#"pilot_xds{version="1.28.0"}"#), Some(1.0));
     assert_eq!(ts.metric(r#"pilot_xds_pushes_total{type="cds"}"#), Some(1.0));
-    ts.server.config_update(PushRequest::config_update([]));
+    ts.server.config_update(PushRequest::full(TriggerReason::ConfigUpdate));
     for _ in 0..4 {
         c.recv_ack().await.unwrap();
     }

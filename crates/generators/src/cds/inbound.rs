@@ -22,7 +22,7 @@ use super::{ClusterWrapper, mesh_connect_timeout, passthrough_cluster, traffic_p
 use crate::names::{self, TrafficDirection};
 
 /// Istio's `InboundPassthroughBindIpv4`: the source address of connections to the local app.
-pub const INBOUND_PASSTHROUGH_BIND_IPV4: &str = "127.0.0.6";
+pub(crate) const INBOUND_PASSTHROUGH_BIND_IPV4: &str = "127.0.0.6";
 /// Istio's `maxSecondsValue` (about 292 years, what fits in nanoseconds): inbound clusters are
 /// never cleaned up.
 const MAX_SECONDS: i64 = 9_223_372_035;
@@ -30,13 +30,13 @@ const LOCALHOST_IPV4: &str = "127.0.0.1";
 const LOCALHOST_IPV6: &str = "::1";
 
 /// The inbound cluster name of a target port: `inbound|<port>||`.
-pub fn inbound_cluster_name(target_port: u16) -> String {
+pub(crate) fn inbound_cluster_name(target_port: u16) -> String {
     names::subset_key(TrafficDirection::Inbound, "", "", target_port)
 }
 
 /// Where an inbound cluster sends connections.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum InboundEndpoint {
+pub(crate) enum InboundEndpoint {
     /// The connection's original destination (ORIGINAL_DST).
     OriginalDestination,
     /// An address and port (STATIC).
@@ -47,16 +47,16 @@ pub enum InboundEndpoint {
 
 /// What one inbound cluster is built from: everything it reads, so also a key for caching it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct InboundClusterSpec {
+pub(crate) struct InboundClusterSpec {
     /// The cluster's port: `inbound|<port>||`.
-    pub port: u16,
+    pub(crate) port: u16,
     /// The protocol that decides the upstream protocol.
-    pub protocol: Protocol,
-    pub endpoint: InboundEndpoint,
+    pub(crate) protocol: Protocol,
+    pub(crate) endpoint: InboundEndpoint,
 }
 
 /// The inbound clusters `proxy` gets (none for routers), without the passthrough cluster.
-pub fn inbound_cluster_specs(proxy: &Proxy, push: &PushContext) -> Vec<InboundClusterSpec> {
+pub(crate) fn inbound_cluster_specs(proxy: &Proxy, push: &PushContext) -> Vec<InboundClusterSpec> {
     if proxy.is_router() {
         return Vec::new();
     }
@@ -68,7 +68,7 @@ pub fn inbound_cluster_specs(proxy: &Proxy, push: &PushContext) -> Vec<InboundCl
 }
 
 /// One ORIGINAL_DST cluster per distinct target port, sorted, with the protocol of its first instance.
-pub fn instance_specs(instances: &[ServiceInstance]) -> Vec<InboundClusterSpec> {
+pub(crate) fn instance_specs(instances: &[ServiceInstance]) -> Vec<InboundClusterSpec> {
     let mut out: Vec<InboundClusterSpec> = Vec::new();
     for instance in instances {
         if out.iter().all(|s| s.port != instance.target_port) {
@@ -150,7 +150,7 @@ fn default_endpoint(proxy: &Proxy, endpoint: &str) -> Option<InboundEndpoint> {
 
 /// The inbound clusters of `proxy` (`inbound_cluster_specs`), then `InboundPassthroughCluster`.
 /// Routers get none.
-pub fn build_inbound_clusters(proxy: &Proxy, push: &PushContext) -> Vec<Cluster> {
+pub(crate) fn build_inbound_clusters(proxy: &Proxy, push: &PushContext) -> Vec<Cluster> {
     if proxy.is_router() {
         return Vec::new();
     }
@@ -266,7 +266,7 @@ mod tests {
     use xds_api::envoy::config::cluster::v3::cluster;
 
     use super::build_inbound_clusters;
-    use crate::testing::{proxy, push, service_entry, sidecar};
+    use crate::testing::{proxy, push, service_entry, sidecar, sidecar_at};
 
     fn ratings() -> serde_json::Value {
         service_entry(
@@ -321,15 +321,15 @@ mod tests {
     fn cds_of_sidecars_with_different_instances_is_not_shared() {
         let p = push(vec![ratings()]);
         let cds = xds_api::type_url::CLUSTER;
+        let cache = crate::PushCache::default();
         let names = |proxy| -> Vec<String> {
-            crate::generate(&p, &proxy, cds, &[])
+            crate::generate(&p, &cache, &proxy, cds, &[])
                 .unwrap()
                 .iter()
                 .map(|r| r.name.clone())
                 .collect()
         };
-        let md = model::proxy::NodeMetadata::from_json("test", &json!({"NAMESPACE": "default"})).unwrap();
-        let elsewhere = model::Proxy::parse("sidecar~10.0.0.99~q.default~default.svc.cluster.local", md).unwrap();
+        let elsewhere = sidecar_at("10.0.0.99");
         // same namespace and labels, but only the first runs ratings
         assert!(names(sidecar("default")).contains(&"inbound|8080||".to_owned()));
         assert!(!names(elsewhere).contains(&"inbound|8080||".to_owned()));

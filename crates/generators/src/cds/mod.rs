@@ -3,7 +3,7 @@
 //! per DestinationRule subset (`outbound|9080|v1|reviews...`), plus `BlackHoleCluster` and, for
 //! sidecars, `PassthroughCluster`. Traffic policy is applied in `traffic_policy`, TLS in `tls`.
 
-pub mod inbound;
+pub(crate) mod inbound;
 mod tls;
 mod traffic_policy;
 mod wrapper;
@@ -31,7 +31,7 @@ use crate::names::{self, TrafficDirection};
 use crate::traffic_policy::cluster_policy;
 
 /// Key of the upstream HTTP protocol options extension in `typed_extension_protocol_options`.
-pub const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+pub(crate) const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
 /// Istio's separator after a cluster's `alt_stat_name` (`constants.StatPrefixDelimiter`).
 const STAT_PREFIX_DELIMITER: &str = ";";
 /// Istio's `PILOT_DNS_CARES_UDP_MAX_QUERIES` and `PILOT_DNS_JITTER_DURATION` defaults.
@@ -41,7 +41,7 @@ const DNS_JITTER: Duration = Duration::from_millis(100);
 /// The clusters of `proxy`: outbound clusters of every service its Sidecar scope imports (every
 /// visible one without a Sidecar), then Istio's catch-all clusters and the inbound clusters.
 /// Cluster names are unique (the first of duplicates is kept, as `normalizeClusters`).
-pub fn build_clusters(proxy: &Proxy, push: &PushContext) -> Vec<Cluster> {
+pub(crate) fn build_clusters(proxy: &Proxy, push: &PushContext) -> Vec<Cluster> {
     let mut out = Vec::new();
     // Istio's `SidecarScope.Services()`: what the proxy's Sidecar egress listeners import
     let services = push.sidecar_scope(proxy).services(
@@ -70,7 +70,7 @@ pub fn build_clusters(proxy: &Proxy, push: &PushContext) -> Vec<Cluster> {
 }
 
 /// The clusters of one service: per non-UDP port, the default cluster and one per subset.
-pub fn build_outbound_clusters(proxy: &Proxy, push: &PushContext, service: &Service) -> Vec<Cluster> {
+pub(crate) fn build_outbound_clusters(proxy: &Proxy, push: &PushContext, service: &Service) -> Vec<Cluster> {
     let rule = push.destination_rule(proxy, service);
     let mut out = Vec::new();
     for port in service.ports.iter().filter(|p| p.protocol != Protocol::Udp) {
@@ -232,7 +232,7 @@ fn stat_prefix(pattern: &str, service: &Service, subset: &str, port: &Port) -> S
 }
 
 /// Istio's `convertResolution`. Gateways cannot use ORIGINAL_DST, so passthrough services use EDS there.
-pub fn discovery_type(proxy: &Proxy, service: &Service) -> cluster::DiscoveryType {
+pub(crate) fn discovery_type(proxy: &Proxy, service: &Service) -> cluster::DiscoveryType {
     match service.resolution {
         Resolution::ClientSideLb => cluster::DiscoveryType::Eds,
         Resolution::DnsLb => cluster::DiscoveryType::StrictDns,
@@ -268,7 +268,7 @@ fn eds_cluster_config(name: &str) -> cluster::EdsClusterConfig {
 }
 
 /// `BlackHoleCluster`: STATIC with no endpoints, for traffic that must go nowhere.
-pub fn black_hole_cluster(push: &PushContext) -> Cluster {
+pub(crate) fn black_hole_cluster(push: &PushContext) -> Cluster {
     Cluster {
         name: names::BLACK_HOLE_CLUSTER.into(),
         alt_stat_name: format!("{}{STAT_PREFIX_DELIMITER}", names::BLACK_HOLE_CLUSTER),
@@ -283,7 +283,7 @@ pub fn black_hole_cluster(push: &PushContext) -> Cluster {
 
 /// `PassthroughCluster`: ORIGINAL_DST, for traffic to destinations outside the registry
 /// (`ALLOW_ANY`), with Istio's passthrough HTTP options and default circuit breakers.
-pub fn passthrough_cluster(push: &PushContext) -> Cluster {
+pub(crate) fn passthrough_cluster(push: &PushContext) -> Cluster {
     let mut cw = ClusterWrapper {
         cluster: Cluster {
             name: names::PASSTHROUGH_CLUSTER.into(),

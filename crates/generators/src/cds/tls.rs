@@ -15,7 +15,7 @@ use super::{Builder, ClusterWrapper};
 
 /// Where `ca_certificates` comes from when a DestinationRule gives none (Istio's `system`: the
 /// OS trust bundle).
-pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+pub(crate) const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// The agent's SDS cluster, for `credentialName` (Istio's `SDSClusterName`).
 const SDS_CLUSTER: &str = "sds-grpc";
 /// Suffix of the SDS resource holding a credential's CA (Istio's `SdsCaSuffix`).

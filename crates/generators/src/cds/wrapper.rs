@@ -14,11 +14,11 @@ use super::{HTTP_PROTOCOL_OPTIONS, STAT_PREFIX_DELIMITER};
 /// A cluster under construction and its upstream HTTP protocol options, which are packed into
 /// `typed_extension_protocol_options` at the end (Istio's `clusterWrapper`).
 pub(crate) struct ClusterWrapper {
-    pub cluster: Cluster,
-    pub http: Option<HttpProtocolOptions>,
+    pub(crate) cluster: Cluster,
+    pub(crate) http: Option<HttpProtocolOptions>,
     /// For DNS clusters: the registry endpoints in `load_assignment` (Istio's
     /// `dnsWrappedLocalityLbEndpoints`).
-    pub dns_endpoints: Vec<Endpoint>,
+    pub(crate) dns_endpoints: Vec<Endpoint>,
 }
 
 impl ClusterWrapper {
@@ -36,7 +36,7 @@ impl ClusterWrapper {
         }
     }
 
-    pub fn cluster_type(&self) -> cluster::DiscoveryType {
+    pub(crate) fn cluster_type(&self) -> cluster::DiscoveryType {
         match self.cluster.cluster_discovery_type {
             Some(cluster::ClusterDiscoveryType::Type(t)) => {
                 cluster::DiscoveryType::try_from(t).unwrap_or(cluster::DiscoveryType::Static)
@@ -45,12 +45,12 @@ impl ClusterWrapper {
         }
     }
 
-    pub fn http_options(&mut self) -> &mut HttpProtocolOptions {
+    pub(crate) fn http_options(&mut self) -> &mut HttpProtocolOptions {
         self.http.get_or_insert_with(HttpProtocolOptions::default)
     }
 
     /// Whether the cluster speaks HTTP/2 upstream (explicit h2 config).
-    pub fn is_http2(&self) -> bool {
+    pub(crate) fn is_http2(&self) -> bool {
         matches!(
             self.http.as_ref().and_then(|h| h.upstream_protocol_options.as_ref()),
             Some(UpstreamProtocolOptions::ExplicitHttpConfig(ExplicitHttpConfig {
@@ -60,7 +60,7 @@ impl ClusterWrapper {
     }
 
     /// Istio's `setH2Options`: explicit HTTP/2 unless an upstream protocol is already chosen.
-    pub fn set_h2(&mut self) {
+    pub(crate) fn set_h2(&mut self) {
         let options = self.http_options();
         if options.upstream_protocol_options.is_none() {
             options.upstream_protocol_options = Some(UpstreamProtocolOptions::ExplicitHttpConfig(ExplicitHttpConfig {
@@ -72,7 +72,7 @@ impl ClusterWrapper {
     }
 
     /// Istio's `setUseDownstreamProtocol`: HTTP/1.1 or HTTP/2 upstream as the downstream used.
-    pub fn set_use_downstream_protocol(&mut self) {
+    pub(crate) fn set_use_downstream_protocol(&mut self) {
         let options = self.http_options();
         let http1 = match options.upstream_protocol_options.take() {
             Some(UpstreamProtocolOptions::ExplicitHttpConfig(ExplicitHttpConfig {

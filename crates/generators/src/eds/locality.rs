@@ -18,7 +18,7 @@ const NETWORK_LABEL: &str = "topology.istio.io/network";
 /// Istio's `GetEffectiveLbSetting` (locality part): the DestinationRule's setting, else the
 /// mesh's; a setting with `enabled: false` turns locality load balancing off. An absent mesh
 /// setting is Istio's default mesh config, `{enabled: true}`.
-pub fn effective_setting(mesh: &MeshConfig, lb: Option<&LoadBalancerSettings>) -> Option<LocalityLbSetting> {
+pub(crate) fn effective_setting(mesh: &MeshConfig, lb: Option<&LoadBalancerSettings>) -> Option<LocalityLbSetting> {
     let setting = match lb.and_then(|lb| lb.locality_lb_setting.as_ref()) {
         Some(dr) => dr.clone(),
         None => mesh.locality_lb_setting.clone().unwrap_or(LocalityLbSetting {
@@ -31,14 +31,14 @@ pub fn effective_setting(mesh: &MeshConfig, lb: Option<&LoadBalancerSettings>) -
 
 /// Whether the cluster needs `common_lb_config.locality_weighted_lb_config` (Istio's
 /// `LocalityLBSettings.ApplyToCluster`).
-pub fn needs_locality_weighted_config(setting: &LocalityLbSetting, enable_failover: bool) -> bool {
+pub(crate) fn needs_locality_weighted_config(setting: &LocalityLbSetting, enable_failover: bool) -> bool {
     (enable_failover && (!setting.failover.is_empty() || !setting.failover_priority.is_empty()))
         || !setting.distribute.is_empty()
 }
 
 /// Istio's `ApplyLocalityLoadBalancer`. `endpoints[i]` are the registry endpoints behind
 /// `cla.endpoints[i]`, in the same order (for `failoverPriority` label matching).
-pub fn apply(
+pub(crate) fn apply(
     cla: &mut ClusterLoadAssignment,
     endpoints: &[Vec<&Endpoint>],
     proxy_locality: &Locality,
@@ -227,7 +227,7 @@ fn apply_failover_priorities(
 }
 
 /// The Envoy locality of a registry locality.
-pub fn envoy_locality(l: &Locality) -> core::Locality {
+pub(crate) fn envoy_locality(l: &Locality) -> core::Locality {
     core::Locality {
         region: l.region.clone(),
         zone: l.zone.clone(),

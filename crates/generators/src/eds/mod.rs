@@ -3,7 +3,7 @@
 //! labels, grouped by locality (sorted), weighted, and prioritized for the proxy's locality when
 //! locality load balancing applies.
 
-pub mod locality;
+pub(crate) mod locality;
 
 #[cfg(test)]
 mod tests;
@@ -24,23 +24,9 @@ use crate::traffic_policy::cluster_policy;
 /// Prefix of a Unix domain socket endpoint address.
 const UNIX_PREFIX: &str = "unix://";
 
-/// One ClusterLoadAssignment per requested name, in request order. A name that is not an EDS
-/// cluster of a visible service gets an empty assignment (Envoy would otherwise keep waiting).
-pub fn build_load_assignments(
-    proxy: &Proxy,
-    push: &PushContext,
-    cluster_names: &[String],
-) -> Vec<ClusterLoadAssignment> {
-    cluster_names
-        .iter()
-        .map(|name| match Target::resolve(proxy, push, name) {
-            Some(target) => target.build(proxy, push),
-            None => empty(name),
-        })
-        .collect()
-}
-
-fn empty(name: &str) -> ClusterLoadAssignment {
+/// An assignment without endpoints, for a name that is not an EDS cluster of a visible service
+/// or a cluster without endpoints (Envoy would otherwise keep waiting).
+pub(crate) fn empty(name: &str) -> ClusterLoadAssignment {
     ClusterLoadAssignment {
         cluster_name: name.to_owned(),
         ..Default::default()
@@ -48,17 +34,17 @@ fn empty(name: &str) -> ClusterLoadAssignment {
 }
 
 /// What a cluster name refers to, for a given proxy.
-pub struct Target {
-    pub name: String,
-    pub service: Arc<Service>,
-    pub port: Port,
-    pub subset: String,
-    pub rule: Option<Arc<MergedDestinationRule>>,
+pub(crate) struct Target {
+    pub(crate) name: String,
+    pub(crate) service: Arc<Service>,
+    pub(crate) port: Port,
+    pub(crate) subset: String,
+    pub(crate) rule: Option<Arc<MergedDestinationRule>>,
 }
 
 /// Everything an assignment depends on besides the push: proxies with equal keys get equal bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct EdsKey {
+pub(crate) struct EdsKey {
     name: String,
     service_namespace: String,
     rule_from: Vec<ConfigKey>,
@@ -69,7 +55,7 @@ pub struct EdsKey {
 impl Target {
     /// Parses `outbound|port|subset|host` and finds the proxy's service for it; `None` for
     /// inbound or malformed names, unknown hosts or ports, and non-EDS services.
-    pub fn resolve(proxy: &Proxy, push: &PushContext, name: &str) -> Option<Target> {
+    pub(crate) fn resolve(proxy: &Proxy, push: &PushContext, name: &str) -> Option<Target> {
         let (direction, subset, host, port) = parse_subset_key(name)?;
         if direction != TrafficDirection::Outbound {
             return None;
@@ -91,7 +77,7 @@ impl Target {
         })
     }
 
-    pub fn key(&self, proxy: &Proxy, push: &PushContext) -> EdsKey {
+    pub(crate) fn key(&self, proxy: &Proxy, push: &PushContext) -> EdsKey {
         let policy = cluster_policy(self.rule.as_ref().map(|r| &r.rule), self.port.port, &self.subset);
         let setting = locality::effective_setting(push.mesh(), policy.as_ref().and_then(|p| p.load_balancer.as_ref()));
         let uses_labels = setting.as_ref().is_some_and(|s| !s.failover_priority.is_empty());
@@ -104,7 +90,7 @@ impl Target {
         }
     }
 
-    pub fn build(&self, proxy: &Proxy, push: &PushContext) -> ClusterLoadAssignment {
+    pub(crate) fn build(&self, proxy: &Proxy, push: &PushContext) -> ClusterLoadAssignment {
         let labels = crate::cds::subset_labels(self.rule.as_deref(), &self.subset);
         let endpoints = push.endpoints(&self.service.hostname, self.service.namespace());
         let selected: Vec<&Endpoint> = endpoints

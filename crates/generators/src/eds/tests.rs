@@ -3,17 +3,27 @@
 
 use std::sync::Arc;
 
+use prost::Message;
 use serde_json::json;
 use xds_api::envoy::config::core::v3 as core;
 use xds_api::envoy::config::endpoint::v3::{ClusterLoadAssignment, lb_endpoint};
 
-use super::build_load_assignments;
-use crate::testing::{destination_rule, proxy, push, reviews, service_entry, sidecar};
+use crate::PushCache;
+use crate::testing::{destination_rule, in_locality, proxy, push, reviews, service_entry, sidecar};
 
 const REVIEWS: &str = "reviews.default.svc.cluster.local";
 
+/// The assignments `generate` answers an EDS request for `names` with, on a fresh cache.
+fn load_assignments(p: &push_index::PushContext, proxy: &model::Proxy, names: &[String]) -> Vec<ClusterLoadAssignment> {
+    crate::generate(p, &PushCache::default(), proxy, xds_api::type_url::ENDPOINT, names)
+        .unwrap()
+        .iter()
+        .map(|r| ClusterLoadAssignment::decode(r.resource.value.as_slice()).unwrap())
+        .collect()
+}
+
 fn cla(p: &push_index::PushContext, proxy: &model::Proxy, name: &str) -> ClusterLoadAssignment {
-    build_load_assignments(proxy, p, &[name.to_owned()]).remove(0)
+    load_assignments(p, proxy, &[name.to_owned()]).remove(0)
 }
 
 /// (locality "region/zone", priority, locality weight, [(address:port, weight)]) per group.
@@ -152,7 +162,7 @@ fn unknown_or_non_eds_clusters_get_empty_assignments() {
     ]
     .map(String::from)
     .to_vec();
-    let got = build_load_assignments(&sidecar("default"), &p, &names);
+    let got = load_assignments(&p, &sidecar("default"), &names);
     assert_eq!(got.iter().map(|c| c.cluster_name.clone()).collect::<Vec<_>>(), names);
     assert!(got.iter().all(|c| c.endpoints.is_empty()));
 }
@@ -186,9 +196,7 @@ fn priorities(cla: &ClusterLoadAssignment) -> Vec<(String, u32)> {
 }
 
 fn proxy_in(locality: &str) -> model::Proxy {
-    let mut p = sidecar("default");
-    p.locality = model::Locality::parse(locality);
-    p
+    in_locality(sidecar("default"), locality)
 }
 
 const SVC: &str = "outbound|80||svc.default.svc.cluster.local";
@@ -258,18 +266,26 @@ fn distribute_sets_locality_weights_and_drops_unlisted_localities() {
 fn generate_shares_encoded_resources_between_equal_proxies() {
     let p = push(vec![reviews()]);
     let names = vec![format!("outbound|9080||{REVIEWS}")];
+    let cache = PushCache::default();
     let eds = xds_api::type_url::ENDPOINT;
-    let a = crate::generate(&p, &sidecar("default"), eds, &names).unwrap();
-    let b = crate::generate(&p, &proxy("sidecar", "default", json!({"app": "other"})), eds, &names).unwrap();
+    let a = crate::generate(&p, &cache, &sidecar("default"), eds, &names).unwrap();
+    let b = crate::generate(
+        &p,
+        &cache,
+        &proxy("sidecar", "default", json!({"app": "other"})),
+        eds,
+        &names,
+    )
+    .unwrap();
     assert!(
         Arc::ptr_eq(&a[0].resource, &b[0].resource),
         "one encoding per cluster and push"
     );
     let cds = xds_api::type_url::CLUSTER;
-    let c1 = crate::generate(&p, &sidecar("default"), cds, &[]).unwrap();
-    let c2 = crate::generate(&p, &sidecar("default"), cds, &[]).unwrap();
+    let c1 = crate::generate(&p, &cache, &sidecar("default"), cds, &[]).unwrap();
+    let c2 = crate::generate(&p, &cache, &sidecar("default"), cds, &[]).unwrap();
     assert!(Arc::ptr_eq(&c1[0].resource, &c2[0].resource));
-    let other_ns = crate::generate(&p, &sidecar("other"), cds, &[]).unwrap();
+    let other_ns = crate::generate(&p, &cache, &sidecar("other"), cds, &[]).unwrap();
     assert!(!Arc::ptr_eq(&c1[0].resource, &other_ns[0].resource));
     assert_eq!(
         c1.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
@@ -281,7 +297,7 @@ fn generate_shares_encoded_resources_between_equal_proxies() {
         ]
     );
     assert!(matches!(
-        crate::generate(&p, &sidecar("default"), "type.googleapis.com/unknown.Type", &[]),
-        Err(crate::GenerateError::UnknownTypeUrl(_))
+        crate::generate(&p, &cache, &sidecar("default"), "type.googleapis.com/unknown.Type", &[]),
+        Err(xds_api::GenerateError::UnsupportedType(_))
     ));
 }

@@ -9,7 +9,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::sync::{Arc, OnceLock};
 
 use model::networking::{DestinationRule, LoadBalancerSettings, LocalityLbSetting, VirtualService};
 use model::{ConfigKey, ConfigSpec, NodeType, Protocol, Proxy};
@@ -17,11 +16,12 @@ use push_index::PushContext;
 
 /// Node metadata (`metadata.raw`) keys that listeners read: `HTTP10` (HTTP/1.0 on HCMs) and
 /// `IDLE_TIMEOUT` (HCM and tcp_proxy idle timeouts).
-pub const LDS_METADATA_KEYS: &[&str] = &["HTTP10", "IDLE_TIMEOUT"];
+const LDS_METADATA_KEYS: &[&str] = &["HTTP10", "IDLE_TIMEOUT"];
 
-/// Label keys that the configs of one push can read from a proxy's labels.
+/// Label keys that the configs of one push can read from a proxy's labels, collected once per
+/// push (`PushCache`).
 #[derive(Debug, Default, PartialEq)]
-pub struct LabelKeys {
+pub(super) struct LabelKeys {
     /// DestinationRule `workloadSelector` keys and `failoverPriority` labels (mesh config too).
     destination_rules: BTreeSet<String>,
     /// VirtualService `sourceLabels` keys of http, tls and tcp matches.
@@ -31,18 +31,7 @@ pub struct LabelKeys {
 }
 
 impl LabelKeys {
-    /// The label keys of this push, collected once (on first use) and shared.
-    pub fn of(push: &PushContext) -> Arc<LabelKeys> {
-        #[derive(Default)]
-        struct Slot(OnceLock<Arc<LabelKeys>>);
-        push.caches()
-            .get::<Slot>()
-            .0
-            .get_or_init(|| Arc::new(LabelKeys::collect(push)))
-            .clone()
-    }
-
-    fn collect(push: &PushContext) -> LabelKeys {
+    pub(super) fn collect(push: &PushContext) -> LabelKeys {
         let mut keys = LabelKeys::default();
         if let Some(setting) = &push.mesh().locality_lb_setting {
             keys.add_locality(setting);
@@ -114,7 +103,7 @@ enum LabelUse {
 /// VirtualServices, DestinationRules; `sourceNamespace` matches), the Sidecar in effect (with the
 /// namespace it decides the `SidecarScope`) and the labels that configs can match.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ProxyClass {
+struct ProxyClass {
     node_type: NodeType,
     namespace: String,
     sidecar: Option<ConfigKey>,
@@ -149,17 +138,16 @@ impl ProxyClass {
 /// labels at all when `failoverPriority` is used, and its locality (locality load balancing of
 /// DNS clusters and endpoints).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct EndpointClass {
+pub(super) struct EndpointClass {
     class: ProxyClass,
     has_labels: Option<bool>,
     locality: String,
 }
 
 impl EndpointClass {
-    pub fn new(push: &PushContext, proxy: &Proxy) -> EndpointClass {
-        let keys = LabelKeys::of(push);
+    pub(super) fn new(push: &PushContext, keys: &LabelKeys, proxy: &Proxy) -> EndpointClass {
         EndpointClass {
-            class: ProxyClass::new(push, proxy, &keys, LabelUse::DestinationRules),
+            class: ProxyClass::new(push, proxy, keys, LabelUse::DestinationRules),
             has_labels: keys.failover_priority.then_some(!proxy.labels.is_empty()),
             locality: proxy.locality.to_string(),
         }
@@ -168,14 +156,14 @@ impl EndpointClass {
 
 /// The proxy's IP family: IPv6-only proxies resolve AAAA records (DNS lookup family).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum IpFamily {
+enum IpFamily {
     V4,
     V6,
     Dual,
 }
 
 impl IpFamily {
-    pub fn of(ips: &[IpAddr]) -> IpFamily {
+    fn of(ips: &[IpAddr]) -> IpFamily {
         match (ips.iter().any(IpAddr::is_ipv4), ips.iter().any(IpAddr::is_ipv6)) {
             (_, false) => IpFamily::V4,
             (false, true) => IpFamily::V6,
@@ -188,16 +176,16 @@ impl IpFamily {
 /// clusters are built from (ports, protocols, endpoints: a Sidecar ingress `defaultEndpoint` of
 /// `0.0.0.0` is the proxy's own address).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct CdsKey {
+pub(super) struct CdsKey {
     endpoints: EndpointClass,
     ip_family: IpFamily,
     inbound: Vec<crate::cds::inbound::InboundClusterSpec>,
 }
 
 impl CdsKey {
-    pub fn new(push: &PushContext, proxy: &Proxy) -> CdsKey {
+    pub(super) fn new(push: &PushContext, keys: &LabelKeys, proxy: &Proxy) -> CdsKey {
         CdsKey {
-            endpoints: EndpointClass::new(push, proxy),
+            endpoints: EndpointClass::new(push, keys, proxy),
             ip_family: IpFamily::of(&proxy.ip_addresses),
             inbound: crate::cds::inbound::inbound_cluster_specs(proxy, push),
         }
@@ -208,7 +196,7 @@ impl CdsKey {
 /// DestinationRules; all labels for routers, whose gateways select them) and the DNS domain
 /// (the short host names of `generateVirtualHostDomains`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct RdsKey {
+pub(super) struct RdsKey {
     class: ProxyClass,
     dns_domain: String,
     route_name: String,
@@ -216,8 +204,8 @@ pub struct RdsKey {
 
 impl RdsKey {
     /// The key of each of `names`, in order.
-    pub fn for_names(push: &PushContext, proxy: &Proxy, names: &[String]) -> Vec<RdsKey> {
-        let class = ProxyClass::new(push, proxy, &LabelKeys::of(push), LabelUse::Routes);
+    pub(super) fn for_names(push: &PushContext, keys: &LabelKeys, proxy: &Proxy, names: &[String]) -> Vec<RdsKey> {
+        let class = ProxyClass::new(push, proxy, keys, LabelUse::Routes);
         names
             .iter()
             .map(|n| RdsKey {
@@ -244,7 +232,7 @@ struct InstanceKey {
 /// instances (virtualInbound chains) and the address of Sidecar ingress listeners that bind a port
 /// without `bind` (the proxy's own IP, only when there is such a listener).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct LdsKey {
+pub(super) struct LdsKey {
     class: ProxyClass,
     metadata: Vec<Option<String>>,
     instances: Vec<InstanceKey>,
@@ -252,7 +240,7 @@ pub struct LdsKey {
 }
 
 impl LdsKey {
-    pub fn new(push: &PushContext, proxy: &Proxy) -> LdsKey {
+    pub(super) fn new(push: &PushContext, keys: &LabelKeys, proxy: &Proxy) -> LdsKey {
         let instances = if proxy.is_router() {
             Vec::new()
         } else {
@@ -269,7 +257,7 @@ impl LdsKey {
                 .collect()
         };
         LdsKey {
-            class: ProxyClass::new(push, proxy, &LabelKeys::of(push), LabelUse::Routes),
+            class: ProxyClass::new(push, proxy, keys, LabelUse::Routes),
             metadata: LDS_METADATA_KEYS
                 .iter()
                 .map(|k| proxy.metadata.raw.get(*k).map(ToString::to_string))

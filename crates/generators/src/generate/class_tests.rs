@@ -3,13 +3,14 @@
 //! left in the caches) and each gets the bytes of an uncached generation; where the field matters
 //! those differ. Proxies that differ only in what no config reads share the encoded resources.
 
-use model::proxy::NodeMetadata;
-use model::{Locality, MeshConfig, Proxy};
+use model::{MeshConfig, Proxy};
 use serde_json::{Value, json};
 use xds_api::type_url;
 
-use crate::generate::{GeneratedResource, generate};
-use crate::testing::{destination_rule, push_with_mesh, service_entry};
+use xds_api::Resource;
+
+use crate::generate::{PushCache, generate};
+use crate::testing::{config, destination_rule, in_locality, node, push_with_mesh, service_entry};
 
 /// `ratings.default.svc.cluster.local:9080` (HTTP, VIP 240.0.0.1) with endpoints 10.0.0.9 (v1,
 /// zone a, target port 8080) and 10.0.0.10 (v2, zone b); `resolution` as given.
@@ -29,11 +30,6 @@ fn ratings(resolution: &str) -> Value {
             "ports": [{"number": 9080, "name": "http", "protocol": "HTTP", "targetPort": 8080}],
             "endpoints": endpoints}),
     )
-}
-
-fn config(kind: &str, name: &str, ns: &str, spec: Value) -> Value {
-    json!({"apiVersion": "networking.istio.io/v1", "kind": kind,
-        "metadata": {"name": name, "namespace": ns}, "spec": spec})
 }
 
 /// A Sidecar for workloads labelled `team: a` that imports nothing of the mesh and refuses
@@ -65,26 +61,9 @@ fn ratings_rule(extra: Value) -> Value {
     )
 }
 
-/// A proxy: node type, IP, config namespace, DNS domain namespace, and metadata.
-fn node(kind: &str, ip: &str, ns: &str, domain_ns: &str, md: Value) -> Proxy {
-    let mut md = md;
-    md["NAMESPACE"] = json!(ns);
-    let metadata = NodeMetadata::from_json("test", &md).unwrap();
-    Proxy::parse(&format!("{kind}~{ip}~p.{ns}~{domain_ns}.svc.cluster.local"), metadata).unwrap()
-}
-
 /// A sidecar in `default` at 10.9.0.1 (no service instances) with `labels`.
 fn sidecar(labels: Value) -> Proxy {
     node("sidecar", "10.9.0.1", "default", "default", json!({"LABELS": labels}))
-}
-
-fn with_locality(mut p: Proxy, region: &str) -> Proxy {
-    p.locality = Locality {
-        region: region.into(),
-        zone: "a".into(),
-        subzone: String::new(),
-    };
-    p
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -133,18 +112,18 @@ impl Case {
         self
     }
 
-    fn generate(&self, push: &push_index::PushContext, proxy: &Proxy) -> Vec<GeneratedResource> {
+    fn generate(&self, push: &push_index::PushContext, cache: &PushCache, proxy: &Proxy) -> Vec<Resource> {
         let names: Vec<String> = self.names.iter().map(|n| n.to_string()).collect();
-        generate(push, proxy, self.type_url, &names).unwrap()
+        generate(push, cache, proxy, self.type_url, &names).unwrap()
     }
 
     fn check(&self) {
         let fresh = || push_with_mesh(self.mesh.clone(), self.docs.clone());
-        let alone_a = summary(&self.generate(&fresh(), &self.a));
-        let alone_b = summary(&self.generate(&fresh(), &self.b));
-        let push = fresh();
-        let got_a = self.generate(&push, &self.a);
-        let got_b = self.generate(&push, &self.b);
+        let alone_a = summary(&self.generate(&fresh(), &PushCache::default(), &self.a));
+        let alone_b = summary(&self.generate(&fresh(), &PushCache::default(), &self.b));
+        let (push, cache) = (fresh(), PushCache::default());
+        let got_a = self.generate(&push, &cache, &self.a);
+        let got_b = self.generate(&push, &cache, &self.b);
         assert!(!alone_a.is_empty(), "{}: nothing generated", self.what);
         assert_eq!(summary(&got_a), alone_a, "{}: first proxy", self.what);
         assert_eq!(
@@ -171,7 +150,7 @@ impl Case {
 
 /// Each resource's name and a hash of its proto3 JSON (the encoding of protobuf maps follows
 /// `HashMap` order, so equal resources may differ in bytes).
-fn summary(resources: &[GeneratedResource]) -> Vec<(String, u64)> {
+fn summary(resources: &[Resource]) -> Vec<(String, u64)> {
     use std::hash::{DefaultHasher, Hash, Hasher};
     resources
         .iter()
@@ -476,8 +455,8 @@ fn clusters_and_endpoints_are_shared_per_class_only() {
             "locality",
             vec![dns(), ratings_rule(json!({}))],
             cds,
-            with_locality(sidecar(json!({})), "r1"),
-            with_locality(sidecar(json!({})), "r2"),
+            in_locality(sidecar(json!({})), "r1/a"),
+            in_locality(sidecar(json!({})), "r2/a"),
             Expect::Apart,
         ),
         Case::new(
@@ -532,8 +511,8 @@ fn clusters_and_endpoints_are_shared_per_class_only() {
             "EDS locality",
             vec![ratings("STATIC"), ratings_rule(json!({}))],
             eds,
-            with_locality(sidecar(json!({})), "r1"),
-            with_locality(sidecar(json!({})), "r2"),
+            in_locality(sidecar(json!({})), "r1/a"),
+            in_locality(sidecar(json!({})), "r2/a"),
             Expect::Apart,
         ),
         Case::new(
@@ -561,10 +540,11 @@ fn clusters_and_endpoints_are_shared_per_class_only() {
 #[test]
 fn an_eds_request_for_other_names_is_answered_for_those_names() {
     let push = push_with_mesh(MeshConfig::default(), vec![ratings("STATIC")]);
+    let cache = PushCache::default();
     let p = sidecar(json!({}));
     let ask = |names: &[&str]| -> Vec<String> {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        generate(&push, &p, type_url::ENDPOINT, &names)
+        generate(&push, &cache, &p, type_url::ENDPOINT, &names)
             .unwrap()
             .into_iter()
             .map(|r| r.name)

@@ -20,8 +20,8 @@ use super::merged_gateway::{MergedGateway, MergedServer, ServerPort, is_https_wi
 use super::tls::{downstream_tls_context, tls_transport_socket};
 use crate::route::PushView;
 
-pub const WILDCARD_ADDRESS: &str = "0.0.0.0";
-pub const TLS_INSPECTOR: &str = "envoy.filters.listener.tls_inspector";
+pub(crate) const WILDCARD_ADDRESS: &str = "0.0.0.0";
+pub(crate) const TLS_INSPECTOR: &str = "envoy.filters.listener.tls_inspector";
 /// Istio's default gateway transport socket connect timeout (bounds slow TLS handshakes).
 const TRANSPORT_SOCKET_CONNECT_TIMEOUT: Duration = Duration { seconds: 15, nanos: 0 };
 
@@ -34,7 +34,7 @@ struct ChainOpts {
 }
 
 /// Listeners of a router proxy from the gateways selecting it.
-pub fn build_gateway_listeners<P: PushView>(proxy: &Proxy, push: &P) -> Vec<Listener> {
+pub(crate) fn build_gateway_listeners<P: PushView>(proxy: &Proxy, push: &P) -> Vec<Listener> {
     let merged = MergedGateway::merge(&push.gateways_for_proxy(proxy));
     // listener name -> (bind, port, chains), in port order
     let mut listeners: Vec<(String, String, u32, Vec<ChainOpts>)> = Vec::new();

@@ -20,14 +20,14 @@ use xds_api::pbwkt::{BoolValue, Duration, Struct, Value, value::Kind};
 
 use crate::route::{CORS_FILTER, FAULT_FILTER};
 
-pub const HTTP_CONNECTION_MANAGER: &str = "envoy.filters.network.http_connection_manager";
-pub const ROUTER_FILTER: &str = "envoy.filters.http.router";
+pub(crate) const HTTP_CONNECTION_MANAGER: &str = "envoy.filters.network.http_connection_manager";
+pub(crate) const ROUTER_FILTER: &str = "envoy.filters.http.router";
 const FILE_ACCESS_LOG: &str = "envoy.access_loggers.file";
 /// Istio's `EnvoyServerName`: the `server` header gateways send.
 const SERVER_NAME: &str = "istio-envoy";
 
 /// Istio's default text access log format (`EnvoyTextLogFormat`).
-pub const DEFAULT_ACCESS_LOG_FORMAT: &str = "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% \
+pub(crate) const DEFAULT_ACCESS_LOG_FORMAT: &str = "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% \
 %PROTOCOL%\" %RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %CONNECTION_TERMINATION_DETAILS% \
 \"%UPSTREAM_TRANSPORT_FAILURE_REASON%\" %BYTES_RECEIVED% %BYTES_SENT% %DURATION% \
 %RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% \"%REQ(X-FORWARDED-FOR)%\" \"%REQ(USER-AGENT)%\" \"%REQ(X-REQUEST-ID)%\" \
@@ -66,7 +66,7 @@ const DEFAULT_JSON_LOG_FIELDS: [(&str, &str); 24] = [
 ];
 
 /// The gateway HCM serving route configuration `rds` over ADS.
-pub fn gateway_connection_manager(
+pub(crate) fn gateway_connection_manager(
     mesh: &MeshConfig,
     proxy: &Proxy,
     rds: &str,
@@ -140,7 +140,7 @@ pub fn gateway_connection_manager(
 
 /// Fault and CORS (their per-route configs need the filters present), then the router; every
 /// filter with its `typed_config`, as Envoy requires.
-pub fn http_filters() -> Vec<HttpFilter> {
+pub(crate) fn http_filters() -> Vec<HttpFilter> {
     let filter = |name: &str, any| HttpFilter {
         name: name.into(),
         config_type: Some(http_filter::ConfigType::TypedConfig(any)),
@@ -154,7 +154,7 @@ pub fn http_filters() -> Vec<HttpFilter> {
 }
 
 /// ADS as the config source, waiting for the first response indefinitely (`initial_fetch_timeout: 0s`).
-pub fn ads_config_source() -> ConfigSource {
+pub(crate) fn ads_config_source() -> ConfigSource {
     ConfigSource {
         config_source_specifier: Some(config_source::ConfigSourceSpecifier::Ads(AggregatedConfigSource {})),
         initial_fetch_timeout: Some(Duration { seconds: 0, nanos: 0 }),
@@ -192,7 +192,7 @@ fn path_normalization(mesh: &MeshConfig) -> (bool, bool, hcm::PathWithEscapedSla
 }
 
 /// `meshConfig.accessLogFile` as a file access log (text or JSON per `accessLogEncoding`).
-pub fn access_logs(mesh: &MeshConfig) -> Vec<AccessLog> {
+pub(crate) fn access_logs(mesh: &MeshConfig) -> Vec<AccessLog> {
     if mesh.access_log_file.is_empty() {
         return Vec::new();
     }

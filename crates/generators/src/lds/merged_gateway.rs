@@ -15,60 +15,56 @@ use crate::names;
 
 /// A port the gateway listens on, as Istio's `ServerPort`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ServerPort {
-    pub number: u32,
-    pub protocol: String,
-    pub bind: String,
+pub(crate) struct ServerPort {
+    pub(crate) number: u32,
+    pub(crate) protocol: String,
+    pub(crate) bind: String,
 }
 
 /// One server of one Gateway, with what merging worked out for it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct MergedServer {
+pub(crate) struct MergedServer {
     /// The server, hosts sanitized (`./h` -> `<gateway ns>/h`, `*/h` -> `h`, `*/*` -> `*`).
-    pub server: Server,
+    pub(crate) server: Server,
     /// The owning gateway, `ns/name`.
-    pub gateway_name: String,
+    pub(crate) gateway_name: String,
     /// RDS name for HTTP and TLS-terminating HTTPS servers; empty otherwise.
-    pub route_name: String,
+    pub(crate) route_name: String,
     /// SNI hosts for servers with TLS settings (hosts without the namespace, deduplicated, sorted).
-    pub sni_hosts: Vec<String>,
+    pub(crate) sni_hosts: Vec<String>,
 }
 
 impl MergedServer {
-    pub fn port(&self) -> u32 {
+    pub(crate) fn port(&self) -> u32 {
         self.server.port.as_ref().map_or(0, |p| p.number)
-    }
-
-    pub fn protocol(&self) -> Protocol {
-        Protocol::parse(self.server.port.as_ref().map_or("", |p| p.protocol.as_str()))
     }
 }
 
 /// Servers sharing a `ServerPort`; `route_name` is the RDS name of plaintext HTTP ones.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct MergedServers {
-    pub servers: Vec<usize>,
-    pub route_name: String,
+pub(crate) struct MergedServers {
+    pub(crate) servers: Vec<usize>,
+    pub(crate) route_name: String,
 }
 
 /// Istio's `MergedGateway`. Servers are stored once and referred to by index.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct MergedGateway {
-    pub servers: Vec<MergedServer>,
+pub(crate) struct MergedGateway {
+    pub(crate) servers: Vec<MergedServer>,
     /// Ports in the order first seen (stable listener order).
-    pub server_ports: Vec<ServerPort>,
-    pub merged_servers: BTreeMap<ServerPort, MergedServers>,
+    pub(crate) server_ports: Vec<ServerPort>,
+    pub(crate) merged_servers: BTreeMap<ServerPort, MergedServers>,
     /// RDS name -> servers serving it (several only for plaintext HTTP).
-    pub servers_by_route_name: BTreeMap<String, Vec<usize>>,
+    pub(crate) servers_by_route_name: BTreeMap<String, Vec<usize>>,
 }
 
 /// TLS mode of a server; absent means PASSTHROUGH (the enum's zero value).
-pub fn tls_mode(server: &Server) -> Option<&str> {
+pub(crate) fn tls_mode(server: &Server) -> Option<&str> {
     server.tls.as_ref().map(|t| t.mode.as_deref().unwrap_or("PASSTHROUGH"))
 }
 
 /// `IsPassThroughServer`.
-pub fn is_passthrough_server(server: &Server) -> bool {
+pub(crate) fn is_passthrough_server(server: &Server) -> bool {
     matches!(tls_mode(server), Some("PASSTHROUGH" | "AUTO_PASSTHROUGH"))
 }
 
@@ -77,18 +73,18 @@ fn server_protocol(server: &Server) -> Protocol {
 }
 
 /// `IsTLSServer`: a non-HTTP server with TLS settings (termination or passthrough).
-pub fn is_tls_server(server: &Server) -> bool {
+pub(crate) fn is_tls_server(server: &Server) -> bool {
     server.tls.is_some() && !server_protocol(server).is_http()
 }
 
 /// `IsHTTPServer`: HTTP, or HTTPS that terminates TLS.
-pub fn is_http_server(server: &Server) -> bool {
+pub(crate) fn is_http_server(server: &Server) -> bool {
     let p = server_protocol(server);
     p.is_http() || (p == Protocol::Https && !is_passthrough_server(server))
 }
 
 /// `IsHTTPSServerWithTLSTermination`.
-pub fn is_https_with_tls_termination(server: &Server) -> bool {
+pub(crate) fn is_https_with_tls_termination(server: &Server) -> bool {
     server.tls.is_some() && server_protocol(server) == Protocol::Https && !is_passthrough_server(server)
 }
 
@@ -160,7 +156,7 @@ fn can_merge_protocols(current: Protocol, p: Protocol) -> bool {
 
 impl MergedGateway {
     /// Merges the servers of `gateways` (Gateway configs, in push order).
-    pub fn merge(gateways: &[std::sync::Arc<Config>]) -> MergedGateway {
+    pub(crate) fn merge(gateways: &[std::sync::Arc<Config>]) -> MergedGateway {
         let mut mg = MergedGateway::default();
         let mut gateway_ports: BTreeSet<u32> = BTreeSet::new();
         let mut plain_text_servers: BTreeMap<u32, ServerPort> = BTreeMap::new();
@@ -285,7 +281,7 @@ impl MergedGateway {
     }
 
     /// The servers serving one RDS name.
-    pub fn servers_for_route(&self, route_name: &str) -> impl Iterator<Item = &MergedServer> {
+    pub(crate) fn servers_for_route(&self, route_name: &str) -> impl Iterator<Item = &MergedServer> {
         self.servers_by_route_name
             .get(route_name)
             .into_iter()

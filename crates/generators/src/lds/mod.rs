@@ -1,36 +1,26 @@
 //! LDS: listeners for a proxy. Routers (gateways) get Istio's gateway listeners; sidecars get
 //! virtualOutbound, virtualInbound and per-port outbound listeners (`sidecar`, `sidecar_inbound`).
 
-pub mod gateway;
-pub mod hcm;
-pub mod merged_gateway;
-pub mod sidecar;
-pub mod sidecar_inbound;
-pub mod sidecar_tcp;
-pub mod tls;
+pub(crate) mod gateway;
+pub(crate) mod hcm;
+pub(crate) mod merged_gateway;
+pub(crate) mod sidecar;
+pub(crate) mod sidecar_inbound;
+pub(crate) mod sidecar_tcp;
+pub(crate) mod tls;
 
 use model::Proxy;
 use push_index::PushContext;
 use xds_api::envoy::config::listener::v3::Listener;
 
-use crate::route::PushView;
-
-/// All listeners of `proxy` for this push.
-pub fn build_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listener> {
-    if !proxy.is_router() {
-        return sidecar::build_sidecar_listeners(proxy, push);
-    }
-    build_listeners_from(proxy, push)
-}
-
-/// `build_listeners` over any push view (tests use a fake one).
-pub fn build_listeners_from<P: PushView>(proxy: &Proxy, push: &P) -> Vec<Listener> {
+/// All listeners of `proxy` for this push: gateway listeners for routers, sidecar listeners for
+/// the others.
+pub(crate) fn build_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listener> {
     if proxy.is_router() {
-        return gateway::build_gateway_listeners(proxy, push);
+        gateway::build_gateway_listeners(proxy, push)
+    } else {
+        sidecar::build_sidecar_listeners(proxy, push)
     }
-    // TODO(sidecar-listeners): virtualOutbound/virtualInbound and per-port outbound/inbound
-    // listeners (Istio's buildSidecarListeners) go here.
-    Vec::new()
 }
 
 #[cfg(test)]

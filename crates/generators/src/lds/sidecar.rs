@@ -31,22 +31,22 @@ use super::hcm::{HTTP_CONNECTION_MANAGER, access_logs, gateway_connection_manage
 use super::sidecar_tcp::{self, NetworkChain};
 use crate::names;
 
-pub const VIRTUAL_OUTBOUND_LISTENER: &str = "virtualOutbound";
-pub const VIRTUAL_INBOUND_LISTENER: &str = "virtualInbound";
+pub(crate) const VIRTUAL_OUTBOUND_LISTENER: &str = "virtualOutbound";
+pub(crate) const VIRTUAL_INBOUND_LISTENER: &str = "virtualInbound";
 /// Istio's `ProxyOutboundListenPort` and `ProxyInboundListenPort`.
-pub const OUTBOUND_LISTEN_PORT: u32 = 15001;
+pub(crate) const OUTBOUND_LISTEN_PORT: u32 = 15001;
 /// Istio's `LocalhostAddress`: where a listener bound to a port without `bind` listens.
-pub const LOCALHOST_ADDRESS: &str = "127.0.0.1";
-pub const INBOUND_LISTEN_PORT: u32 = 15006;
-pub const ORIGINAL_DST_FILTER: &str = "envoy.filters.listener.original_dst";
-pub const HTTP_INSPECTOR: &str = "envoy.filters.listener.http_inspector";
-pub const TCP_PROXY: &str = "envoy.filters.network.tcp_proxy";
+pub(crate) const LOCALHOST_ADDRESS: &str = "127.0.0.1";
+pub(crate) const INBOUND_LISTEN_PORT: u32 = 15006;
+pub(crate) const ORIGINAL_DST_FILTER: &str = "envoy.filters.listener.original_dst";
+pub(crate) const HTTP_INSPECTOR: &str = "envoy.filters.listener.http_inspector";
+pub(crate) const TCP_PROXY: &str = "envoy.filters.network.tcp_proxy";
 /// Istio's `plaintextHTTPALPNs`: what http_inspector reports for plaintext HTTP.
-pub const PLAINTEXT_HTTP_ALPNS: [&str; 3] = ["http/1.0", "http/1.1", "h2c"];
+pub(crate) const PLAINTEXT_HTTP_ALPNS: [&str; 3] = ["http/1.0", "http/1.1", "h2c"];
 
 /// All listeners of a sidecar: virtualOutbound, the inbound listeners (virtualInbound first), then
 /// the outbound listeners.
-pub fn build_sidecar_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listener> {
+pub(crate) fn build_sidecar_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listener> {
     let mut out = vec![virtual_outbound_listener(push.mesh(), push.registry_only(proxy))];
     out.extend(super::sidecar_inbound::inbound_listeners(proxy, push));
     out.extend(outbound_listeners(proxy, push));
@@ -57,7 +57,7 @@ pub fn build_sidecar_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listene
 /// its original destination; what no listener claims goes to `PassthroughCluster` (`ALLOW_ANY`) or
 /// `BlackHoleCluster` (`REGISTRY_ONLY`, from the Sidecar or the mesh config). Connections to 15001
 /// itself are blackholed (no loops).
-pub fn virtual_outbound_listener(mesh: &MeshConfig, registry_only: bool) -> Listener {
+pub(crate) fn virtual_outbound_listener(mesh: &MeshConfig, registry_only: bool) -> Listener {
     let catch_all = if registry_only {
         names::BLACK_HOLE_CLUSTER
     } else {
@@ -368,7 +368,12 @@ pub(super) fn set_protocol_detection_timeout(l: &mut Listener, mesh: &MeshConfig
 
 /// The sidecar's outbound HCM: the gateway HCM without gateway-only settings (no `server` header
 /// rewrite, no trusting of the remote address, client certificate details sanitized).
-pub fn sidecar_outbound_hcm(mesh: &MeshConfig, proxy: &Proxy, rds: &str, stat_prefix: String) -> HttpConnectionManager {
+pub(crate) fn sidecar_outbound_hcm(
+    mesh: &MeshConfig,
+    proxy: &Proxy,
+    rds: &str,
+    stat_prefix: String,
+) -> HttpConnectionManager {
     let mut h = gateway_connection_manager(mesh, proxy, rds, stat_prefix);
     h.server_name = String::new();
     h.server_header_transformation = hcm::ServerHeaderTransformation::Overwrite as i32;

@@ -33,17 +33,17 @@ use crate::names;
 
 /// One application port of the inbound listeners.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InboundChain {
+pub(crate) struct InboundChain {
     /// The port the connection was sent to: the instance's target port, or the ingress port.
-    pub port: u16,
-    pub protocol: Protocol,
+    pub(crate) port: u16,
+    pub(crate) protocol: Protocol,
     /// The address of a listener of its own (ingress capture mode `NONE`); `None` for a chain of
     /// `virtualInbound`.
-    pub bind: Option<String>,
+    pub(crate) bind: Option<String>,
 }
 
 /// `virtualInbound` with the proxy's application chains, then a listener per bound ingress listener.
-pub fn inbound_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listener> {
+pub(crate) fn inbound_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listener> {
     let (bound, redirected): (Vec<InboundChain>, Vec<InboundChain>) =
         inbound_chains(proxy, push).into_iter().partition(|c| c.bind.is_some());
     let mut out = vec![virtual_inbound_listener_for(push.mesh(), proxy, &redirected)];
@@ -54,7 +54,7 @@ pub fn inbound_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listener> {
 /// Istio's `buildInboundChainConfigs`: the Sidecar's ingress listeners if it has some, else the
 /// target ports of the proxy's service instances (the first instance of a port decides its
 /// protocol); ports are unique and never 15006.
-pub fn inbound_chains(proxy: &Proxy, push: &PushContext) -> Vec<InboundChain> {
+pub(crate) fn inbound_chains(proxy: &Proxy, push: &PushContext) -> Vec<InboundChain> {
     let scope = push.sidecar_scope(proxy);
     if scope.has_ingress_listener() {
         return ingress_chains(&scope, ingress_default_bind(proxy, &scope));
@@ -63,7 +63,7 @@ pub fn inbound_chains(proxy: &Proxy, push: &PushContext) -> Vec<InboundChain> {
 }
 
 /// The chains of the proxy's service instances.
-pub fn instance_chains(instances: &[ServiceInstance]) -> Vec<InboundChain> {
+pub(crate) fn instance_chains(instances: &[ServiceInstance]) -> Vec<InboundChain> {
     let mut out: Vec<InboundChain> = Vec::new();
     for instance in instances {
         let port = instance.target_port;
@@ -108,7 +108,7 @@ fn ingress_chains(scope: &SidecarScope, default_bind: Option<IpAddr>) -> Vec<Inb
 /// Istio's `getSidecarInboundBindIPs` for ingress listeners that bind a port without `bind`: the
 /// proxy's first global unicast address (`GlobalUnicastIP`). `None` when the scope has no such
 /// listener, or the proxy no such address (then they bind 0.0.0.0). The LDS cache key holds it.
-pub fn ingress_default_bind(proxy: &Proxy, scope: &SidecarScope) -> Option<IpAddr> {
+pub(crate) fn ingress_default_bind(proxy: &Proxy, scope: &SidecarScope) -> Option<IpAddr> {
     let needed = scope
         .ingress_listeners()
         .iter()
@@ -129,7 +129,7 @@ fn is_global_unicast(ip: &IpAddr) -> bool {
 }
 
 /// `virtualInbound` for the given application chains (those without a bind of their own).
-pub fn virtual_inbound_listener_for(mesh: &MeshConfig, proxy: &Proxy, app_chains: &[InboundChain]) -> Listener {
+pub(crate) fn virtual_inbound_listener_for(mesh: &MeshConfig, proxy: &Proxy, app_chains: &[InboundChain]) -> Listener {
     let mut chains = vec![FilterChain {
         name: "virtualInbound-blackhole".into(),
         filter_chain_match: Some(destination_port_match(INBOUND_LISTEN_PORT)),

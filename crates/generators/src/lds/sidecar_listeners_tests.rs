@@ -8,16 +8,15 @@ use serde_json::{Value, json};
 use xds_api::envoy::config::cluster::v3::{Cluster, cluster};
 use xds_api::envoy::config::core::v3::address;
 use xds_api::envoy::config::endpoint::v3::lb_endpoint;
-use xds_api::envoy::config::listener::v3::{FilterChain, Listener, filter};
-use xds_api::envoy::config::route::v3::{route, route_action};
-use xds_api::envoy::extensions::filters::network::http_connection_manager::v3::{
-    HttpConnectionManager, http_connection_manager as hcm,
-};
-use xds_api::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
+use xds_api::envoy::config::listener::v3::{FilterChain, Listener};
+use xds_api::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager as hcm;
 
 use crate::lds::build_listeners;
 use crate::route::testing::{Outcome, Request, evaluate};
-use crate::testing::{assert_golden, envoy_binary, push, service_entry, sidecar};
+use crate::testing::{
+    assert_golden, config, envoy_binary, hcm_of, inline_route_cluster, push, service_entry, sidecar, sidecar_at,
+    tcp_cluster,
+};
 use model::Proxy;
 use push_index::PushContext;
 
@@ -37,10 +36,6 @@ fn http(port: u16) -> Value {
 
 fn tcp(port: u16) -> Value {
     json!({"number": port, "name": format!("tcp-{port}"), "protocol": "TCP"})
-}
-
-fn doc(kind: &str, name: &str, ns: &str, spec: Value) -> Value {
-    json!({"apiVersion": "networking.istio.io/v1", "kind": kind, "metadata": {"name": name, "namespace": ns}, "spec": spec})
 }
 
 /// The services; the proxy (10.0.0.9) is an endpoint of `reviews` (target port 8080).
@@ -66,7 +61,7 @@ fn services() -> Vec<Value> {
         svc("mysql", "default", "240.0.0.10", json!([tcp(3306)]), far.clone()),
         svc("legacy", "default", "240.0.0.30", json!([tcp(9080)]), far.clone()),
         svc("mongo", "other", "240.0.0.20", json!([tcp(27017)]), far),
-        doc(
+        config(
             "VirtualService",
             "details",
             "default",
@@ -80,7 +75,7 @@ fn services() -> Vec<Value> {
 /// and details only, and the catch-all for the rest of `default`.
 fn mesh(outbound_mode: &str) -> Vec<Value> {
     let mut docs = services();
-    docs.push(doc(
+    docs.push(config(
         "Sidecar",
         "default",
         "default",
@@ -105,38 +100,12 @@ fn listener<'a>(ls: &'a [Listener], name: &str) -> Option<&'a Listener> {
     ls.iter().find(|l| l.name == name)
 }
 
-fn hcm_of(c: &FilterChain) -> Option<HttpConnectionManager> {
-    let f = c
-        .filters
-        .iter()
-        .find(|f| f.name == crate::lds::hcm::HTTP_CONNECTION_MANAGER)?;
-    let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
-        return None;
-    };
-    Some(HttpConnectionManager::decode(any.value.as_slice()).unwrap())
-}
-
 /// The cluster of a chain: its tcp_proxy's, or the one its inline route sends everything to.
 fn chain_cluster(c: &FilterChain) -> Option<String> {
-    if let Some(f) = c.filters.iter().find(|f| f.name == crate::lds::sidecar::TCP_PROXY) {
-        let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
-            return None;
-        };
-        return match TcpProxy::decode(any.value.as_slice()).unwrap().cluster_specifier {
-            Some(tcp_proxy::ClusterSpecifier::Cluster(c)) => Some(c),
-            _ => None,
-        };
+    if c.filters.iter().any(|f| f.name == crate::lds::sidecar::TCP_PROXY) {
+        return tcp_cluster(c);
     }
-    let Some(hcm::RouteSpecifier::RouteConfig(rc)) = hcm_of(c)?.route_specifier else {
-        return None;
-    };
-    match &rc.virtual_hosts.first()?.routes.first()?.action {
-        Some(route::Action::Route(a)) => match &a.cluster_specifier {
-            Some(route_action::ClusterSpecifier::Cluster(c)) => Some(c.clone()),
-            _ => None,
-        },
-        _ => None,
-    }
+    inline_route_cluster(c)
 }
 
 /// Where an outbound connection from the sidecar to `ip:port` (an HTTP request for `host` when
@@ -367,7 +336,7 @@ fn inbound_ports_are_the_ingress_listeners_going_to_their_default_endpoint() {
 /// 127.0.0.2 for mysql, on 9081 bound to 127.0.0.3 but redirected, and the catch-all for `default`.
 fn bound_mesh() -> Vec<Value> {
     let mut docs = services();
-    docs.push(doc(
+    docs.push(config(
         "Sidecar",
         "default",
         "bound",
@@ -431,17 +400,12 @@ fn egress_listeners_with_capture_mode_none_bind_their_address() {
     );
 }
 
-/// A sidecar of `default` at `ip` (no service instances unless `ip` is 10.0.0.9).
-fn sidecar_at(ip: &str) -> Proxy {
-    let md = model::proxy::NodeMetadata::from_json("test", &json!({"NAMESPACE": "default"})).unwrap();
-    Proxy::parse(&format!("sidecar~{ip}~p.default~default.svc.cluster.local"), md).unwrap()
-}
-
 #[test]
 fn cached_listeners_and_clusters_follow_the_proxy_ip_that_ingress_listeners_use() {
     let p = push(mesh("ALLOW_ANY"));
+    let cache = crate::PushCache::default();
     let names = |type_url: &str, proxy: &Proxy| -> Vec<String> {
-        crate::generate(&p, proxy, type_url, &[])
+        crate::generate(&p, &cache, proxy, type_url, &[])
             .unwrap()
             .into_iter()
             .map(|r| r.name)
@@ -451,7 +415,7 @@ fn cached_listeners_and_clusters_follow_the_proxy_ip_that_ingress_listeners_use(
     assert!(names(xds_api::type_url::LISTENER, &a).contains(&"10.0.0.9_9100".to_owned()));
     assert!(names(xds_api::type_url::LISTENER, &b).contains(&"10.0.0.10_9100".to_owned()));
     let cluster_9090 = |proxy: &Proxy| {
-        let any = crate::generate(&p, proxy, xds_api::type_url::CLUSTER, &[])
+        let any = crate::generate(&p, &cache, proxy, xds_api::type_url::CLUSTER, &[])
             .unwrap()
             .into_iter()
             .find(|r| r.name == "inbound|9090||")
@@ -490,10 +454,7 @@ fn lds_sidecar_ingress_egress_golden() {
 
 #[test]
 fn envoy_accepts_listeners_and_clusters_of_sidecars_with_ingress_and_egress_listeners() {
-    let Some(envoy) = envoy_binary() else {
-        eprintln!("skipping: no Envoy binary (set ENVOY_BIN)");
-        return;
-    };
+    let envoy = envoy_binary();
     let cases = [
         (push(mesh("REGISTRY_ONLY")), sidecar("default")),
         (push(bound_mesh()), crate::testing::proxy("sidecar", "bound", json!({}))),

@@ -24,25 +24,25 @@ use crate::route::{MESH_GATEWAY, PushView, destination::destination_cluster, pol
 
 /// Istio's `util.PassthroughFilterChain`: the default chain of listeners whose chains all match on
 /// something (SNI, destination subnets).
-pub const PASSTHROUGH_FILTER_CHAIN: &str = "PassthroughFilterChain";
+pub(crate) const PASSTHROUGH_FILTER_CHAIN: &str = "PassthroughFilterChain";
 
 /// Istio's `filterChainOpts` for a network chain: what it matches and its filters.
 #[derive(Debug, Clone, PartialEq)]
-pub struct NetworkChain {
-    pub sni_hosts: Vec<String>,
-    pub destination_cidrs: Vec<String>,
-    pub filters: Vec<Filter>,
+pub(crate) struct NetworkChain {
+    pub(crate) sni_hosts: Vec<String>,
+    pub(crate) destination_cidrs: Vec<String>,
+    pub(crate) filters: Vec<Filter>,
 }
 
 impl NetworkChain {
     /// Istio's `isMatchAll`: no SNI (or `*`) and no destination subnet.
-    pub fn is_match_all(&self) -> bool {
+    pub(crate) fn is_match_all(&self) -> bool {
         (self.sni_hosts.is_empty() || self.sni_hosts.iter().any(|h| h == "*")) && self.destination_cidrs.is_empty()
     }
 
     /// Istio's `conflictsWith`: the same SNI set (ignoring `*`) and the same masked subnets
     /// (ignoring `0.0.0.0`), so Envoy could not tell the two chains apart.
-    pub fn conflicts_with(&self, other: &NetworkChain) -> bool {
+    pub(crate) fn conflicts_with(&self, other: &NetworkChain) -> bool {
         let sni = |c: &NetworkChain| -> HashSet<String> { c.sni_hosts.iter().filter(|h| *h != "*").cloned().collect() };
         let cidrs = |c: &NetworkChain| -> HashSet<(IpAddr, u32)> {
             c.destination_cidrs
@@ -56,7 +56,7 @@ impl NetworkChain {
     }
 
     /// Istio's `toFilterChainMatch`: sorted `server_names` (none with `*`) and `prefix_ranges`.
-    pub fn filter_chain_match(&self) -> Option<FilterChainMatch> {
+    pub(crate) fn filter_chain_match(&self) -> Option<FilterChainMatch> {
         if self.is_match_all() {
             return None;
         }
@@ -105,7 +105,7 @@ fn mask(ip: IpAddr, len: u32) -> IpAddr {
 }
 
 /// The mesh VirtualServices that can send TCP or TLS somewhere (those with `tcp` or `tls` routes).
-pub fn l4_virtual_services(vses: &[std::sync::Arc<Config>]) -> Vec<&Config> {
+pub(crate) fn l4_virtual_services(vses: &[std::sync::Arc<Config>]) -> Vec<&Config> {
     vses.iter()
         .map(AsRef::as_ref)
         .filter(|c| crate::route::virtual_service(c).is_some_and(|vs| !vs.tcp.is_empty() || !vs.tls.is_empty()))
@@ -115,7 +115,7 @@ pub fn l4_virtual_services(vses: &[std::sync::Arc<Config>]) -> Vec<&Config> {
 /// Istio's `buildSidecarOutboundTCPListenerOpts`: the TLS chains of a TLS/HTTPS port, else the TCP
 /// chains, from the VirtualServices among `vses` with a host matching the service (`getConfigsForHost`).
 /// `bind` is the listener address; `cidr` the service's address when it is a CIDR.
-pub fn outbound_network_chains<P: PushView>(
+pub(crate) fn outbound_network_chains<P: PushView>(
     push: &P,
     proxy: &Proxy,
     service: &Service,
@@ -307,7 +307,7 @@ impl<P: PushView> ChainBuilder<'_, P> {
 /// the cluster name); several → `weighted_clusters` of those with a positive weight (stat prefix
 /// `<vs name>.<vs namespace>`). The DestinationRule of the first destination's service sets the
 /// idle timeout, maximum connection duration and source-IP hashing. `None` without destinations.
-pub fn build_outbound_network_filters<P: PushView>(
+pub(crate) fn build_outbound_network_filters<P: PushView>(
     push: &P,
     proxy: &Proxy,
     routes: &[RouteDestination],
@@ -437,7 +437,7 @@ fn tcp_proxy_filter(
 /// Merges `incoming` chains into a listener's (Istio's `mergeTCPFilterChains`): a chain that
 /// Envoy could not tell apart from one already there is dropped. `context` (listener or service)
 /// is for the log.
-pub fn merge_network_chains(current: &mut Vec<NetworkChain>, incoming: Vec<NetworkChain>, context: &str) {
+pub(crate) fn merge_network_chains(current: &mut Vec<NetworkChain>, incoming: Vec<NetworkChain>, context: &str) {
     for chain in incoming {
         if current.iter().any(|c| c.conflicts_with(&chain)) {
             tracing::debug!(
@@ -451,7 +451,7 @@ pub fn merge_network_chains(current: &mut Vec<NetworkChain>, incoming: Vec<Netwo
 }
 
 /// Istio's `isConflictWithWellKnownPort`: Mongo and MySQL share a listener with nothing else.
-pub fn well_known_port_conflict(incoming: Protocol, existing: Protocol) -> bool {
+pub(crate) fn well_known_port_conflict(incoming: Protocol, existing: Protocol) -> bool {
     let special = |p| matches!(p, Protocol::Mongo | Protocol::Mysql);
     (special(incoming) || special(existing)) && incoming != existing
 }
@@ -459,7 +459,7 @@ pub fn well_known_port_conflict(incoming: Protocol, existing: Protocol) -> bool 
 /// Istio's `buildListenerFromEntry` for network chains: a tls_inspector when a chain matches on
 /// SNI; a single catch-all chain is the listener's only chain; next to other chains it becomes the
 /// default chain; without one, the default chain passes through (or blackholes, `REGISTRY_ONLY`).
-pub fn network_listener(
+pub(crate) fn network_listener(
     mesh: &MeshConfig,
     registry_only: bool,
     name: String,

@@ -10,20 +10,15 @@ use prost::Message;
 use serde_json::{Value, json};
 use xds_api::envoy::config::core::v3::{address, socket_address};
 use xds_api::envoy::config::listener::v3::{FilterChain, FilterChainMatch, Listener, filter};
-use xds_api::envoy::extensions::filters::network::http_connection_manager::v3::{
-    HttpConnectionManager, http_connection_manager as hcm,
-};
 use xds_api::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
 
 use super::build_listeners;
 use super::sidecar::{HTTP_INSPECTOR, TCP_PROXY};
 use super::sidecar_tcp::{NetworkChain, PASSTHROUGH_FILTER_CHAIN};
-use crate::testing::{assert_golden, destination_rule, envoy_binary, proxy, push, push_with_mesh, service_entry};
-
-fn virtual_service(name: &str, ns: &str, spec: Value) -> Value {
-    json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
-        "metadata": {"name": name, "namespace": ns}, "spec": spec})
-}
+use crate::testing::{
+    assert_golden, destination_rule, envoy_binary, proxy, push, push_with_mesh, rds_name, service_entry,
+    virtual_service,
+};
 
 fn tcp_service(name: &str, host: &str, addresses: Value, port: Value) -> Value {
     let ns = if host.ends_with("istio-system.svc.cluster.local") {
@@ -393,7 +388,10 @@ fn listeners_keep_istio_names_binds_and_inspectors() {
     let cache = by_name("240.0.0.11_6379");
     assert!(cache.listener_filters.iter().any(|f| f.name == HTTP_INSPECTOR));
     assert!(
-        cache.filter_chains.iter().any(|c| rds_of(c).as_deref() == Some("6379")),
+        cache
+            .filter_chains
+            .iter()
+            .any(|c| rds_name(c).as_deref() == Some("6379")),
         "sniffed HTTP keeps its RDS"
     );
     // a single catch-all chain stays the only chain: no default chain
@@ -403,23 +401,6 @@ fn listeners_keep_istio_names_binds_and_inspectors() {
         1,
         "Mongo shares its port with nothing"
     );
-}
-
-fn rds_of(c: &FilterChain) -> Option<String> {
-    let f = c
-        .filters
-        .iter()
-        .find(|f| f.name == super::hcm::HTTP_CONNECTION_MANAGER)?;
-    let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
-        return None;
-    };
-    match HttpConnectionManager::decode(any.value.as_slice())
-        .ok()?
-        .route_specifier
-    {
-        Some(hcm::RouteSpecifier::Rds(r)) => Some(r.route_config_name),
-        _ => None,
-    }
 }
 
 #[test]
@@ -527,10 +508,7 @@ fn envoy_accepts_tcp_and_tls_listeners_and_cds_serves_their_clusters() {
     let missing: Vec<_> = tcp_clusters(&listeners).difference(&served).cloned().collect();
     assert!(missing.is_empty(), "tcp_proxy clusters not in CDS: {missing:?}");
 
-    let Some(envoy) = envoy_binary() else {
-        eprintln!("skipping the Envoy check: no Envoy binary (set ENVOY_BIN)");
-        return;
-    };
+    let envoy = envoy_binary();
     // validate mode does not fetch RDS: the sniffed listener's HCM gets an inline route
     super::envoy_tests::inline_rds(&mut listeners, super::envoy_tests::passthrough_route);
     super::envoy_tests::assert_accepted_with_ads(

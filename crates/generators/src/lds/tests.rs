@@ -1,32 +1,23 @@
-//! Gateway listener tests: one listener per port, HTTP chains on RDS `http.<port>`, HTTPS chains
-//! per server with SNI, certificate files and a TLS inspector; what is skipped, and sidecars.
+//! Gateway listener tests through `build_listeners` over a push: one listener per port, HTTP
+//! chains on RDS `http.<port>`, HTTPS chains per server with SNI, certificate files and a TLS
+//! inspector; what is skipped, and sidecars.
 
+use model::MeshConfig;
 use prost::Message;
 use serde_json::json;
 use xds_api::envoy::config::core::v3::{address, data_source, socket_address};
-use xds_api::envoy::config::listener::v3::{Listener, filter};
+use xds_api::envoy::config::listener::v3::Listener;
 use xds_api::envoy::extensions::access_loggers::file::v3::FileAccessLog;
 use xds_api::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, http_connection_manager as hcm, http_filter,
 };
 use xds_api::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsContext;
 
-use super::build_listeners_from;
-use crate::route::testing::{FakePush, gateway_proxy};
+use super::build_listeners;
+use crate::testing::{gateway_proxy, ingress_gateway, push, push_with_mesh, sidecar};
 
-pub(crate) fn gateway_doc(servers: serde_json::Value) -> serde_json::Value {
-    json!({
-        "apiVersion": "networking.istio.io/v1", "kind": "Gateway",
-        "metadata": {"name": "gw", "namespace": "istio-system"},
-        "spec": {"selector": {"istio": "ingressgateway"}, "servers": servers}
-    })
-}
-
-pub(crate) fn hcm_of(l: &Listener, chain: usize) -> HttpConnectionManager {
-    let Some(filter::ConfigType::TypedConfig(any)) = &l.filter_chains[chain].filters[0].config_type else {
-        panic!("typed config expected");
-    };
-    HttpConnectionManager::decode(any.value.as_slice()).unwrap()
+fn hcm_of(l: &Listener, chain: usize) -> HttpConnectionManager {
+    crate::testing::hcm_of(&l.filter_chains[chain]).expect("an HTTP connection manager")
 }
 
 fn rds_name(h: &HttpConnectionManager) -> &str {
@@ -38,12 +29,12 @@ fn rds_name(h: &HttpConnectionManager) -> &str {
 
 #[test]
 fn http_servers_share_one_listener_and_route_configuration() {
-    let push = FakePush::with_configs(&[gateway_doc(json!([
+    let push = push(vec![ingress_gateway(json!([
         {"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["a.com"]},
         {"port": {"number": 80, "name": "http2", "protocol": "HTTP"}, "hosts": ["b.com"]},
         {"port": {"number": 8080, "name": "grpc", "protocol": "GRPC"}, "hosts": ["*"]}
     ]))]);
-    let listeners = build_listeners_from(&gateway_proxy(), &push);
+    let listeners = build_listeners(&gateway_proxy(), &push);
     let names: Vec<_> = listeners.iter().map(|l| l.name.as_str()).collect();
     assert_eq!(names, ["0.0.0.0_80", "0.0.0.0_8080"]);
     let l = &listeners[0];
@@ -91,13 +82,13 @@ fn http_servers_share_one_listener_and_route_configuration() {
 
 #[test]
 fn https_servers_get_sni_chains_with_certificate_files() {
-    let push = FakePush::with_configs(&[gateway_doc(json!([
+    let push = push(vec![ingress_gateway(json!([
         {"port": {"number": 443, "name": "https-a", "protocol": "HTTPS"}, "hosts": ["ns/b.com", "a.com"], "name": "srv-a",
          "tls": {"mode": "SIMPLE", "serverCertificate": "/etc/a/cert.pem", "privateKey": "/etc/a/key.pem"}},
         {"port": {"number": 443, "name": "https-c", "protocol": "HTTPS"}, "hosts": ["*"],
          "tls": {"mode": "SIMPLE", "serverCertificate": "/etc/c/cert.pem", "privateKey": "/etc/c/key.pem"}}
     ]))]);
-    let listeners = build_listeners_from(&gateway_proxy(), &push);
+    let listeners = build_listeners(&gateway_proxy(), &push);
     assert_eq!(listeners.len(), 1);
     let l = &listeners[0];
     assert_eq!(l.name, "0.0.0.0_443");
@@ -125,36 +116,47 @@ fn https_servers_get_sni_chains_with_certificate_files() {
 
 #[test]
 fn unsupported_servers_produce_no_chains() {
-    let push = FakePush::with_configs(&[gateway_doc(json!([
+    let push = push(vec![ingress_gateway(json!([
         {"port": {"number": 443, "name": "tls", "protocol": "TLS"}, "hosts": ["a.com"], "tls": {"mode": "PASSTHROUGH"}},
         {"port": {"number": 8443, "name": "https", "protocol": "HTTPS"}, "hosts": ["b.com"], "tls": {"mode": "PASSTHROUGH"}},
         {"port": {"number": 9443, "name": "https-sds", "protocol": "HTTPS"}, "hosts": ["c.com"],
          "tls": {"mode": "SIMPLE", "credentialName": "c-cert"}},
         {"port": {"number": 3306, "name": "mysql", "protocol": "TCP"}, "hosts": ["*"]}
     ]))]);
-    assert!(build_listeners_from(&gateway_proxy(), &push).is_empty());
+    assert!(build_listeners(&gateway_proxy(), &push).is_empty());
 }
 
 #[test]
 fn gateways_not_selecting_the_proxy_and_sidecars_get_nothing() {
-    let mut doc = gateway_doc(json!([{"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}]));
+    let mut doc =
+        ingress_gateway(json!([{"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}]));
     doc["spec"]["selector"] = json!({"istio": "egressgateway"});
-    assert!(build_listeners_from(&gateway_proxy(), &FakePush::with_configs(&[doc])).is_empty());
+    assert!(build_listeners(&gateway_proxy(), &push(vec![doc])).is_empty());
 
-    let push = FakePush::with_configs(&[gateway_doc(
+    let push = push(vec![ingress_gateway(
         json!([{"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}]),
     )]);
-    let sidecar = model::Proxy::parse("sidecar~10.0.0.2~p.ns~ns.svc.cluster.local", Default::default()).unwrap();
-    assert!(build_listeners_from(&sidecar, &push).is_empty());
+    let listeners = build_listeners(&sidecar("ns"), &push);
+    assert!(!listeners.is_empty(), "sidecars get their own listeners");
+    assert!(
+        listeners.iter().all(|l| l.name != "0.0.0.0_80"),
+        "but nothing of a gateway"
+    );
 }
 
 #[test]
 fn access_log_follows_mesh_config() {
-    let mut push = FakePush::with_configs(&[gateway_doc(
-        json!([{"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}]),
-    )]);
-    push.mesh.access_log_file = "/dev/stdout".into();
-    let h = hcm_of(&build_listeners_from(&gateway_proxy(), &push)[0], 0);
+    let mesh = MeshConfig {
+        access_log_file: "/dev/stdout".into(),
+        ..Default::default()
+    };
+    let push = push_with_mesh(
+        mesh,
+        vec![ingress_gateway(
+            json!([{"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}]),
+        )],
+    );
+    let h = hcm_of(&build_listeners(&gateway_proxy(), &push)[0], 0);
     assert_eq!(h.access_log.len(), 1);
     let Some(xds_api::envoy::config::accesslog::v3::access_log::ConfigType::TypedConfig(any)) =
         &h.access_log[0].config_type
@@ -168,12 +170,12 @@ fn access_log_follows_mesh_config() {
 
 #[test]
 fn chains_matching_the_same_connections_are_not_both_sent() {
-    let push = FakePush::with_configs(&[gateway_doc(json!([
+    let push = push(vec![ingress_gateway(json!([
         {"port": {"number": 443, "name": "https", "protocol": "HTTPS"}, "hosts": ["*"],
          "tls": {"mode": "SIMPLE", "serverCertificate": "/c", "privateKey": "/k"}},
         {"port": {"number": 443, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}
     ]))]);
-    let listeners = build_listeners_from(&gateway_proxy(), &push);
+    let listeners = build_listeners(&gateway_proxy(), &push);
     assert_eq!(listeners.len(), 1);
     assert_eq!(listeners[0].filter_chains.len(), 1, "the match-all HTTPS chain wins");
     assert_eq!(rds_name(&hcm_of(&listeners[0], 0)), "https.443.https.gw.istio-system");

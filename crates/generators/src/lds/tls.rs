@@ -16,12 +16,12 @@ use xds_api::pbwkt::BoolValue;
 use crate::route::matching::string_matcher;
 
 /// ALPN a terminating HTTPS gateway offers (Istio's `ALPNHttp`).
-pub const ALPN_HTTP: [&str; 2] = ["h2", "http/1.1"];
-pub const TRANSPORT_SOCKET_TLS: &str = "envoy.transport_sockets.tls";
+pub(crate) const ALPN_HTTP: [&str; 2] = ["h2", "http/1.1"];
+pub(crate) const TRANSPORT_SOCKET_TLS: &str = "envoy.transport_sockets.tls";
 
 /// Why a server's TLS settings could not become a TLS context.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TlsContextError {
+pub(crate) enum TlsContextError {
     #[error("tls mode {0} is not supported on gateways yet (hint: use SIMPLE or MUTUAL with certificate files)")]
     UnsupportedMode(String),
     #[error(
@@ -33,7 +33,7 @@ pub enum TlsContextError {
 }
 
 /// The downstream TLS context of a terminating server.
-pub fn downstream_tls_context(tls: &ServerTlsSettings) -> Result<DownstreamTlsContext, TlsContextError> {
+pub(crate) fn downstream_tls_context(tls: &ServerTlsSettings) -> Result<DownstreamTlsContext, TlsContextError> {
     let mode = tls.mode.as_deref().unwrap_or("PASSTHROUGH");
     let require_client_certificate = match mode {
         "SIMPLE" | "OPTIONAL_MUTUAL" => false,
@@ -112,7 +112,7 @@ fn tls_protocol(s: &str) -> Option<TlsProtocol> {
 }
 
 /// `buildDownstreamTLSTransportSocket`.
-pub fn tls_transport_socket(ctx: &DownstreamTlsContext) -> TransportSocket {
+pub(crate) fn tls_transport_socket(ctx: &DownstreamTlsContext) -> TransportSocket {
     TransportSocket {
         name: TRANSPORT_SOCKET_TLS.into(),
         config_type: Some(transport_socket::ConfigType::TypedConfig(xds_api::pack(ctx))),

@@ -3,27 +3,25 @@
 
 use prost::Message;
 use serde_json::{Value, json};
-use xds_api::envoy::config::route::v3::{Route, RouteConfiguration, redirect_action, route, route_action};
+use xds_api::envoy::config::route::v3::{Route, RouteConfiguration, redirect_action, route_action};
 use xds_api::envoy::extensions::filters::http::cors::v3::CorsPolicy;
 use xds_api::envoy::extensions::filters::http::fault::v3::{HttpFault, fault_abort};
 
 use super::build_route_configs_from;
-use crate::route::testing::{FakePush, Outcome, Request, evaluate, gateway_proxy, service};
-
-fn gateway(servers: Value) -> Value {
-    json!({"apiVersion": "networking.istio.io/v1", "kind": "Gateway",
-           "metadata": {"name": "gw", "namespace": "istio-system"},
-           "spec": {"selector": {"istio": "ingressgateway"}, "servers": servers}})
-}
+use crate::route::testing::{FakePush, Outcome, Request, action, evaluate, service};
+use crate::testing::{gateway_proxy, ingress_gateway};
 
 fn http_server(hosts: &[&str]) -> Value {
     json!({"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": hosts})
 }
 
+/// A VirtualService bound to the gateway `istio-system/gw`.
 fn vs(name: &str, ns: &str, hosts: &[&str], http: Value) -> Value {
-    json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
-           "metadata": {"name": name, "namespace": ns},
-           "spec": {"hosts": hosts, "gateways": ["istio-system/gw"], "http": http}})
+    crate::testing::virtual_service(
+        name,
+        ns,
+        json!({"hosts": hosts, "gateways": ["istio-system/gw"], "http": http}),
+    )
 }
 
 fn to(host: &str) -> Value {
@@ -57,17 +55,10 @@ fn matched(rc: &RouteConfiguration, req: Request) -> &Route {
     evaluate(rc, &req).1.expect("a route matches")
 }
 
-fn action(r: &Route) -> &xds_api::envoy::config::route::v3::RouteAction {
-    match &r.action {
-        Some(route::Action::Route(a)) => a,
-        other => panic!("route action expected, got {other:?}"),
-    }
-}
-
 #[test]
 fn hosts_intersect_with_wildcards_and_namespaces() {
     let rc = http80(&[
-        gateway(json!([http_server(&["*.example.com", "bookinfo/bookinfo.com"])])),
+        ingress_gateway(json!([http_server(&["*.example.com", "bookinfo/bookinfo.com"])])),
         vs(
             "a",
             "default",
@@ -113,7 +104,7 @@ fn hosts_intersect_with_wildcards_and_namespaces() {
 #[test]
 fn a_second_virtual_service_for_a_host_appends_its_routes() {
     let rc = http80(&[
-        gateway(json!([http_server(&["*"])])),
+        ingress_gateway(json!([http_server(&["*"])])),
         vs(
             "first",
             "default",
@@ -142,7 +133,7 @@ fn a_second_virtual_service_for_a_host_appends_its_routes() {
 #[test]
 fn hosts_with_identical_routes_collapse_into_one_vhost() {
     let rc = http80(&[
-        gateway(json!([http_server(&["*"])])),
+        ingress_gateway(json!([http_server(&["*"])])),
         vs("v", "default", &["b.com", "a.com"], simple("a")),
     ]);
     assert_eq!(rc.virtual_hosts.len(), 1);
@@ -153,7 +144,7 @@ fn hosts_with_identical_routes_collapse_into_one_vhost() {
 #[test]
 fn uri_header_method_and_query_matches() {
     let rc = http80(&[
-        gateway(json!([http_server(&["*"])])),
+        ingress_gateway(json!([http_server(&["*"])])),
         vs(
             "m",
             "default",
@@ -192,7 +183,7 @@ fn uri_header_method_and_query_matches() {
 #[test]
 fn weighted_split_rewrite_redirect_and_direct_response() {
     let rc = http80(&[
-        gateway(json!([http_server(&["*"])])),
+        ingress_gateway(json!([http_server(&["*"])])),
         vs(
             "r",
             "default",
@@ -253,7 +244,7 @@ fn weighted_split_rewrite_redirect_and_direct_response() {
 #[test]
 fn timeouts_and_retries() {
     let rc = http80(&[
-        gateway(json!([http_server(&["*"])])),
+        ingress_gateway(json!([http_server(&["*"])])),
         vs(
             "t",
             "default",
@@ -301,7 +292,7 @@ fn timeouts_and_retries() {
 #[test]
 fn fault_mirror_headers_and_cors() {
     let rc = http80(&[
-        gateway(json!([http_server(&["*"])])),
+        ingress_gateway(json!([http_server(&["*"])])),
         vs(
             "f",
             "default",
@@ -366,7 +357,7 @@ fn fault_mirror_headers_and_cors() {
 
 #[test]
 fn no_virtual_hosts_gives_a_404_blackhole_and_unknown_names_are_empty() {
-    let rc = http80(&[gateway(json!([http_server(&["*"])]))]);
+    let rc = http80(&[ingress_gateway(json!([http_server(&["*"])]))]);
     assert_eq!(rc.virtual_hosts.len(), 1);
     assert_eq!(
         (
@@ -377,7 +368,7 @@ fn no_virtual_hosts_gives_a_404_blackhole_and_unknown_names_are_empty() {
     );
     assert_eq!(reach(&rc, Request::get("any.com", "/")), Outcome::NotFound);
 
-    let unknown = config(&[gateway(json!([http_server(&["*"])]))], "http.9999");
+    let unknown = config(&[ingress_gateway(json!([http_server(&["*"])]))], "http.9999");
     assert_eq!(unknown.name, "http.9999");
     assert!(unknown.virtual_hosts.is_empty());
 }
@@ -387,7 +378,7 @@ fn https_redirect_requires_tls_even_without_virtual_services() {
     let redirecting = json!({"port": {"number": 80, "name": "http", "protocol": "HTTP"},
                              "hosts": ["secure.com", "plain.com"], "tls": {"httpsRedirect": true}});
     let rc = http80(&[
-        gateway(json!([redirecting])),
+        ingress_gateway(json!([redirecting])),
         vs("s", "default", &["secure.com"], simple("s")),
     ]);
     assert_eq!(reach(&rc, Request::get("secure.com", "/")), Outcome::TlsRedirect);
@@ -404,7 +395,7 @@ fn https_server_routes_are_per_server() {
                "tls": {"mode": "SIMPLE", "serverCertificate": "/c", "privateKey": "/k"}})
     };
     let docs = [
-        gateway(json!([https("https-a", "a.com"), https("https-b", "b.com")])),
+        ingress_gateway(json!([https("https-a", "a.com"), https("https-b", "b.com")])),
         vs("ab", "default", &["a.com", "b.com"], simple("ab")),
     ];
     let a = config(&docs, "https.443.https-a.gw.istio-system");
@@ -420,7 +411,7 @@ fn https_server_routes_are_per_server() {
 #[test]
 fn entry_points_read_the_real_push_context() {
     let push = crate::testing::push(vec![
-        gateway(json!([http_server(&["*"])])),
+        ingress_gateway(json!([http_server(&["*"])])),
         vs("p", "bookinfo", &["shop.example.com"], simple("productpage")),
         crate::testing::service_entry(
             "productpage",
@@ -430,7 +421,7 @@ fn entry_points_read_the_real_push_context() {
                    "endpoints": [{"address": "10.1.0.1"}]}),
         ),
     ]);
-    let proxy = crate::testing::proxy("router", "istio-system", json!({"istio": "ingressgateway"}));
+    let proxy = gateway_proxy();
     let listeners = crate::lds::build_listeners(&proxy, &push);
     assert_eq!(
         listeners.iter().map(|l| l.name.as_str()).collect::<Vec<_>>(),

@@ -2,17 +2,14 @@
 //! at the gateway or from a sidecar, reaches cluster C" when the routing comes from a delegate,
 //! and what changes when the delegate changes, goes missing or is not exported to the root.
 
-use std::sync::Arc;
-
-use model::config::parse_config;
-use model::{Config, ConfigKind, MeshConfig};
-use push_index::{ChangeScope, PushContext, PushInput};
+use model::{ConfigKind, MeshConfig};
+use push_index::{ChangeScope, PushContext};
 use serde_json::{Value, json};
 use xds_api::envoy::config::route::v3::RouteConfiguration;
 
 use super::build_route_configs;
 use crate::route::testing::{Outcome, Request, evaluate};
-use crate::testing::{proxy, push, service_entry};
+use crate::testing::{config, gateway_proxy, ingress_gateway, proxy, push, push_input, service_entry};
 
 /// A service `name.ns.svc.cluster.local` on 9080 with a VIP.
 fn svc(name: &str, ns: &str, vip: &str) -> Value {
@@ -26,11 +23,6 @@ fn svc(name: &str, ns: &str, vip: &str) -> Value {
     )
 }
 
-fn doc(kind: &str, name: &str, ns: &str, spec: Value) -> Value {
-    json!({"apiVersion": "networking.istio.io/v1", "kind": kind,
-           "metadata": {"name": name, "namespace": ns}, "spec": spec})
-}
-
 fn to(host: &str) -> Value {
     json!([{"destination": {"host": host, "port": {"number": 9080}}}])
 }
@@ -42,14 +34,8 @@ fn base() -> Vec<Value> {
         svc("productpage", "bookinfo", "10.96.0.10"),
         svc("cart", "shop", "10.96.0.20"),
         svc("checkout", "shop", "10.96.0.30"),
-        doc(
-            "Gateway",
-            "gw",
-            "istio-system",
-            json!({"selector": {"istio": "ingressgateway"},
-                   "servers": [{"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}]}),
-        ),
-        doc(
+        ingress_gateway(json!([{"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}])),
+        config(
             "VirtualService",
             "front",
             "bookinfo",
@@ -65,7 +51,7 @@ fn base() -> Vec<Value> {
 
 /// The delegate `shop/cart`; its short hosts resolve in `shop`.
 fn cart(export_to: Value, http: Value) -> Value {
-    doc(
+    config(
         "VirtualService",
         "cart",
         "shop",
@@ -93,7 +79,7 @@ fn with(extra: Vec<Value>) -> Vec<Value> {
 
 fn gateway_routes(docs: Vec<Value>) -> RouteConfiguration {
     let push = push(docs);
-    let gw = proxy("router", "istio-system", json!({"istio": "ingressgateway"}));
+    let gw = gateway_proxy();
     build_route_configs(&gw, &push, &["http.80".to_owned()]).remove(0)
 }
 
@@ -160,22 +146,8 @@ fn a_delegate_change_changes_the_answer() {
         ],
     );
     // the same change as a rebuilt push (only VirtualServices touched), as the server makes it
-    let input = |docs: Vec<Value>| {
-        let mesh = Arc::new(MeshConfig::default());
-        let configs: Vec<Arc<Config>> = docs
-            .into_iter()
-            .map(|d| Arc::new(parse_config(d, "default").unwrap()))
-            .collect();
-        let registry = Arc::new(registry::build(&configs, &mesh));
-        PushInput {
-            mesh,
-            domain: "cluster.local".into(),
-            configs,
-            registry,
-            version: "v".into(),
-        }
-    };
-    let gw = proxy("router", "istio-system", json!({"istio": "ingressgateway"}));
+    let input = |docs: Vec<Value>| push_input(MeshConfig::default(), docs);
+    let gw = gateway_proxy();
     let items = Request::get("shop.example.com", "/shop/items");
     let before = PushContext::new(input(with(vec![cart_v1()])));
     let rc = build_route_configs(&gw, &before, &["http.80".to_owned()]).remove(0);
@@ -238,13 +210,7 @@ fn a_delegate_is_never_routed_on_its_own() {
     // a delegate has no hosts: nothing in it reaches any virtual host by itself
     let rc = gateway_routes(vec![
         svc("cart", "shop", "10.96.0.20"),
-        doc(
-            "Gateway",
-            "gw",
-            "istio-system",
-            json!({"selector": {"istio": "ingressgateway"},
-                   "servers": [{"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}]}),
-        ),
+        ingress_gateway(json!([{"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}])),
         cart_v1(),
     ]);
     // only the gateway's blackhole virtual host, with no routes

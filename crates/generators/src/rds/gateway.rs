@@ -23,7 +23,7 @@ struct VHost {
 }
 
 /// The route configuration `route_name` of a router proxy.
-pub fn build_gateway_http_route_config<P: PushView>(
+pub(crate) fn build_gateway_http_route_config<P: PushView>(
     proxy: &Proxy,
     push: &P,
     merged: &MergedGateway,

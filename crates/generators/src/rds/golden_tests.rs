@@ -7,22 +7,23 @@ use serde_json::json;
 use xds_api::envoy::config::listener::v3::Listener;
 use xds_api::envoy::config::route::v3::RouteConfiguration;
 
-use crate::route::testing::{FakePush, gateway_proxy, service};
+use crate::route::testing::{FakePush, service};
+use crate::testing::{destination_rule, gateway, gateway_proxy, virtual_service};
 
 /// A gateway with plaintext HTTP (with one httpsRedirect server) and a SIMPLE HTTPS server whose
 /// certificate files live in `cert_dir`, and VirtualServices using most HTTP route features.
 pub(crate) fn fixture(cert_dir: &str) -> FakePush {
-    let gateway = json!({
-        "apiVersion": "networking.istio.io/v1", "kind": "Gateway",
-        "metadata": {"name": "bookinfo-gateway", "namespace": "istio-system"},
-        "spec": {"selector": {"istio": "ingressgateway"}, "servers": [
+    let gateway = gateway(
+        "bookinfo-gateway",
+        "istio-system",
+        json!([
             {"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["*/bookinfo.example.com", "bookinfo/*.shop.example.com"]},
             {"port": {"number": 80, "name": "http-redirect", "protocol": "HTTP"}, "hosts": ["secure.example.com"], "tls": {"httpsRedirect": true}},
             {"port": {"number": 443, "name": "https", "protocol": "HTTPS"}, "name": "bookinfo-https",
              "hosts": ["bookinfo/secure.example.com"],
              "tls": {"mode": "SIMPLE", "serverCertificate": format!("{cert_dir}/tls.crt"), "privateKey": format!("{cert_dir}/tls.key")}}
-        ]}
-    });
+        ]),
+    );
     let bookinfo = json!({
         "apiVersion": "networking.istio.io/v1beta1", "kind": "VirtualService",
         "metadata": {"name": "bookinfo", "namespace": "bookinfo"},
@@ -45,19 +46,19 @@ pub(crate) fn fixture(cert_dir: &str) -> FakePush {
             {"name": "default", "route": [{"destination": {"host": "productpage"}}], "retries": {"attempts": 0}}
         ]}
     });
-    let shop = json!({
-        "apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
-        "metadata": {"name": "shop", "namespace": "bookinfo"},
-        "spec": {"hosts": ["*.shop.example.com"], "gateways": ["istio-system/bookinfo-gateway"], "http": [
+    let shop = virtual_service(
+        "shop",
+        "bookinfo",
+        json!({"hosts": ["*.shop.example.com"], "gateways": ["istio-system/bookinfo-gateway"], "http": [
             {"route": [{"destination": {"host": "shop", "port": {"number": 80}}}]}
-        ]}
-    });
-    let reviews_dr = json!({
-        "apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
-        "metadata": {"name": "productpage", "namespace": "bookinfo"},
-        "spec": {"host": "productpage", "trafficPolicy": {"loadBalancer": {"consistentHash": {
-            "httpCookie": {"name": "session", "ttl": "60s", "path": "/"}}}}}
-    });
+        ]}),
+    );
+    let reviews_dr = destination_rule(
+        "productpage",
+        "bookinfo",
+        json!({"host": "productpage", "trafficPolicy": {"loadBalancer": {"consistentHash": {
+            "httpCookie": {"name": "session", "ttl": "60s", "path": "/"}}}}}),
+    );
     FakePush::with_configs(&[gateway, bookinfo, shop, reviews_dr])
         .with_service(service("reviews.bookinfo.svc.cluster.local", "bookinfo", &[9080]))
         .with_service(service("productpage.bookinfo.svc.cluster.local", "bookinfo", &[9080]))
@@ -66,8 +67,9 @@ pub(crate) fn fixture(cert_dir: &str) -> FakePush {
 /// The route names the fixture's listeners serve.
 pub(crate) const FIXTURE_ROUTES: [&str; 2] = ["http.80", "https.443.https.bookinfo-gateway.istio-system"];
 
+/// The fixture's gateway listeners, from the builder `lds::build_listeners` uses for routers.
 pub(crate) fn fixture_listeners(push: &FakePush) -> Vec<Listener> {
-    crate::lds::build_listeners_from(&gateway_proxy(), push)
+    crate::lds::gateway::build_gateway_listeners(&gateway_proxy(), push)
 }
 
 pub(crate) fn fixture_routes(push: &FakePush) -> Vec<RouteConfiguration> {

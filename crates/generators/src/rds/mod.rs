@@ -3,8 +3,8 @@
 //! VirtualServices the sidecar sees (`sidecar`); any other name gets an empty configuration with
 //! that name (so Envoy does not wait).
 
-pub mod gateway;
-pub mod sidecar;
+pub(crate) mod gateway;
+pub(crate) mod sidecar;
 
 use model::Proxy;
 use push_index::PushContext;
@@ -15,12 +15,12 @@ use crate::lds::merged_gateway::MergedGateway;
 use sidecar::SidecarPushView;
 
 /// The route configurations `names` asks for, one per name, in the order asked.
-pub fn build_route_configs(proxy: &Proxy, push: &PushContext, names: &[String]) -> Vec<RouteConfiguration> {
+pub(crate) fn build_route_configs(proxy: &Proxy, push: &PushContext, names: &[String]) -> Vec<RouteConfiguration> {
     build_route_configs_from(proxy, push, names)
 }
 
 /// `build_route_configs` over any push view (tests use a fake one).
-pub fn build_route_configs_from<P: SidecarPushView>(
+pub(crate) fn build_route_configs_from<P: SidecarPushView>(
     proxy: &Proxy,
     push: &P,
     names: &[String],
@@ -60,7 +60,7 @@ fn route_config(name: &str, virtual_hosts: Vec<VirtualHost>) -> RouteConfigurati
 }
 
 /// A configuration with no virtual hosts (every request gets 404 NR), as Istio for unknown names.
-pub fn empty_route_config(name: &str) -> RouteConfiguration {
+pub(crate) fn empty_route_config(name: &str) -> RouteConfiguration {
     RouteConfiguration {
         name: name.to_owned(),
         validate_clusters: Some(BoolValue { value: false }),

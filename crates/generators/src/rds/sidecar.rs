@@ -29,14 +29,14 @@ use crate::names::{PASSTHROUGH_CLUSTER, TrafficDirection, subset_key};
 use crate::route::{self, MESH_GATEWAY, PushView, RouteContext, hash, policy};
 
 /// Istio's `util.PassthroughRouteName`: the catch-all under ALLOW_ANY.
-pub const PASSTHROUGH_ROUTE_NAME: &str = "allow_any";
+pub(crate) const PASSTHROUGH_ROUTE_NAME: &str = "allow_any";
 /// Istio's `util.BlackHoleRouteName`: the catch-all under REGISTRY_ONLY.
-pub const BLACK_HOLE_ROUTE_NAME: &str = "block_all";
+pub(crate) const BLACK_HOLE_ROUTE_NAME: &str = "block_all";
 /// Istio's `DefaultRouteName`.
 const DEFAULT_ROUTE_NAME: &str = "default";
 
 /// What sidecar route building reads from a push beyond `PushView`.
-pub trait SidecarPushView: PushView {
+pub(crate) trait SidecarPushView: PushView {
     /// Services the proxy sees (`exportTo` and its Sidecar resource), sorted by hostname.
     fn services_for_proxy(&self, proxy: &Proxy) -> Vec<Arc<Service>>;
     /// VirtualServices for the mesh (no gateways, or `mesh`) that the proxy sees, in Istio's order.
@@ -68,7 +68,7 @@ impl SidecarPushView for PushContext {
 }
 
 /// The route configuration `route_name` of a sidecar proxy.
-pub fn build_sidecar_outbound_http_route_config<P: SidecarPushView>(
+pub(crate) fn build_sidecar_outbound_http_route_config<P: SidecarPushView>(
     proxy: &Proxy,
     push: &P,
     route_name: &str,
@@ -274,7 +274,7 @@ impl VirtualHosts {
 /// Istio's `generateVirtualHostDomains` for sidecars (ports ignored in host matching): the FQDN,
 /// its Kubernetes short forms (`GenerateAltVirtualHosts`), `*.`-forms of headless Kubernetes
 /// services, and the service addresses.
-pub fn generate_virtual_host_domains(service: &Service, proxy: &Proxy) -> Vec<String> {
+pub(crate) fn generate_virtual_host_domains(service: &Service, proxy: &Proxy) -> Vec<String> {
     let mut domains = vec![service.hostname.clone()];
     domains.extend(generate_alt_virtual_hosts(&service.hostname, &proxy.dns_domain));
     if service.resolution == Resolution::Passthrough && service.attributes.service_registry == "Kubernetes" {
@@ -298,7 +298,7 @@ pub fn generate_virtual_host_domains(service: &Service, proxy: &Proxy) -> Vec<St
 /// Istio's `GenerateAltVirtualHosts` for a proxy whose DNS domain is `<ns>.svc.<suffix>`: a
 /// Kubernetes service of the same namespace is also `name`, `name.ns.svc` and `name.ns`; of
 /// another namespace `name.ns.svc` and `name.ns`; other hosts get no short forms.
-pub fn generate_alt_virtual_hosts(hostname: &str, proxy_domain: &str) -> Vec<String> {
+pub(crate) fn generate_alt_virtual_hosts(hostname: &str, proxy_domain: &str) -> Vec<String> {
     let Some(proxy_svc) = proxy_domain.find(".svc.") else {
         return Vec::new();
     };
@@ -383,7 +383,7 @@ fn prefix_match() -> RouteMatch {
 }
 
 /// Istio's `BuildCatchAllVirtualHost`: `allow_any` to PassthroughCluster, or `block_all` (502).
-pub fn catch_all_virtual_host(registry_only: bool) -> VirtualHost {
+pub(crate) fn catch_all_virtual_host(registry_only: bool) -> VirtualHost {
     let (name, action) = if registry_only {
         (
             BLACK_HOLE_ROUTE_NAME,

@@ -15,11 +15,11 @@ use super::{PushView, RouteContext, hash, matching, policy};
 use crate::names::{TrafficDirection, subset_key};
 
 /// Cluster name Istio uses when a destination has no host.
-pub const UNKNOWN_SERVICE: &str = "UnknownService";
+pub(crate) const UNKNOWN_SERVICE: &str = "UnknownService";
 
 /// `GetDestinationCluster`: `outbound|<port>|<subset>|<host>`, the port being the destination's,
 /// else the service's only port, else the listener port (also for unknown services).
-pub fn destination_cluster(
+pub(crate) fn destination_cluster(
     destination: &Destination,
     host: &str,
     service: Option<&Service>,
@@ -52,7 +52,7 @@ fn mesh_default_retry(mesh: &MeshConfig) -> Option<HttpRetry> {
 /// `applyHTTPRouteDestination`: cluster or weighted clusters, timeout, rewrite, mirrors, retries
 /// and hash policy. Destination-level headers of a single destination go on `out` (the route).
 /// `None` when the rule has no usable destination (Envoy would reject the route).
-pub fn route_action<P: PushView>(
+pub(crate) fn route_action<P: PushView>(
     ctx: &RouteContext<'_, P>,
     http: &HttpRoute,
     out: &mut Route,
@@ -201,7 +201,7 @@ fn destination_hash<P: PushView>(
 }
 
 /// `ApplyRedirect`; `None` for a redirect code Envoy cannot send (the route is then dropped).
-pub fn redirect_action(redirect: &HttpRedirect, listen_port: u32, is_tls: bool) -> Option<RedirectAction> {
+pub(crate) fn redirect_action(redirect: &HttpRedirect, listen_port: u32, is_tls: bool) -> Option<RedirectAction> {
     use redirect_action::RedirectResponseCode as Code;
     let response_code = match redirect.redirect_code {
         0 | 301 => Code::MovedPermanently,
@@ -249,7 +249,7 @@ pub fn redirect_action(redirect: &HttpRedirect, listen_port: u32, is_tls: bool) 
 }
 
 /// `ApplyDirectResponse`: status and an inline body (string, or base64 bytes).
-pub fn direct_response_action(direct: &HttpDirectResponse) -> DirectResponseAction {
+pub(crate) fn direct_response_action(direct: &HttpDirectResponse) -> DirectResponseAction {
     let body = direct.body.as_ref().map(|b| {
         let specifier = match b {
             HttpBody::String(s) => data_source::Specifier::InlineString(s.clone()),

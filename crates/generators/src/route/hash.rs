@@ -8,7 +8,10 @@ use super::policy::parse_duration;
 
 /// The consistent hash settings that apply to `destination`, most specific first: the subset's
 /// port-level settings, the subset's, the rule's port-level settings, then the rule's.
-pub fn consistent_hash_for_destination(rule: &DestinationRule, destination: &Destination) -> Option<ConsistentHashLb> {
+pub(crate) fn consistent_hash_for_destination(
+    rule: &DestinationRule,
+    destination: &Destination,
+) -> Option<ConsistentHashLb> {
     let policy = rule.traffic_policy.as_ref();
     let top = policy
         .and_then(|p| p.load_balancer.as_ref())
@@ -35,7 +38,7 @@ fn port_level_hash(destination: &Destination, settings: &[PortTrafficPolicy]) ->
 
 /// `ConsistentHashToHashPolicy`: header, cookie (with ttl, path and attributes), source IP or
 /// query parameter; `None` when no hash key is set.
-pub fn hash_policy(hash: &ConsistentHashLb) -> Option<HashPolicy> {
+pub(crate) fn hash_policy(hash: &ConsistentHashLb) -> Option<HashPolicy> {
     use hash_policy::PolicySpecifier;
     let specifier = if let Some(header_name) = &hash.http_header_name {
         PolicySpecifier::Header(hash_policy::Header {

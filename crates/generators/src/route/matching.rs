@@ -14,9 +14,9 @@ use xds_api::envoy::r#type::matcher::v3::{
 use xds_api::pbwkt::BoolValue;
 
 /// Pseudo-headers with special meaning in Envoy.
-pub const HEADER_METHOD: &str = ":method";
-pub const HEADER_AUTHORITY: &str = ":authority";
-pub const HEADER_SCHEME: &str = ":scheme";
+pub(crate) const HEADER_METHOD: &str = ":method";
+pub(crate) const HEADER_AUTHORITY: &str = ":authority";
+pub(crate) const HEADER_SCHEME: &str = ":scheme";
 
 /// Header names that route on JWT claims (`@request.auth.claims.<name>` or `@request.auth.claims[a][b]`).
 const HEADER_JWT_CLAIM: &str = "@request.auth.claims";
@@ -24,7 +24,7 @@ const ENVOY_JWT_FILTER: &str = "envoy.filters.http.jwt_authn";
 const ENVOY_JWT_FILTER_PAYLOAD: &str = "payload";
 
 /// Translates one match condition; `None` is the catch-all `prefix: /`.
-pub fn translate_route_match(m: Option<&HttpMatchRequest>) -> RouteMatch {
+pub(crate) fn translate_route_match(m: Option<&HttpMatchRequest>) -> RouteMatch {
     let mut out = RouteMatch {
         path_specifier: Some(PathSpecifier::Prefix("/".into())),
         ..Default::default()
@@ -94,7 +94,7 @@ pub fn translate_route_match(m: Option<&HttpMatchRequest>) -> RouteMatch {
 }
 
 /// `HeaderMatcher` for one StringMatch; an empty match (or regex `*`) means "present", as Istio.
-pub fn header_matcher(name: &str, sm: &StringMatch) -> HeaderMatcher {
+pub(crate) fn header_matcher(name: &str, sm: &StringMatch) -> HeaderMatcher {
     let specifier = if is_presence_match(sm) {
         HeaderMatchSpecifier::PresentMatch(true)
     } else {
@@ -121,7 +121,7 @@ fn is_presence_match(sm: &StringMatch) -> bool {
 }
 
 /// Istio's `ConvertToEnvoyMatch`.
-pub fn string_matcher(sm: &StringMatch) -> Option<StringMatcher> {
+pub(crate) fn string_matcher(sm: &StringMatch) -> Option<StringMatcher> {
     let pattern = match sm.match_type()? {
         MatchType::Exact(s) => MatchPattern::Exact(s.to_owned()),
         MatchType::Prefix(s) => MatchPattern::Prefix(s.to_owned()),
@@ -134,7 +134,7 @@ pub fn string_matcher(sm: &StringMatch) -> Option<StringMatcher> {
 }
 
 /// A RE2 `RegexMatcher` (Envoy's default engine is Google RE2).
-pub fn regex_matcher(regex: &str) -> RegexMatcher {
+pub(crate) fn regex_matcher(regex: &str) -> RegexMatcher {
     RegexMatcher {
         regex: regex.to_owned(),
         engine_type: None,

@@ -5,11 +5,11 @@
 //! Not yet here: delegate VirtualServices (`HTTPRoute.delegate`, merged into the root VS by
 //! Istio's push context; such routes are skipped for now), Gateway API semantics, stateful sessions.
 
-pub mod destination;
-pub mod hash;
-pub mod matching;
-pub mod policy;
-pub mod push;
+pub(crate) mod destination;
+pub(crate) mod hash;
+pub(crate) mod matching;
+pub(crate) mod policy;
+pub(crate) mod push;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,16 +20,16 @@ use xds_api::envoy::config::core::v3::Metadata;
 use xds_api::envoy::config::route::v3::{Decorator, Route, route, route_action, route_match::PathSpecifier};
 use xds_api::pbwkt::{Struct, Value, value::Kind};
 
-pub use push::PushView;
+pub(crate) use push::PushView;
 /// Gateway names are resolved as the push index does (`ns/name`; `mesh` for sidecars).
-pub use push_index::{MESH_GATEWAY, resolve_gateway_name};
+pub(crate) use push_index::{MESH_GATEWAY, resolve_gateway_name};
 
 /// Filter names whose per-route config a route may carry.
-pub const FAULT_FILTER: &str = "envoy.filters.http.fault";
-pub const CORS_FILTER: &str = "envoy.filters.http.cors";
+pub(crate) const FAULT_FILTER: &str = "envoy.filters.http.fault";
+pub(crate) const CORS_FILTER: &str = "envoy.filters.http.cors";
 
 /// The VirtualService spec of a config, if it is one.
-pub fn virtual_service(config: &Config) -> Option<&VirtualService> {
+pub(crate) fn virtual_service(config: &Config) -> Option<&VirtualService> {
     match &config.spec {
         ConfigSpec::VirtualService(vs) => Some(vs),
         _ => None,
@@ -37,22 +37,22 @@ pub fn virtual_service(config: &Config) -> Option<&VirtualService> {
 }
 
 /// What the routes of one VirtualService are built for (Istio's `RouteOptions` plus the context).
-pub struct RouteContext<'a, P: PushView> {
-    pub push: &'a P,
-    pub proxy: &'a Proxy,
+pub(crate) struct RouteContext<'a, P: PushView> {
+    pub(crate) push: &'a P,
+    pub(crate) proxy: &'a Proxy,
     /// The VirtualService config (its namespace resolves short names; its name labels routes).
-    pub config: &'a Config,
+    pub(crate) config: &'a Config,
     /// The port the listener serves (the gateway server's port).
-    pub listen_port: u32,
+    pub(crate) listen_port: u32,
     /// Gateways (`ns/name`) the routes are built for; `match.gateways` must name one of them.
-    pub gateway_names: &'a [String],
+    pub(crate) gateway_names: &'a [String],
     /// Whether the listener terminates TLS (redirects then default to https).
-    pub is_tls: bool,
+    pub(crate) is_tls: bool,
     services: std::cell::RefCell<BTreeMap<String, Option<Arc<Service>>>>,
 }
 
 impl<'a, P: PushView> RouteContext<'a, P> {
-    pub fn new(
+    pub(crate) fn new(
         push: &'a P,
         proxy: &'a Proxy,
         config: &'a Config,
@@ -72,12 +72,12 @@ impl<'a, P: PushView> RouteContext<'a, P> {
     }
 
     /// A host from the VirtualService, resolved to an FQDN in the VS namespace.
-    pub fn resolve_host(&self, host: &str) -> String {
+    pub(crate) fn resolve_host(&self, host: &str) -> String {
         model::host::resolve_short_name(host, &self.config.meta.namespace, self.push.domain())
     }
 
     /// The service behind a (resolved) host, looked up once per VirtualService.
-    pub fn service(&self, host: &str) -> Option<Arc<Service>> {
+    pub(crate) fn service(&self, host: &str) -> Option<Arc<Service>> {
         self.services
             .borrow_mut()
             .entry(host.to_owned())
@@ -88,7 +88,7 @@ impl<'a, P: PushView> RouteContext<'a, P> {
 
 /// `BuildHTTPRoutesForVirtualService`: one route per HTTP match (a rule without matches is a
 /// catch-all and ends the list). Empty when no rule applies to this port and gateway.
-pub fn build_http_routes_for_virtual_service<P: PushView>(ctx: &RouteContext<'_, P>) -> Vec<Route> {
+pub(crate) fn build_http_routes_for_virtual_service<P: PushView>(ctx: &RouteContext<'_, P>) -> Vec<Route> {
     let Some(vs) = virtual_service(ctx.config) else {
         return Vec::new();
     };
@@ -118,7 +118,7 @@ pub fn build_http_routes_for_virtual_service<P: PushView>(ctx: &RouteContext<'_,
 
 /// `TranslateRoute`: one Envoy route for one rule and one of its matches, or `None` when the
 /// match does not apply here (port, gateway, source) or the rule cannot be expressed.
-pub fn translate_route<P: PushView>(
+pub(crate) fn translate_route<P: PushView>(
     ctx: &RouteContext<'_, P>,
     http: &HttpRoute,
     m: Option<&HttpMatchRequest>,
@@ -207,7 +207,7 @@ fn source_match<P: PushView>(ctx: &RouteContext<'_, P>, m: Option<&HttpMatchRequ
 }
 
 /// `IsCatchAllRoute`: prefix `/` (or regex `.*`) with no header, query or metadata conditions.
-pub fn is_catch_all_route(r: &Route) -> bool {
+pub(crate) fn is_catch_all_route(r: &Route) -> bool {
     let Some(m) = &r.r#match else {
         return false;
     };
@@ -220,7 +220,7 @@ pub fn is_catch_all_route(r: &Route) -> bool {
 }
 
 /// `SortVHostRoutes`: catch-all routes move to the end, others keep their order.
-pub fn sort_vhost_routes(routes: Vec<Route>) -> Vec<Route> {
+pub(crate) fn sort_vhost_routes(routes: Vec<Route>) -> Vec<Route> {
     let (mut rest, catch_all): (Vec<Route>, Vec<Route>) = routes.into_iter().partition(|r| !is_catch_all_route(r));
     rest.extend(catch_all);
     rest

@@ -19,12 +19,12 @@ use super::matching::string_matcher;
 
 /// Istio's default `retryOn` (503 is no longer retried by default since Istio 1.24: unsafe for
 /// non-idempotent requests; `retriable-status-codes` stays so user codes work).
-pub const DEFAULT_RETRY_ON: &str = "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes";
+pub(crate) const DEFAULT_RETRY_ON: &str = "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes";
 const DEFAULT_NUM_RETRIES: u32 = 2;
 const HOST_SELECTION_RETRY_MAX_ATTEMPTS: i64 = 5;
 
 /// Protobuf duration from std.
-pub fn proto_duration(d: Duration) -> xds_api::pbwkt::Duration {
+pub(crate) fn proto_duration(d: Duration) -> xds_api::pbwkt::Duration {
     xds_api::pbwkt::Duration {
         seconds: d.as_secs() as i64,
         nanos: d.subsec_nanos() as i32,
@@ -32,13 +32,13 @@ pub fn proto_duration(d: Duration) -> xds_api::pbwkt::Duration {
 }
 
 /// A duration from config (`"5s"`, `"100ms"`); malformed input counts as absent.
-pub fn parse_duration(s: Option<&str>) -> Option<xds_api::pbwkt::Duration> {
+pub(crate) fn parse_duration(s: Option<&str>) -> Option<xds_api::pbwkt::Duration> {
     s.and_then(model::duration::parse).map(proto_duration)
 }
 
 /// `retry.ConvertPolicy`: `None` input is Istio's default policy; `attempts <= 0` disables retries.
 /// With consistent hashing the previous-hosts predicate is left out, so retries stay on the hashed host.
-pub fn retry_policy(retries: Option<&HttpRetry>, consistent_hash: bool) -> Option<RetryPolicy> {
+pub(crate) fn retry_policy(retries: Option<&HttpRetry>, consistent_hash: bool) -> Option<RetryPolicy> {
     let mut out = RetryPolicy {
         num_retries: Some(UInt32Value {
             value: DEFAULT_NUM_RETRIES,
@@ -109,7 +109,7 @@ fn parse_retry_on(retry_on: &str) -> (String, Vec<u32>) {
 }
 
 /// `translatePercentToFractionalPercent`: a percent in [0, 100] as parts per million.
-pub fn percent_to_fractional(p: &Percent) -> FractionalPercent {
+pub(crate) fn percent_to_fractional(p: &Percent) -> FractionalPercent {
     FractionalPercent {
         numerator: (p.value.clamp(0.0, 100.0) * 10_000.0) as u32,
         denominator: DenominatorType::Million as i32,
@@ -117,7 +117,7 @@ pub fn percent_to_fractional(p: &Percent) -> FractionalPercent {
 }
 
 /// `translateIntegerToFractionalPercent`: an integer percent, out of a hundred.
-pub fn integer_to_fractional(p: u32) -> FractionalPercent {
+pub(crate) fn integer_to_fractional(p: u32) -> FractionalPercent {
     FractionalPercent {
         numerator: p,
         denominator: DenominatorType::Hundred as i32,
@@ -126,7 +126,10 @@ pub fn integer_to_fractional(p: u32) -> FractionalPercent {
 
 /// Mirror fraction from `mirrorPercentage`, else the deprecated `mirrorPercent`, else 100%.
 /// An explicit 0 means "do not mirror" (`None`), as `MirrorPercent`.
-pub fn mirror_fraction(percentage: Option<&Percent>, legacy_percent: Option<u32>) -> Option<RuntimeFractionalPercent> {
+pub(crate) fn mirror_fraction(
+    percentage: Option<&Percent>,
+    legacy_percent: Option<u32>,
+) -> Option<RuntimeFractionalPercent> {
     let fraction = match (percentage, legacy_percent) {
         (Some(p), _) if p.value > 0.0 => percent_to_fractional(p),
         (Some(_), _) => return None,
@@ -141,7 +144,7 @@ pub fn mirror_fraction(percentage: Option<&Percent>, legacy_percent: Option<u32>
 }
 
 /// `TranslateFault`: fixed delays and HTTP/gRPC aborts; anything else is dropped with a warning.
-pub fn translate_fault(fault: &HttpFaultInjection) -> Option<HttpFault> {
+pub(crate) fn translate_fault(fault: &HttpFaultInjection) -> Option<HttpFault> {
     let mut out = HttpFault::default();
     if let Some(delay) = &fault.delay {
         let percentage = match &delay.percentage {
@@ -179,7 +182,7 @@ pub fn translate_fault(fault: &HttpFaultInjection) -> Option<HttpFault> {
 }
 
 /// `TranslateCORSPolicy`.
-pub fn translate_cors(cors: &CorsPolicy) -> EnvoyCorsPolicy {
+pub(crate) fn translate_cors(cors: &CorsPolicy) -> EnvoyCorsPolicy {
     let allow_origin_string_match = if !cors.allow_origins.is_empty() {
         cors.allow_origins.iter().filter_map(string_matcher).collect()
     } else {
@@ -214,18 +217,18 @@ pub fn translate_cors(cors: &CorsPolicy) -> EnvoyCorsPolicy {
 
 /// Header operations of one `Headers` block, as Istio's `HeadersOperations`.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct HeadersOperations {
-    pub request_headers_to_add: Vec<HeaderValueOption>,
-    pub response_headers_to_add: Vec<HeaderValueOption>,
-    pub request_headers_to_remove: Vec<String>,
-    pub response_headers_to_remove: Vec<String>,
+pub(crate) struct HeadersOperations {
+    pub(crate) request_headers_to_add: Vec<HeaderValueOption>,
+    pub(crate) response_headers_to_add: Vec<HeaderValueOption>,
+    pub(crate) request_headers_to_remove: Vec<String>,
+    pub(crate) response_headers_to_remove: Vec<String>,
     /// A request `set`/`add` of `:authority` or `host`: becomes a host rewrite.
-    pub authority: String,
+    pub(crate) authority: String,
 }
 
 /// `TranslateHeadersOperations`: `set` overwrites, `add` appends; pseudo-headers and `host` are
 /// dropped (an authority becomes `authority`, `set` winning over `add`).
-pub fn translate_headers(headers: &Headers) -> HeadersOperations {
+pub(crate) fn translate_headers(headers: &Headers) -> HeadersOperations {
     let empty = HeaderOperations::default();
     let req = headers.request.as_ref().unwrap_or(&empty);
     let resp = headers.response.as_ref().unwrap_or(&empty);

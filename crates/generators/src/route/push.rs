@@ -8,7 +8,7 @@ use model::networking::DestinationRule;
 use model::{Config, MeshConfig, Proxy, Service};
 
 /// Read-only view of one push, as the builders need it (a narrow slice of Istio's `PushContext`).
-pub trait PushView {
+pub(crate) trait PushView {
     fn mesh(&self) -> &MeshConfig;
     /// The cluster domain (`cluster.local`), used to resolve short host names.
     fn domain(&self) -> &str;

@@ -2,16 +2,15 @@
 //! config from JSON, and `evaluate`, which walks a RouteConfiguration the way Envoy picks a virtual
 //! host and the first matching route, so tests say "a request to H P reaches cluster C".
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use model::networking::DestinationRule;
 use model::{Config, ConfigSpec, MeshConfig, Port, Protocol, Proxy, Service, ServiceAttributes};
 use serde_json::Value as Json;
 use xds_api::envoy::config::route::v3::{
-    HeaderMatcher, RedirectAction, Route, RouteConfiguration, VirtualHost, header_matcher::HeaderMatchSpecifier,
-    query_parameter_matcher::QueryParameterMatchSpecifier, route, route_action, route_match::PathSpecifier,
-    virtual_host::TlsRequirementType,
+    HeaderMatcher, RedirectAction, Route, RouteAction, RouteConfiguration, VirtualHost,
+    header_matcher::HeaderMatchSpecifier, query_parameter_matcher::QueryParameterMatchSpecifier, route, route_action,
+    route_match::PathSpecifier, virtual_host::TlsRequirementType,
 };
 use xds_api::envoy::r#type::matcher::v3::{StringMatcher, string_matcher::MatchPattern};
 
@@ -19,15 +18,15 @@ use super::{PushView, resolve_gateway_name, virtual_service};
 
 /// A push over plain lists, in the order given.
 #[derive(Default)]
-pub struct FakePush {
-    pub mesh: MeshConfig,
-    pub configs: Vec<Arc<Config>>,
-    pub services: Vec<Arc<Service>>,
+pub(crate) struct FakePush {
+    pub(crate) mesh: MeshConfig,
+    pub(crate) configs: Vec<Arc<Config>>,
+    pub(crate) services: Vec<Arc<Service>>,
 }
 
 impl FakePush {
     /// Parses each JSON document as Istio config (namespace `default` when absent).
-    pub fn with_configs(docs: &[Json]) -> FakePush {
+    pub(crate) fn with_configs(docs: &[Json]) -> FakePush {
         let configs = docs
             .iter()
             .map(|d| Arc::new(model::config::parse_config(d.clone(), "default").expect("valid test config")))
@@ -38,7 +37,7 @@ impl FakePush {
         }
     }
 
-    pub fn with_service(mut self, service: Service) -> FakePush {
+    pub(crate) fn with_service(mut self, service: Service) -> FakePush {
         self.services.push(Arc::new(service));
         self
     }
@@ -103,18 +102,8 @@ impl PushView for FakePush {
     }
 }
 
-/// An ingress gateway proxy in `istio-system` labelled `istio: ingressgateway`.
-pub fn gateway_proxy() -> Proxy {
-    let md = model::proxy::NodeMetadata {
-        namespace: Some("istio-system".into()),
-        labels: BTreeMap::from([("istio".into(), "ingressgateway".into())]),
-        ..Default::default()
-    };
-    Proxy::parse("router~10.0.0.1~gw-1.istio-system~istio-system.svc.cluster.local", md).expect("valid node")
-}
-
 /// A service with one HTTP port per number given.
-pub fn service(hostname: &str, namespace: &str, ports: &[u16]) -> Service {
+pub(crate) fn service(hostname: &str, namespace: &str, ports: &[u16]) -> Service {
     Service {
         hostname: hostname.into(),
         ports: ports
@@ -138,16 +127,16 @@ pub fn service(hostname: &str, namespace: &str, ports: &[u16]) -> Service {
 
 /// A request as the router sees it.
 #[derive(Debug, Clone)]
-pub struct Request {
-    pub scheme: &'static str,
-    pub host: String,
-    pub method: &'static str,
-    pub path: String,
-    pub headers: Vec<(String, String)>,
+pub(crate) struct Request {
+    pub(crate) scheme: &'static str,
+    pub(crate) host: String,
+    pub(crate) method: &'static str,
+    pub(crate) path: String,
+    pub(crate) headers: Vec<(String, String)>,
 }
 
 impl Request {
-    pub fn get(host: &str, path: &str) -> Request {
+    pub(crate) fn get(host: &str, path: &str) -> Request {
         Request {
             scheme: "http",
             host: host.into(),
@@ -157,12 +146,12 @@ impl Request {
         }
     }
 
-    pub fn header(mut self, name: &str, value: &str) -> Request {
+    pub(crate) fn header(mut self, name: &str, value: &str) -> Request {
         self.headers.push((name.into(), value.into()));
         self
     }
 
-    pub fn method(mut self, method: &'static str) -> Request {
+    pub(crate) fn method(mut self, method: &'static str) -> Request {
         self.method = method;
         self
     }
@@ -184,7 +173,7 @@ impl Request {
 
 /// Where a request ends up.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     Cluster(String),
     Weighted(Vec<(String, u32)>),
     Redirect(RedirectAction),
@@ -195,8 +184,16 @@ pub enum Outcome {
     NotFound,
 }
 
+/// The action of a route that routes (panics on redirects and direct responses).
+pub(crate) fn action(r: &Route) -> &RouteAction {
+    match &r.action {
+        Some(route::Action::Route(a)) => a,
+        other => panic!("route action expected, got {other:?}"),
+    }
+}
+
 /// The virtual host and route Envoy would pick, and the outcome.
-pub fn evaluate<'a>(rc: &'a RouteConfiguration, req: &Request) -> (Outcome, Option<&'a Route>) {
+pub(crate) fn evaluate<'a>(rc: &'a RouteConfiguration, req: &Request) -> (Outcome, Option<&'a Route>) {
     let host = if rc.ignore_port_in_host_matching {
         req.host.split(':').next().unwrap_or("")
     } else {

@@ -1,17 +1,18 @@
 //! Unit tests of route translation over a fake push.
 
 use serde_json::json;
-use xds_api::envoy::config::route::v3::{Route, route, route_action, route_action::hash_policy};
+use xds_api::envoy::config::route::v3::{Route, route_action, route_action::hash_policy};
 
-use super::testing::{FakePush, gateway_proxy, service};
+use super::testing::{FakePush, action, service};
 use super::*;
+use crate::testing::gateway_proxy;
 
 fn vs_doc(http: serde_json::Value) -> serde_json::Value {
-    json!({
-        "apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
-        "metadata": {"name": "vs", "namespace": "bookinfo"},
-        "spec": {"hosts": ["bookinfo.example.com"], "gateways": ["istio-system/gw"], "http": http}
-    })
+    crate::testing::virtual_service(
+        "vs",
+        "bookinfo",
+        json!({"hosts": ["bookinfo.example.com"], "gateways": ["istio-system/gw"], "http": http}),
+    )
 }
 
 fn routes(push: &FakePush, port: u32) -> Vec<Route> {
@@ -19,13 +20,6 @@ fn routes(push: &FakePush, port: u32) -> Vec<Route> {
     let gateways = vec!["istio-system/gw".to_owned()];
     let ctx = RouteContext::new(push, &proxy, &push.configs[0], port, &gateways, false);
     build_http_routes_for_virtual_service(&ctx)
-}
-
-fn action(r: &Route) -> &xds_api::envoy::config::route::v3::RouteAction {
-    match &r.action {
-        Some(route::Action::Route(a)) => a,
-        other => panic!("route action expected, got {other:?}"),
-    }
 }
 
 #[test]
@@ -99,9 +93,11 @@ fn weighted_destinations_skip_zero_weights_and_carry_their_headers() {
 fn consistent_hash_from_the_destination_rule_drops_the_previous_hosts_predicate() {
     let push = FakePush::with_configs(&[
         vs_doc(json!([{"route": [{"destination": {"host": "a"}}]}])),
-        json!({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
-               "metadata": {"name": "a", "namespace": "bookinfo"},
-               "spec": {"host": "a", "trafficPolicy": {"loadBalancer": {"consistentHash": {"httpHeaderName": "x-user"}}}}}),
+        crate::testing::destination_rule(
+            "a",
+            "bookinfo",
+            json!({"host": "a", "trafficPolicy": {"loadBalancer": {"consistentHash": {"httpHeaderName": "x-user"}}}}),
+        ),
     ])
     .with_service(service("a.bookinfo.svc.cluster.local", "bookinfo", &[80]));
     let r = routes(&push, 80);

@@ -1,4 +1,4 @@
-//! The secure xDS port end to end in-process: the real push pipeline behind TLS with istiod's
+//! The secure xDS port end to end in-process: the real environment and xDS server behind TLS with istiod's
 //! certificate from a CA directory, a tonic client that trusts the mesh root, and one that
 //! does not.
 
@@ -12,8 +12,7 @@ use xds_api::type_url;
 use xds_server::{DiscoveryServer, ServerOptions};
 
 use super::*;
-use crate::metrics::PipelineMetrics;
-use crate::pipeline::Pipeline;
+use environment::{Environment, ServiceEntries};
 
 const NODE_ID: &str = "router~127.0.0.1~gw.istio-system~istio-system.svc.cluster.local";
 
@@ -92,17 +91,16 @@ fn discovery_host_forms() {
     assert_eq!(discovery_host("fd00::1"), "fd00::1");
 }
 
-/// The real pipeline (empty config) and xDS server behind TLS on 127.0.0.1:0.
+/// The real environment (empty config) and xDS server behind TLS on 127.0.0.1:0.
 async fn start(ca_dir: &std::path::Path) -> (SocketAddr, String) {
     let mesh = Arc::new(MeshConfig::default());
     let mut registry = Registry::default();
-    let pipeline = Arc::new(Pipeline::new(
+    let environment = Arc::new(Environment::new(
         mesh.clone(),
         "cluster.local".into(),
-        Default::default(),
-        PipelineMetrics::register(&mut registry),
+        vec![Box::new(ServiceEntries::new(mesh.clone()))],
     ));
-    let server = DiscoveryServer::new(pipeline, ServerOptions::default(), &mut registry);
+    let server = DiscoveryServer::new(environment, ServerOptions::default(), &mut registry);
     server.start();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

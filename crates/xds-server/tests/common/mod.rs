@@ -82,24 +82,18 @@ pub struct FakeSnapshot {
 }
 
 impl PushSnapshot for FakeSnapshot {
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-
     fn version(&self) -> &str {
         &self.version
     }
 
-    fn generate(
-        &self,
-        proxy: &Proxy,
-        t: &str,
-        _watched: &WatchedResource,
-        _req: &PushRequest,
-    ) -> Result<Vec<Resource>, GenerateError> {
+    fn needs_push(&self, _proxy: &Proxy, _req: &PushRequest, _last_pushed: Option<&Self>) -> bool {
+        true
+    }
+
+    fn generate(&self, _proxy: &Proxy, watched: &WatchedResource) -> Result<Vec<Resource>, GenerateError> {
         // Every resource of the type, whatever was asked: the server must filter EDS/RDS.
         let m = &self.mesh;
-        Ok(match t {
+        Ok(match watched.type_url.as_str() {
             type_url::CLUSTER => m
                 .clusters
                 .keys()
@@ -189,12 +183,7 @@ impl PushSnapshot for FakeSnapshot {
                     )
                 })
                 .collect(),
-            other => {
-                return Err(GenerateError::UnsupportedType {
-                    type_url: other.into(),
-                    proxy: proxy.node_id.clone(),
-                });
-            }
+            other => return Err(GenerateError::UnsupportedType(other.into())),
         })
     }
 }
@@ -207,7 +196,9 @@ pub struct FakeBuilder {
 }
 
 impl SnapshotBuilder for FakeBuilder {
-    fn build(&self, req: &PushRequest) -> Arc<dyn PushSnapshot> {
+    type Snapshot = FakeSnapshot;
+
+    fn build(&self, req: &PushRequest) -> Arc<FakeSnapshot> {
         self.builds
             .lock()
             .unwrap()
@@ -221,7 +212,7 @@ impl SnapshotBuilder for FakeBuilder {
 }
 
 pub struct TestServer {
-    pub server: Arc<DiscoveryServer>,
+    pub server: Arc<DiscoveryServer<FakeBuilder>>,
     pub addr: SocketAddr,
     pub mesh: Arc<Mutex<Mesh>>,
     pub builds: Arc<Mutex<Vec<(tokio::time::Instant, PushRequest)>>>,

@@ -7,11 +7,7 @@ use serde_json::json;
 use super::*;
 
 fn gateway(name: &str, ns: &str, servers: serde_json::Value) -> Arc<Config> {
-    let doc = json!({
-        "apiVersion": "networking.istio.io/v1", "kind": "Gateway",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"selector": {"istio": "ingressgateway"}, "servers": servers}
-    });
+    let doc = crate::testing::gateway(name, ns, servers);
     Arc::new(model::config::parse_config(doc, "default").unwrap())
 }
 

@@ -1,0 +1,171 @@
+//! `Environment`: the configs and registries as of the last change, and the push request each
+//! change makes, as Istio's config handler (`configHandler` in `pilot/pkg/bootstrap`) and the
+//! ServiceEntry controller's `serviceEntryHandler` / `workloadEntryHandler`:
+//!
+//! - an Istio config (VirtualService, DestinationRule, Gateway, Sidecar, ...) that changed makes a
+//!   full push covering that config (`ConfigUpdate`);
+//! - ServiceEntries and WorkloadEntries reach pushes as the services they changed: a service
+//!   added, removed or changed in shape, or a DNS service whose endpoints moved (its endpoints are
+//!   in CDS), makes a full push (`ServiceUpdate`); endpoints that moved otherwise make an EDS-only
+//!   push (`EndpointUpdate`);
+//! - a change that changes nothing (e.g. a WorkloadEntry no ServiceEntry selects) makes none.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use config_sources::ConfigChange;
+use model::{Changed, Config, ConfigKey, ConfigKind, MeshConfig, PushRequest, TriggerReason};
+use push_index::PushContext;
+use registry::{RegistryDiff, RegistrySnapshot};
+
+use crate::registries::{ServiceRegistry, aggregate};
+
+/// The control plane's view of the mesh.
+pub struct Environment {
+    pub(crate) mesh: Arc<MeshConfig>,
+    pub(crate) domain: String,
+    pub(crate) state: Mutex<State>,
+    pub(crate) seq: AtomicU64,
+    /// The previous push's index, whose untouched per-kind indexes the next push reuses.
+    pub(crate) last: Mutex<Option<Arc<PushContext>>>,
+}
+
+pub(crate) struct State {
+    /// Every Istio config, by key; shared with a push being built, copied only if changed then.
+    pub configs: Arc<BTreeMap<ConfigKey, Arc<Config>>>,
+    pub registries: Vec<Box<dyn ServiceRegistry>>,
+    /// The union of the registries.
+    pub registry: Arc<RegistrySnapshot>,
+    /// Configs per kind, for the gauges.
+    pub counts: BTreeMap<ConfigKind, usize>,
+}
+
+/// What the gauges show (`pilot_services`, `pilot_virt_services`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnvironmentStats {
+    pub services: usize,
+    pub virtual_services: usize,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Environment {
+    /// An empty environment over these registries (in priority order); feed it the config
+    /// sources' initial state with [`config_changed`](Self::config_changed).
+    pub fn new(mesh: Arc<MeshConfig>, domain: String, registries: Vec<Box<dyn ServiceRegistry>>) -> Environment {
+        let registry = aggregate(&registries);
+        Environment {
+            mesh,
+            domain,
+            state: Mutex::new(State {
+                configs: Arc::default(),
+                registries,
+                registry,
+                counts: BTreeMap::new(),
+            }),
+            seq: AtomicU64::new(0),
+            last: Mutex::new(None),
+        }
+    }
+
+    pub fn mesh(&self) -> &MeshConfig {
+        &self.mesh
+    }
+
+    /// The services and endpoints of every registry.
+    pub fn registry(&self) -> Arc<RegistrySnapshot> {
+        lock(&self.state).registry.clone()
+    }
+
+    pub fn stats(&self) -> EnvironmentStats {
+        let st = lock(&self.state);
+        EnvironmentStats {
+            services: st.registry.services.len(),
+            virtual_services: st.counts.get(&ConfigKind::VirtualService).copied().unwrap_or_default(),
+        }
+    }
+
+    /// Applies one batch of config events from a config source; returns the push it calls for.
+    pub fn config_changed(&self, change: &ConfigChange) -> Option<PushRequest> {
+        if change.is_empty() {
+            return None;
+        }
+        let mut configs_changed = BTreeSet::new();
+        let mut st = lock(&self.state);
+        let configs = Arc::make_mut(&mut st.configs);
+        let mut counts: BTreeMap<ConfigKind, isize> = BTreeMap::new();
+        for event in &change.events {
+            let key = event.key();
+            let before = match event.current() {
+                Some(c) => configs.insert(key.clone(), c.clone()).is_some(),
+                None => configs.remove(&key).is_some(),
+            };
+            let after = event.current().is_some();
+            *counts.entry(key.kind).or_default() += isize::from(after) - isize::from(before);
+            if !registry::ServiceEntryRegistry::reads(key.kind) {
+                configs_changed.insert(key);
+            }
+        }
+        for (kind, delta) in counts {
+            let n = st.counts.entry(kind).or_default();
+            *n = n.saturating_add_signed(delta);
+        }
+        let mut diff = RegistryDiff::default();
+        for r in &st.registries {
+            let d = r.config_changed(&change.events);
+            diff.services_changed.extend(d.services_changed);
+            diff.endpoints_changed.extend(d.endpoints_changed);
+        }
+        if !diff.is_empty() {
+            st.registry = aggregate(&st.registries);
+        }
+        drop(st);
+        push_request(configs_changed, diff)
+    }
+
+    /// A registry changed by itself (e.g. Kubernetes endpoints moved): serve its new snapshot,
+    /// and return the push `diff` calls for.
+    pub fn services_changed(&self, diff: RegistryDiff) -> Option<PushRequest> {
+        if diff.is_empty() {
+            return None;
+        }
+        let mut st = lock(&self.state);
+        st.registry = aggregate(&st.registries);
+        drop(st);
+        push_request(BTreeSet::new(), diff)
+    }
+}
+
+/// The push for changed Istio configs and a registry diff: full when a config or a service
+/// changed, EDS-only when only endpoints moved, none when nothing did.
+pub(crate) fn push_request(configs: BTreeSet<ConfigKey>, diff: RegistryDiff) -> Option<PushRequest> {
+    let full = !configs.is_empty() || diff.needs_full_push();
+    if !full {
+        return (!diff.endpoints_changed.is_empty()).then(|| PushRequest::endpoints(diff.endpoints_changed));
+    }
+    let mut reasons = Vec::new();
+    if !configs.is_empty() {
+        reasons.push(TriggerReason::ConfigUpdate);
+    }
+    if diff.needs_full_push() {
+        reasons.push(TriggerReason::ServiceUpdate);
+    }
+    if diff
+        .endpoints_changed
+        .iter()
+        .any(|k| !diff.services_changed.contains(k))
+    {
+        reasons.push(TriggerReason::EndpointUpdate);
+    }
+    let changes = configs
+        .into_iter()
+        .map(Changed::Config)
+        .chain(diff.services_changed.into_iter().map(Changed::Service))
+        .chain(diff.endpoints_changed.into_iter().map(Changed::Service));
+    let mut req = PushRequest::changed(reasons[0], changes);
+    req.reason = reasons.into_iter().map(|r| (r, 1)).collect();
+    Some(req)
+}

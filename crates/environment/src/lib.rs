@@ -1,0 +1,28 @@
+//! The control-plane core, as Istio's `model.Environment`: the current Istio config and service
+//! registries, the [`PushRequest`] each change makes (full, EDS-only or none, and what it covers),
+//! and the snapshot each push is generated from (a `PushContext` and the generators' caches).
+//!
+//! ```text
+//! config sources ──ConfigChange──► Environment::config_changed ──PushRequest──► xds-server
+//! (directory, Kubernetes)           │ configs, registries          (debounce, then build)
+//! registries ──RegistryDiff──► Environment::services_changed            │
+//! (ServiceEntry, Kubernetes)                                             ▼
+//!                          Environment::build (SnapshotBuilder) ──► Push (PushSnapshot)
+//! ```
+//!
+//! A second config source only has to produce `ConfigChange`s; a second registry implements
+//! [`ServiceRegistry`] and reports its own changes with [`Environment::services_changed`]. The
+//! xDS server sees neither: it asks for a snapshot per push and generates from it.
+#![forbid(unsafe_code)]
+
+mod environment;
+mod push;
+mod registries;
+
+#[cfg(test)]
+mod tests;
+
+pub use environment::{Environment, EnvironmentStats};
+pub use model::{Changed, ConfigsUpdated, PushRequest, TriggerReason};
+pub use push::Push;
+pub use registries::{ServiceEntries, ServiceRegistry};

@@ -1,0 +1,103 @@
+//! One push: the `PushContext` built for it (reusing the previous push's indexes that the change
+//! did not touch, as Istio's `initPushContext` / `PushContext.UpdateMetrics`), the generators'
+//! caches of encoded resources, and the push before it (for `ProxyNeedsPush`).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::SystemTime;
+
+use model::{Changed, ConfigKind, ConfigsUpdated, Proxy, PushRequest};
+use push_index::{ChangeScope, PushContext, PushInput};
+use xds_api::{GenerateError, Resource};
+use xds_server::{PushSnapshot, SnapshotBuilder, WatchedResource};
+
+use crate::environment::{Environment, lock};
+
+/// The snapshot every proxy is sent from for one push.
+pub struct Push {
+    context: Arc<PushContext>,
+    cache: generators::PushCache,
+    /// The push before this one: what a change was made against, for `needs_push`.
+    previous: Option<Arc<PushContext>>,
+}
+
+impl Push {
+    /// The push index.
+    pub fn context(&self) -> &Arc<PushContext> {
+        &self.context
+    }
+}
+
+impl PushSnapshot for Push {
+    fn version(&self) -> &str {
+        self.context.version()
+    }
+
+    fn generate(&self, proxy: &Proxy, watched: &WatchedResource) -> Result<Vec<Resource>, GenerateError> {
+        let names: Vec<String> = watched.names.iter().map(|n| n.to_string()).collect();
+        generators::generate(&self.context, &self.cache, proxy, &watched.type_url, &names)
+    }
+
+    /// Istio's `ProxyNeedsPush`: the changes as this push, the one before it and the one the
+    /// proxy was last pushed from have them; any of them part of the proxy's view means a push.
+    fn needs_push(&self, proxy: &Proxy, req: &PushRequest, last_pushed: Option<&Push>) -> bool {
+        let earlier: Vec<&PushContext> = self
+            .previous
+            .as_deref()
+            .into_iter()
+            .chain(last_pushed.map(|p| p.context.as_ref()))
+            .collect();
+        push_index::proxy_needs_push(&self.context, &earlier, proxy, &req.configs_updated)
+    }
+}
+
+impl SnapshotBuilder for Environment {
+    type Snapshot = Push;
+
+    fn build(&self, req: &PushRequest) -> Arc<Push> {
+        let (configs, registry) = {
+            let st = lock(&self.state);
+            (st.configs.clone(), st.registry.clone())
+        };
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let input = PushInput {
+            mesh: self.mesh.clone(),
+            domain: self.domain.clone(),
+            configs: configs.values().cloned().collect(),
+            registry,
+            version: format!("{}/{seq}", xds_server::rfc3339(SystemTime::now())),
+        };
+        drop(configs);
+        let mut last = lock(&self.last);
+        let context = match (last.as_ref(), change_scope(req)) {
+            (Some(previous), Some(scope)) => previous.rebuild(input, &scope),
+            _ => PushContext::new(input),
+        };
+        let context = Arc::new(context);
+        let previous = last.replace(context.clone());
+        Arc::new(Push {
+            context,
+            cache: generators::PushCache::default(),
+            previous,
+        })
+    }
+}
+
+/// What a push request says changed, for reusing the previous index; `None` when it may be
+/// anything.
+pub(crate) fn change_scope(req: &PushRequest) -> Option<ChangeScope> {
+    let ConfigsUpdated::Only(changes) = &req.configs_updated else {
+        return None;
+    };
+    let mut kinds: Vec<ConfigKind> = changes
+        .iter()
+        .filter_map(|c| match c {
+            Changed::Config(k) => Some(k.kind),
+            Changed::Service(_) => None,
+        })
+        .collect();
+    kinds.dedup();
+    // An EDS-only request moved endpoints only, which the index reads from the registry directly.
+    let services = req.full && changes.iter().any(|c| matches!(c, Changed::Service(_)));
+    Some(ChangeScope { kinds, services })
+}

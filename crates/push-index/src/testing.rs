@@ -1,0 +1,26 @@
+//! Test fixtures for the crates above this one (feature `testing`): a push from configs.
+
+use std::sync::Arc;
+
+use model::{Config, MeshConfig};
+use serde_json::Value;
+
+use crate::{PushContext, PushInput};
+
+/// The push of these documents with Istio's default mesh config, version `v1`.
+pub fn push(docs: impl IntoIterator<Item = Value>) -> PushContext {
+    push_with(Arc::new(MeshConfig::default()), docs)
+}
+
+/// The push of these documents with this mesh config, version `v1`.
+pub fn push_with(mesh: Arc<MeshConfig>, docs: impl IntoIterator<Item = Value>) -> PushContext {
+    let configs: Vec<Arc<Config>> = docs.into_iter().map(model::testing::config).collect();
+    let registry = Arc::new(registry::build(&configs, &mesh));
+    PushContext::new(PushInput {
+        mesh,
+        domain: "cluster.local".into(),
+        configs,
+        registry,
+        version: "v1".into(),
+    })
+}

@@ -1,0 +1,211 @@
+//! One ADS stream, state of the world or delta, as Istio's `StreamAggregatedResources` /
+//! `StreamDeltas`, `pushConnection` and `pushXds`: one task per stream that answers requests and
+//! runs the pushes marked in its pending slot, in CDS, EDS, LDS, RDS order. What differs between
+//! the two protocols (request bookkeeping, response shape) is a [`Flavour`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt;
+use xds_api::envoy::config::core::v3::Node;
+use xds_api::{Resource, type_url};
+
+use crate::connection::{Connection, Generated, accept, generate, lock, log_generate_error};
+use crate::grpc::Requests;
+use crate::outbound::{OutSender, Slot};
+use crate::server::{Closed, DiscoveryServer};
+use crate::watched::{NameInterner, Outcome, Watch};
+use crate::{PushRequest, PushSnapshot, SnapshotBuilder, WatchedResource};
+
+/// Why a response is being built: answering a request always answers; a push (delta) only when
+/// something changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cause {
+    Request,
+    Push,
+}
+
+/// What state of the world and delta streams do differently.
+pub(crate) trait Flavour: Send + Sync + 'static {
+    type Request: prost::Message + Default + Send + 'static;
+    type Response: prost::Message + Send + 'static;
+    const DELTA: bool;
+    /// "" or "delta ", for logs.
+    const LOG: &'static str;
+
+    fn node(req: &Self::Request) -> Option<&Node>;
+    fn type_url(req: &Self::Request) -> &str;
+
+    /// Records `req` in the connection's watches: what it meant, and what to answer with.
+    fn on_request(
+        watched: &mut HashMap<String, Watch>,
+        req: &Self::Request,
+        names: &NameInterner,
+    ) -> (Outcome, Option<WatchedResource>);
+
+    /// The response for `resources` (generated for `g.watched`), without its nonce: the resources
+    /// it carries and, for logs, what it removes. `None` when there is nothing to send.
+    fn response(
+        conn: &Connection<impl PushSnapshot>,
+        names: &NameInterner,
+        g: &Generated,
+        resources: &[Resource],
+        version: &str,
+        cause: Cause,
+    ) -> Option<(Self::Response, usize, String)>;
+
+    fn set_nonce(resp: &mut Self::Response, nonce: String);
+}
+
+/// Serves one stream until the proxy goes away.
+pub(crate) async fn serve<B: SnapshotBuilder, F: Flavour>(
+    server: Arc<DiscoveryServer<B>>,
+    mut inbound: Requests<F::Request>,
+    out: OutSender<F::Response>,
+    peer: String,
+) {
+    let Some((first, registration)) = accept(&server, &mut inbound, &out, peer, F::DELTA, F::node).await else {
+        return;
+    };
+    let conn = registration.conn.clone();
+    let mut stream = Stream::<B, F> {
+        server,
+        conn: conn.clone(),
+        out,
+        nonce: 0,
+    };
+    let _ = stream.run(first, inbound).await;
+    tracing::info!("ADS: {} {} {}terminated", conn.peer, conn.id, F::LOG);
+}
+
+struct Stream<B: SnapshotBuilder, F: Flavour> {
+    server: Arc<DiscoveryServer<B>>,
+    conn: Arc<Connection<B::Snapshot>>,
+    out: OutSender<F::Response>,
+    nonce: u64,
+}
+
+impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
+    async fn run(&mut self, first: F::Request, mut inbound: Requests<F::Request>) -> Result<(), Closed> {
+        self.on_request(first).await?;
+        let conn = self.conn.clone();
+        let out = self.out.clone();
+        loop {
+            // Requests first: they are cheap (mostly ACKs) and a proxy may be waiting on them.
+            tokio::select! {
+                biased;
+                msg = inbound.next() => match msg {
+                    Some(Ok(req)) => self.on_request(req).await?,
+                    Some(Err(e)) => {
+                        tracing::debug!("ADS: {} {}receive error: {e}", self.conn.id, F::LOG);
+                        return Ok(());
+                    }
+                    None => return Ok(()),
+                },
+                req = conn.next_push() => self.push(req).await?,
+                _ = out.closed() => return Ok(()),
+            }
+        }
+    }
+
+    async fn on_request(&mut self, req: F::Request) -> Result<(), Closed> {
+        let t = F::type_url(&req);
+        if t.is_empty() {
+            tracing::warn!(
+                "ADS: {} sent a {}request without type_url; ignored",
+                self.conn.id,
+                F::LOG
+            );
+            return Ok(());
+        }
+        let (outcome, target) = F::on_request(&mut lock(&self.conn.watched), &req, &self.server.names);
+        self.server.record_outcome(&self.conn, t, &outcome);
+        let Some(target) = target else {
+            return Ok(());
+        };
+        let Some(snapshot) = self.server.current_snapshot() else {
+            return Ok(());
+        };
+        lock(&self.conn.last_pushed).get_or_insert_with(|| snapshot.clone());
+        // Answers take a throttle slot as pushes do: a thousand proxies connecting at once must
+        // not hold a thousand full responses in memory.
+        let mut slot = Slot::new(self.server.throttle().await);
+        for g in generate(snapshot.clone(), self.conn.proxy.clone(), vec![target], F::DELTA).await {
+            self.send(snapshot.as_ref(), g, Cause::Request, &mut slot).await?;
+        }
+        slot.release().await;
+        Ok(())
+    }
+
+    async fn push(&mut self, req: PushRequest) -> Result<(), Closed> {
+        let Some(snapshot) = self.server.current_snapshot() else {
+            return Ok(());
+        };
+        let last_pushed = lock(&self.conn.last_pushed).clone();
+        if !snapshot.needs_push(&self.conn.proxy, &req, last_pushed.as_deref()) {
+            tracing::debug!("Skipping {}push to {}, no updates required", F::LOG, self.conn.id);
+            return Ok(());
+        }
+        let targets = self.conn.push_targets(&req);
+        if targets.is_empty() {
+            return Ok(());
+        }
+        // The slot is held from generation until the responses have left (see `outbound`).
+        let mut slot = Slot::new(self.server.throttle().await);
+        let generated = generate(snapshot.clone(), self.conn.proxy.clone(), targets, F::DELTA).await;
+        if req.full {
+            *lock(&self.conn.last_pushed) = Some(snapshot.clone());
+        }
+        for g in generated {
+            self.send(snapshot.as_ref(), g, Cause::Push, &mut slot).await?;
+        }
+        slot.release().await;
+        self.server
+            .metrics
+            .convergence
+            .observe(req.start.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    async fn send(
+        &mut self,
+        snapshot: &B::Snapshot,
+        g: Generated,
+        cause: Cause,
+        slot: &mut Slot,
+    ) -> Result<(), Closed> {
+        let t = g.watched.type_url.as_str();
+        let resources = match &g.resources {
+            Ok(r) => r,
+            Err(e) => {
+                log_generate_error(&self.conn.id, t, e);
+                return Ok(());
+            }
+        };
+        let version = snapshot.version();
+        let Some((mut resp, n, removed)) = F::response(&self.conn, &self.server.names, &g, resources, version, cause)
+        else {
+            return Ok(());
+        };
+        self.nonce += 1;
+        let nonce = self.server.nonce(self.nonce);
+        F::set_nonce(&mut resp, nonce.clone());
+        let t0 = Instant::now();
+        if slot.send(&self.out, resp).await.is_err() {
+            if cause == Cause::Push {
+                self.server.metrics.record_send_error(t);
+            }
+            return Err(Closed);
+        }
+        self.conn.record_sent(t, &nonce, version);
+        self.server.record_sent(t, version, n, g.elapsed + t0.elapsed());
+        tracing::debug!(
+            "{}: {} for node:{} resources:{n}{removed} nonce:{nonce} version:{version}",
+            type_url::short(t).to_uppercase(),
+            if cause == Cause::Push { "PUSH" } else { "PUSH request" },
+            self.conn.id,
+        );
+        Ok(())
+    }
+}
