@@ -16,4 +16,4 @@ pub use error::{DocRef, Level, SourceError, SourceErrorEntry};
 pub use events::{ConfigChange, ConfigEvent, ConfigSnapshot, diff};
 pub use parse::{DEFAULT_NAMESPACE, is_config_file, parse_documents};
 pub use store::{FileConfigStore, InvalidObserver, StoreSnapshot};
-pub use watch::{ConfigDirWatch, DEFAULT_DEBOUNCE, watch, watch_store};
+pub use watch::{ConfigDirWatch, watch, watch_store};

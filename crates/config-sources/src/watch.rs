@@ -1,14 +1,21 @@
 //! Watching a config directory: a thread that waits for file-system events (notify, recursive),
-//! debounces each burst, rescans the whole directory and sends what changed. It survives the
-//! directory vanishing and coming back, Kubernetes ConfigMap `..data` swaps, and a failing
-//! inotify (it falls back to polling).
+//! rescans the whole directory and sends what changed. It survives the directory vanishing and
+//! coming back, Kubernetes ConfigMap `..data` swaps, and a failing inotify (it falls back to
+//! polling).
+//!
+//! It does not debounce: pushes are debounced once, by the xDS server (`PILOT_DEBOUNCE_AFTER` /
+//! `PILOT_DEBOUNCE_MAX`). It only batches the events it can see together: those that come within
+//! [`SETTLE`] of each other (one `rm -r`, `git checkout` or `kubectl cp` is one batch), and, while a
+//! file is open for writing (modified and not yet closed), the events until it is closed, so a
+//! file is never read half written. A batch ends at [`MAX_BATCH`] whatever comes.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc as std_mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use notify::event::{AccessKind, AccessMode};
+use notify::event::{AccessKind, AccessMode, ModifyKind};
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::{mpsc, watch};
 
@@ -16,8 +23,10 @@ use crate::error::SourceError;
 use crate::events::ConfigChange;
 use crate::store::{FileConfigStore, StoreSnapshot};
 
-/// Quiet period after the last file event before rescanning (Istio's file debounce).
-pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(100);
+/// Events this close to each other are one batch.
+const SETTLE: Duration = Duration::from_millis(10);
+/// The longest a batch lasts (a writer that keeps a file open, a never-ending stream of events).
+const MAX_BATCH: Duration = Duration::from_secs(1);
 /// How often to poll while the directory cannot be watched, and to check for shutdown.
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Changes not yet taken by the consumer before the watcher waits for it.
@@ -35,14 +44,14 @@ pub struct ConfigDirWatch {
 }
 
 /// Reads `dir` and starts watching it. Fails only when `dir` cannot be read at start.
-pub fn watch(dir: impl Into<PathBuf>, debounce: Duration) -> Result<ConfigDirWatch, SourceError> {
+pub fn watch(dir: impl Into<PathBuf>) -> Result<ConfigDirWatch, SourceError> {
     let store = FileConfigStore::load(dir)?;
-    watch_store(store, debounce)
+    watch_store(store)
 }
 
 /// Starts watching the directory of an already-read `store` (e.g. one with an invalid-config
 /// observer set). Fails only when the watcher thread cannot be started.
-pub fn watch_store(store: FileConfigStore, debounce: Duration) -> Result<ConfigDirWatch, SourceError> {
+pub fn watch_store(store: FileConfigStore) -> Result<ConfigDirWatch, SourceError> {
     let initial = store.snapshot();
     let (changes_tx, changes) = mpsc::channel(CHANGE_QUEUE);
     let (state_tx, state) = watch::channel(initial.clone());
@@ -51,8 +60,6 @@ pub fn watch_store(store: FileConfigStore, debounce: Duration) -> Result<ConfigD
     let mut dir_watch = DirWatcher {
         dir: dir.clone(),
         store,
-        debounce,
-        max_delay: debounce.saturating_mul(10).max(Duration::from_secs(1)),
         signal_tx,
         signal_rx,
         watcher: None,
@@ -62,7 +69,7 @@ pub fn watch_store(store: FileConfigStore, debounce: Duration) -> Result<ConfigD
     };
     dir_watch.ensure_watched();
     // One rescan right away catches what changed between the load and the start of the watch.
-    let _ = dir_watch.signal_tx.send(());
+    let _ = dir_watch.signal_tx.send(Signal::Changed);
     thread::Builder::new()
         .name("config-dir-watch".into())
         .spawn(move || dir_watch.run())
@@ -80,13 +87,22 @@ pub fn watch_store(store: FileConfigStore, debounce: Duration) -> Result<ConfigD
 /// Identity of the directory being watched, to notice it was replaced.
 type DirIdentity = (u64, u64);
 
+/// What a file-system event means for the next rescan.
+#[derive(Debug)]
+enum Signal {
+    /// Something changed: rescan.
+    Changed,
+    /// A file's data changed; it may still be open for writing.
+    Writing(PathBuf),
+    /// A file open for writing was closed.
+    Written(PathBuf),
+}
+
 struct DirWatcher {
     dir: PathBuf,
     store: FileConfigStore,
-    debounce: Duration,
-    max_delay: Duration,
-    signal_tx: std_mpsc::Sender<()>,
-    signal_rx: std_mpsc::Receiver<()>,
+    signal_tx: std_mpsc::Sender<Signal>,
+    signal_rx: std_mpsc::Receiver<Signal>,
     watcher: Option<RecommendedWatcher>,
     /// The directory the notify watch is on; `None` while not watching (then we poll).
     watched: Option<DirIdentity>,
@@ -98,7 +114,7 @@ impl DirWatcher {
     fn run(mut self) {
         loop {
             match self.signal_rx.recv_timeout(POLL_INTERVAL) {
-                Ok(()) => self.wait_for_quiet(),
+                Ok(signal) => self.take_batch(signal),
                 Err(std_mpsc::RecvTimeoutError::Timeout) if self.watched.is_some() => {
                     if self.changes.is_closed() {
                         return;
@@ -123,13 +139,21 @@ impl DirWatcher {
         }
     }
 
-    /// Swallows the rest of a burst: returns after `debounce` without events, or at `max_delay`.
-    fn wait_for_quiet(&self) {
-        let deadline = Instant::now() + self.max_delay;
+    /// Takes the events that come with `first`: until [`SETTLE`] passes without one and no file
+    /// is open for writing, at most [`MAX_BATCH`].
+    fn take_batch(&self, first: Signal) {
+        let mut writing = HashSet::new();
+        note(&mut writing, first);
+        let deadline = Instant::now() + MAX_BATCH;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || self.signal_rx.recv_timeout(self.debounce.min(left)).is_err() {
+            let wait = if writing.is_empty() { SETTLE.min(left) } else { left };
+            if wait.is_zero() {
                 return;
+            }
+            match self.signal_rx.recv_timeout(wait) {
+                Ok(signal) => note(&mut writing, signal),
+                Err(_) => return,
             }
         }
     }
@@ -150,12 +174,14 @@ impl DirWatcher {
             let tx = self.signal_tx.clone();
             match notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
                 Ok(event) if is_noise(&event.kind) => {}
-                Ok(_) => {
-                    let _ = tx.send(());
+                Ok(event) => {
+                    for signal in signals(event) {
+                        let _ = tx.send(signal);
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "config directory watch error: rescanning");
-                    let _ = tx.send(());
+                    let _ = tx.send(Signal::Changed);
                 }
             }) {
                 Ok(watcher) => self.watcher = Some(watcher),
@@ -172,6 +198,30 @@ impl DirWatcher {
                 tracing::warn!(dir = %self.dir.display(), error = %e, "cannot watch the config directory: polling")
             }
         }
+    }
+}
+
+/// Files open for writing: a data change opens, a close after writing closes.
+fn note(writing: &mut HashSet<PathBuf>, signal: Signal) {
+    match signal {
+        Signal::Changed => {}
+        Signal::Writing(path) => {
+            writing.insert(path);
+        }
+        Signal::Written(path) => {
+            writing.remove(&path);
+        }
+    }
+}
+
+/// What one event means for the rescan.
+fn signals(event: notify::Event) -> Vec<Signal> {
+    match event.kind {
+        EventKind::Modify(ModifyKind::Data(_)) => event.paths.into_iter().map(Signal::Writing).collect(),
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => {
+            event.paths.into_iter().map(Signal::Written).collect()
+        }
+        _ => vec![Signal::Changed],
     }
 }
 

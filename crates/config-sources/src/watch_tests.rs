@@ -72,7 +72,7 @@ async fn state_until(w: &mut ConfigDirWatch, done: impl Fn(&StoreSnapshot) -> bo
 
 /// Starts a watch and waits for its first rescan, so later events come from the test's actions.
 async fn start(dir: &Path) -> ConfigDirWatch {
-    let mut w = watch(dir, DEFAULT_DEBOUNCE).unwrap();
+    let mut w = watch(dir).unwrap();
     let first = w.initial.scans;
     state_until(&mut w, |s| s.scans > first).await;
     w
@@ -174,6 +174,31 @@ async fn rewriting_the_same_content_gives_no_event() {
     // Our own reads of the files do not wake the watcher again.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(w.state.borrow().scans, state.scans);
+}
+
+/// A writer that truncates a file and writes it later: the empty file in between is never read
+/// (it would delete the config), the file is read once closed.
+#[tokio::test]
+async fn a_file_open_for_writing_is_read_once_it_is_closed() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    write(tmp.path(), "a.yaml", &service_entry("a"));
+    let mut w = start(tmp.path()).await;
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(tmp.path().join("a.yaml"))
+        .unwrap();
+    file.write_all(b"# being written\n").unwrap();
+    // Well past a batch's settling time: the watcher waits for the close.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_no_change(&mut w);
+    file.write_all(service_entry_with_host("a", "new.example.com").as_bytes())
+        .unwrap();
+    drop(file);
+    let got = events_until(&mut w, |s| !s.is_empty()).await;
+    assert_eq!(summary(&got), ["~a"]);
+    assert_eq!(host_of(&got[0]), "new.example.com");
 }
 
 #[tokio::test]

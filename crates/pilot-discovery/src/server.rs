@@ -71,8 +71,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         tracing::warn!(error = ?e, "config problem");
     }
     tracing::info!(configs = initial_change.events.len(), dir = %args.config_dir, "loaded config directory");
-    let dir_watch = config_sources::watch_store(store, settings.debounce_after.max(config_sources::DEFAULT_DEBOUNCE))
-        .context("watching --configDir")?;
+    let dir_watch = config_sources::watch_store(store).context("watching --configDir")?;
 
     let environment = Arc::new(Environment::new(
         mesh.clone(),
