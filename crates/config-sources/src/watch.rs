@@ -4,10 +4,14 @@
 //! polling).
 //!
 //! It does not debounce: pushes are debounced once, by the xDS server (`PILOT_DEBOUNCE_AFTER` /
-//! `PILOT_DEBOUNCE_MAX`). It only batches the events it can see together: those that come within
-//! [`SETTLE`] of each other (one `rm -r`, `git checkout` or `kubectl cp` is one batch), and, while a
-//! file is open for writing (modified and not yet closed), the events until it is closed, so a
-//! file is never read half written. A batch ends at [`MAX_BATCH`] whatever comes.
+//! `PILOT_DEBOUNCE_MAX`), and an isolated change is read at once. It only batches the events it
+//! can see together: those that come within [`SETTLE`] of each other (one `rm -r`, `git checkout`
+//! or `kubectl cp` is one batch); while a file is open for writing (modified and not yet closed),
+//! the events until it is closed, so a file is never read half written; and, since a rescan reads
+//! every file, the events of the [`RESCAN_INTERVAL`] after a rescan, so a stream of changes is
+//! read once a second rather than once per change (at 100 changes a second, a rescan per change
+//! cost four times the CPU, and a push debounce that never saw its quiet period waited for
+//! `PILOT_DEBOUNCE_MAX`). A batch ends at [`MAX_BATCH`] whatever comes.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -25,6 +29,8 @@ use crate::store::{FileConfigStore, StoreSnapshot};
 
 /// Events this close to each other are one batch.
 const SETTLE: Duration = Duration::from_millis(10);
+/// The shortest time between two rescans.
+const RESCAN_INTERVAL: Duration = Duration::from_secs(1);
 /// The longest a batch lasts (a writer that keeps a file open, a never-ending stream of events).
 const MAX_BATCH: Duration = Duration::from_secs(1);
 /// How often to poll while the directory cannot be watched, and to check for shutdown.
@@ -112,9 +118,14 @@ struct DirWatcher {
 
 impl DirWatcher {
     fn run(mut self) {
+        // The load just read the directory; the first rescan (catching up to the watch) is not held.
+        let mut last_rescan: Option<Instant> = None;
         loop {
             match self.signal_rx.recv_timeout(POLL_INTERVAL) {
-                Ok(signal) => self.take_batch(signal),
+                Ok(signal) => {
+                    let not_before = last_rescan.map_or_else(Instant::now, |t| t + RESCAN_INTERVAL);
+                    self.take_batch(signal, not_before);
+                }
                 Err(std_mpsc::RecvTimeoutError::Timeout) if self.watched.is_some() => {
                     if self.changes.is_closed() {
                         return;
@@ -128,6 +139,7 @@ impl DirWatcher {
                 return;
             }
             self.ensure_watched();
+            last_rescan = Some(Instant::now());
             let change = self.store.rescan();
             if !change.is_empty() {
                 tracing::info!(dir = %self.dir.display(), events = change.events.len(), "config directory changed");
@@ -139,21 +151,32 @@ impl DirWatcher {
         }
     }
 
-    /// Takes the events that come with `first`: until [`SETTLE`] passes without one and no file
-    /// is open for writing, at most [`MAX_BATCH`].
-    fn take_batch(&self, first: Signal) {
+    /// Takes the events that come with `first`: until [`SETTLE`] passes without one, no file is
+    /// open for writing and it is `not_before`; at most [`MAX_BATCH`] after that.
+    fn take_batch(&self, first: Signal, not_before: Instant) {
         let mut writing = HashSet::new();
         note(&mut writing, first);
-        let deadline = Instant::now() + MAX_BATCH;
+        let deadline = Instant::now().max(not_before) + MAX_BATCH;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let wait = if writing.is_empty() { SETTLE.min(left) } else { left };
-            if wait.is_zero() {
+            let now = Instant::now();
+            if now >= deadline {
                 return;
             }
+            let wait = if !writing.is_empty() {
+                deadline - now
+            } else if now < not_before {
+                not_before - now
+            } else {
+                SETTLE.min(deadline - now)
+            };
             match self.signal_rx.recv_timeout(wait) {
                 Ok(signal) => note(&mut writing, signal),
-                Err(_) => return,
+                Err(std_mpsc::RecvTimeoutError::Timeout) => {
+                    if writing.is_empty() && Instant::now() >= not_before {
+                        return;
+                    }
+                }
+                Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
             }
         }
     }

@@ -184,6 +184,8 @@ async fn a_file_open_for_writing_is_read_once_it_is_closed() {
     let tmp = tempfile::tempdir().unwrap();
     write(tmp.path(), "a.yaml", &service_entry("a"));
     let mut w = start(tmp.path()).await;
+    // Past the rescan interval: the next change would be read at once.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     let mut file = fs::OpenOptions::new()
         .write(true)
         .truncate(true)
@@ -199,6 +201,28 @@ async fn a_file_open_for_writing_is_read_once_it_is_closed() {
     let got = events_until(&mut w, |s| !s.is_empty()).await;
     assert_eq!(summary(&got), ["~a"]);
     assert_eq!(host_of(&got[0]), "new.example.com");
+}
+
+/// A stream of changes is read in batches (a rescan reads every file), not once per change.
+#[tokio::test]
+async fn a_stream_of_changes_is_read_in_batches() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut w = start(tmp.path()).await;
+    for i in 0..10 {
+        write(tmp.path(), &format!("s{i}.yaml"), &service_entry(&format!("s{i}")));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut batches = 0;
+    let mut got = Vec::new();
+    while got.len() < 10 {
+        let change = timeout(WAIT, w.changes.recv()).await.unwrap().unwrap();
+        batches += 1;
+        got.extend(summary(&change.events));
+    }
+    got.sort();
+    let want: Vec<String> = (0..10).map(|i| format!("+s{i}")).collect();
+    assert_eq!(got, want);
+    assert!(batches <= 3, "{batches} batches for 10 changes in 0.5 s");
 }
 
 #[tokio::test]
