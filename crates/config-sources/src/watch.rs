@@ -8,8 +8,8 @@
 //! can see together: those that come within [`SETTLE`] of each other (one `rm -r`, `git checkout`
 //! or `kubectl cp` is one batch); while a file is open for writing (modified and not yet closed),
 //! the events until it is closed, so a file is never read half written; and, since a rescan reads
-//! every file, the events of the [`RESCAN_INTERVAL`] after a rescan, so a stream of changes is
-//! read once a second rather than once per change (at 100 changes a second, a rescan per change
+//! every file, the events of the [`RESCAN_INTERVAL`] after a rescan that found a change, so a
+//! stream of changes is read once a second rather than once per change (at 100 changes a second, a rescan per change
 //! cost four times the CPU, and a push debounce that never saw its quiet period waited for
 //! `PILOT_DEBOUNCE_MAX`). A batch ends at [`MAX_BATCH`] whatever comes.
 
@@ -29,7 +29,7 @@ use crate::store::{FileConfigStore, StoreSnapshot};
 
 /// Events this close to each other are one batch.
 const SETTLE: Duration = Duration::from_millis(10);
-/// The shortest time between two rescans.
+/// The shortest time from a rescan that found a change to the next rescan.
 const RESCAN_INTERVAL: Duration = Duration::from_secs(1);
 /// The longest a batch lasts (a writer that keeps a file open, a never-ending stream of events).
 const MAX_BATCH: Duration = Duration::from_secs(1);
@@ -118,12 +118,12 @@ struct DirWatcher {
 
 impl DirWatcher {
     fn run(mut self) {
-        // The load just read the directory; the first rescan (catching up to the watch) is not held.
-        let mut last_rescan: Option<Instant> = None;
+        // When the last rescan that found a change was: the next one waits for the interval.
+        let mut last_change: Option<Instant> = None;
         loop {
             match self.signal_rx.recv_timeout(POLL_INTERVAL) {
                 Ok(signal) => {
-                    let not_before = last_rescan.map_or_else(Instant::now, |t| t + RESCAN_INTERVAL);
+                    let not_before = last_change.map_or_else(Instant::now, |t| t + RESCAN_INTERVAL);
                     self.take_batch(signal, not_before);
                 }
                 Err(std_mpsc::RecvTimeoutError::Timeout) if self.watched.is_some() => {
@@ -139,9 +139,10 @@ impl DirWatcher {
                 return;
             }
             self.ensure_watched();
-            last_rescan = Some(Instant::now());
+            let started = Instant::now();
             let change = self.store.rescan();
             if !change.is_empty() {
+                last_change = Some(started);
                 tracing::info!(dir = %self.dir.display(), events = change.events.len(), "config directory changed");
                 if self.changes.blocking_send(change).is_err() {
                     return;
