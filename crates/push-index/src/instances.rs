@@ -118,34 +118,14 @@ impl PushContext {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use model::config::parse_config;
     use model::proxy::NodeMetadata;
-    use model::{MeshConfig, Protocol, Proxy};
+    use model::{Protocol, Proxy};
     use serde_json::json;
 
-    use crate::{PushContext, PushInput};
-
-    fn push(docs: Vec<serde_json::Value>) -> PushContext {
-        let mesh = Arc::new(MeshConfig::default());
-        let configs: Vec<_> = docs
-            .into_iter()
-            .map(|d| Arc::new(parse_config(d, "default").unwrap()))
-            .collect();
-        let registry = Arc::new(registry::build(&configs, &mesh));
-        PushContext::new(PushInput {
-            mesh,
-            domain: "cluster.local".into(),
-            configs,
-            registry,
-            version: "1".into(),
-        })
-    }
+    use crate::testing::push;
 
     fn proxy(ip: &str) -> Proxy {
-        let md = NodeMetadata::from_json("test", &json!({"NAMESPACE": "default"})).unwrap();
-        Proxy::parse(&format!("sidecar~{ip}~p.default~default.svc.cluster.local"), md).unwrap()
+        model::testing::proxy("sidecar", ip, "default", json!({}))
     }
 
     #[test]
