@@ -118,12 +118,19 @@ impl FileConfigStore {
         let listing = match list_config_files(&self.dir) {
             Ok(listing) => listing,
             Err(e) => {
-                tracing::warn!(error = %e, "config directory unreadable: keeping the last good config");
+                // Once per problem, not once per rescan (a missing directory is polled every second).
+                if self.dir_error.as_ref().map(ToString::to_string) != Some(e.to_string()) {
+                    tracing::warn!(error = %e, "config directory unreadable: keeping the last good config");
+                } else {
+                    tracing::debug!(error = %e, "config directory still unreadable");
+                }
                 self.dir_error = Some(e);
                 return ConfigChange::default();
             }
         };
-        self.dir_error = None;
+        if self.dir_error.take().is_some() {
+            tracing::info!(dir = %self.dir.display(), "config directory readable again");
+        }
         let listed: BTreeSet<&PathBuf> = listing.files.iter().collect();
         self.files
             .retain(|path, _| listed.contains(path) || listing.under_unreadable_dir(path));

@@ -143,7 +143,7 @@ impl DirWatcher {
             let change = self.store.rescan();
             if !change.is_empty() {
                 last_change = Some(started);
-                tracing::info!(dir = %self.dir.display(), events = change.events.len(), "config directory changed");
+                tracing::debug!(dir = %self.dir.display(), events = change.events.len(), "config directory changed");
                 if self.changes.blocking_send(change).is_err() {
                     return;
                 }

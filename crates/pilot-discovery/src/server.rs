@@ -86,6 +86,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         debounce_max: settings.debounce_max,
         enable_eds_debounce: settings.enable_eds_debounce,
         push_throttle: settings.push_throttle,
+        max_recv_msg_size: settings.max_recv_msg_size,
     };
     let server = DiscoveryServer::new(environment.clone(), opts, &mut registry);
     server.start();
@@ -101,7 +102,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     if let Some(addr) = grpc_addr {
         let listener = bind(addr, "grpcAddr").await?;
         let svc = server.ads_service();
-        let mut builder = grpc_server(max_connection_age);
+        let mut builder = grpc_server(max_connection_age, settings.max_streams);
         tasks.spawn(async move {
             builder
                 .add_service(svc)
@@ -114,7 +115,11 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     if let Some(addr) = secure_grpc_addr {
         let secure = crate::secure::SecureGrpc::init(addr, &mesh, &settings.pod_namespace, |k| std::env::var(k).ok())?;
         let listener = bind(addr, "secureGrpcAddr").await?;
-        tasks.spawn(secure.serve(grpc_server(max_connection_age), listener, server.ads_service()));
+        tasks.spawn(secure.serve(
+            grpc_server(max_connection_age, settings.max_streams),
+            listener,
+            server.ads_service(),
+        ));
     }
     for (addr, flag, router) in [
         (http_addr, "httpAddr", debug_router(state.clone())),
@@ -133,8 +138,9 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     let srv = server.clone();
     tasks.spawn(async move {
         while let Some(change) = changes.recv().await {
+            tracing::info!(events = change.events.len(), "config changed: {}", summarize(&change));
             for e in &change.events {
-                tracing::info!(config = %e.key(), event = event_name(e), "config changed");
+                tracing::debug!(config = %e.key(), event = event_name(e), "config changed");
             }
             if let Some(req) = env.config_changed(&change) {
                 srv.config_update(req);
@@ -157,6 +163,33 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     }
 }
 
+/// One line for a batch of config events: counts by kind and action, e.g.
+/// `VirtualService: 2 updated; ServiceEntry: 1 added, 1 deleted` (a batch may hold thousands).
+fn summarize(change: &config_sources::ConfigChange) -> String {
+    let mut counts: std::collections::BTreeMap<String, [usize; 3]> = std::collections::BTreeMap::new();
+    for e in &change.events {
+        let slot = match e {
+            config_sources::ConfigEvent::Added(_) => 0,
+            config_sources::ConfigEvent::Updated { .. } => 1,
+            config_sources::ConfigEvent::Deleted(_) => 2,
+        };
+        counts.entry(e.key().kind.to_string()).or_default()[slot] += 1;
+    }
+    counts
+        .iter()
+        .map(|(kind, n)| {
+            let actions: Vec<String> = ["added", "updated", "deleted"]
+                .iter()
+                .zip(n)
+                .filter(|(_, n)| **n > 0)
+                .map(|(a, n)| format!("{n} {a}"))
+                .collect();
+            format!("{kind}: {}", actions.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 fn event_name(e: &config_sources::ConfigEvent) -> &'static str {
     match e {
         config_sources::ConfigEvent::Added(_) => "added",
@@ -167,9 +200,11 @@ fn event_name(e: &config_sources::ConfigEvent) -> &'static str {
 
 /// A gRPC server with istiod's keepalive settings: a ping every 30s answered within 10s, and a
 /// maximum connection age (`--keepaliveMaxServerConnectionAge`) with 10s grace, after which
-/// proxies reconnect and spread over the replicas.
-fn grpc_server(max_connection_age: Duration) -> tonic::transport::Server {
+/// proxies reconnect and spread over the replicas. At most `max_streams` concurrent streams per
+/// connection (`ISTIO_GPRC_MAXSTREAMS`): HTTP/2 refuses the ones over it.
+fn grpc_server(max_connection_age: Duration, max_streams: u32) -> tonic::transport::Server {
     tonic::transport::Server::builder()
+        .max_concurrent_streams(Some(max_streams))
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .max_connection_age(max_connection_age)
@@ -235,5 +270,46 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = ctrl_c.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use config_sources::{ConfigChange, ConfigEvent};
+
+    fn config(kind: &str, name: &str) -> std::sync::Arc<model::Config> {
+        let spec = match kind {
+            "VirtualService" => serde_json::json!({"hosts": ["a.example.com"],
+                "http": [{"route": [{"destination": {"host": "a.example.com"}}]}]}),
+            _ => serde_json::json!({"hosts": ["a.example.com"], "ports": [{"number": 80, "name": "http"}]}),
+        };
+        std::sync::Arc::new(
+            model::config::parse_config(
+                serde_json::json!({"apiVersion": "networking.istio.io/v1", "kind": kind,
+                    "metadata": {"name": name, "namespace": "default"}, "spec": spec}),
+                "default",
+            )
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_batch_of_config_events_is_one_line_of_counts() {
+        let change = ConfigChange {
+            events: vec![
+                ConfigEvent::Added(config("ServiceEntry", "a")),
+                ConfigEvent::Added(config("ServiceEntry", "b")),
+                ConfigEvent::Deleted(config("ServiceEntry", "c")),
+                ConfigEvent::Updated {
+                    old: config("VirtualService", "v"),
+                    new: config("VirtualService", "v"),
+                },
+            ],
+        };
+        assert_eq!(
+            summarize(&change),
+            "ServiceEntry: 2 added, 1 deleted; VirtualService: 1 updated"
+        );
     }
 }

@@ -14,6 +14,11 @@ pub struct Settings {
     pub enable_eds_debounce: bool,
     /// PILOT_PUSH_THROTTLE: concurrent pushes.
     pub push_throttle: usize,
+    /// ISTIO_GPRC_MAXRECVMSGSIZE: largest xDS request, in bytes (Istio: 4 MiB).
+    pub max_recv_msg_size: usize,
+    /// ISTIO_GPRC_MAXSTREAMS: concurrent gRPC streams per connection (Istio: 100000; here 100,
+    /// as one Envoy or agent opens one ADS stream).
+    pub max_streams: u32,
     /// POD_NAMESPACE: istiod's own namespace.
     pub pod_namespace: String,
 }
@@ -67,11 +72,27 @@ impl Settings {
                 }
             },
         };
+        let positive = |name: &'static str, default: usize| -> Result<usize, SettingsError> {
+            match get(name).filter(|v| !v.is_empty()) {
+                None => Ok(default),
+                Some(v) => match v.parse::<usize>() {
+                    Ok(n) if n > 0 => Ok(n),
+                    _ => Err(SettingsError {
+                        name,
+                        value: v,
+                        reason: "not a positive integer",
+                    }),
+                },
+            }
+        };
         let s = Settings {
             debounce_after: duration("PILOT_DEBOUNCE_AFTER", Duration::from_millis(100))?,
             debounce_max: duration("PILOT_DEBOUNCE_MAX", Duration::from_secs(10))?,
             enable_eds_debounce: boolean("PILOT_ENABLE_EDS_DEBOUNCE", true)?,
             push_throttle,
+            max_recv_msg_size: positive("ISTIO_GPRC_MAXRECVMSGSIZE", DEFAULT_MAX_RECV_MSG_SIZE)?,
+            max_streams: u32::try_from(positive("ISTIO_GPRC_MAXSTREAMS", DEFAULT_MAX_STREAMS as usize)?)
+                .unwrap_or(u32::MAX),
             pod_namespace: get("POD_NAMESPACE")
                 .filter(|v| !v.is_empty())
                 .unwrap_or_else(|| "istio-system".into()),
@@ -79,6 +100,11 @@ impl Settings {
         Ok(s)
     }
 }
+
+/// Istio's default for `ISTIO_GPRC_MAXRECVMSGSIZE`.
+pub const DEFAULT_MAX_RECV_MSG_SIZE: usize = 4 * 1024 * 1024;
+/// `ISTIO_GPRC_MAXSTREAMS` (Istio's default is 100000: tighter here, see `Settings::max_streams`).
+pub const DEFAULT_MAX_STREAMS: u32 = 100;
 
 /// Istio's default for `PILOT_PUSH_THROTTLE` unset or 0: scaled with the cores,
 /// `min(15 + 5 * cores, 100)` (25 on 2 cores).
@@ -105,6 +131,22 @@ mod tests {
         assert!(s.enable_eds_debounce);
         assert_eq!(s.push_throttle, default_push_throttle());
         assert!((20..=100).contains(&s.push_throttle));
+        assert_eq!(s.max_recv_msg_size, 4 * 1024 * 1024);
+        assert_eq!(s.max_streams, 100);
+    }
+
+    #[test]
+    fn grpc_limits_from_istio_env() {
+        let s = Settings::from_env(env(&[
+            ("ISTIO_GPRC_MAXRECVMSGSIZE", "33554432"),
+            ("ISTIO_GPRC_MAXSTREAMS", "150000"),
+        ]))
+        .unwrap();
+        assert_eq!(s.max_recv_msg_size, 32 << 20);
+        assert_eq!(s.max_streams, 150_000);
+        let e = Settings::from_env(env(&[("ISTIO_GPRC_MAXRECVMSGSIZE", "0")])).unwrap_err();
+        assert_eq!(e.name, "ISTIO_GPRC_MAXRECVMSGSIZE");
+        assert!(Settings::from_env(env(&[("ISTIO_GPRC_MAXSTREAMS", "many")])).is_err());
     }
 
     #[test]

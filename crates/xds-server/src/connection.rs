@@ -139,7 +139,7 @@ pub(crate) async fn accept<B: SnapshotBuilder, Req: prost::Message + Default, Re
     let first = match inbound.next().await {
         Some(Ok(req)) => req,
         Some(Err(e)) => {
-            tracing::debug!("ADS: {peer} terminated before its first request: {e}");
+            crate::stream::end_with(server, out, &peer, e).await;
             return None;
         }
         None => return None,
@@ -155,13 +155,33 @@ pub(crate) async fn accept<B: SnapshotBuilder, Req: prost::Message + Default, Re
     }
 }
 
-/// Parses the node of the first request, refusing it with `InvalidArgument` naming what is wrong.
+/// The longest node ID accepted (Envoy's are `type~ip~pod.namespace~domain`).
+pub(crate) const MAX_NODE_ID: usize = 1024;
+/// The most node metadata accepted, encoded, per stream (Envoy's and the agent's are a few KB).
+pub(crate) const MAX_NODE_METADATA: usize = 256 * 1024;
+
+/// Parses the node of the first request, refusing it with `InvalidArgument` naming what is wrong:
+/// an ID with control characters (it would forge log lines) or too long, metadata over
+/// [`MAX_NODE_METADATA`], or what `Proxy::parse` refuses.
 pub(crate) fn parse_node(node: Option<&Node>) -> Result<Proxy, Status> {
     let Some(node) = node.filter(|n| !n.id.is_empty()) else {
         return Err(Status::invalid_argument(
             "missing node information (the first request must carry node.id)",
         ));
     };
+    if node.id.len() > MAX_NODE_ID || node.id.chars().any(char::is_control) {
+        return Err(Status::invalid_argument(format!(
+            "node.id {:?} has control characters or is over {MAX_NODE_ID} bytes",
+            node.id.chars().take(128).collect::<String>()
+        )));
+    }
+    let metadata_size = node.metadata.as_ref().map_or(0, prost::Message::encoded_len);
+    if metadata_size > MAX_NODE_METADATA {
+        return Err(Status::invalid_argument(format!(
+            "node {:?}: metadata of {metadata_size} bytes is over the limit of {MAX_NODE_METADATA} bytes",
+            node.id
+        )));
+    }
     let metadata = match &node.metadata {
         Some(s) => model::proxy::NodeMetadata::from_json(&node.id, &xds_api::struct_to_json(s)),
         None => Ok(model::proxy::NodeMetadata::default()),
@@ -301,6 +321,33 @@ mod tests {
         let e = parse_node(Some(&node)).unwrap_err();
         assert!(
             e.message().contains("LABELS") && e.message().contains("sidecar~1.2.3.4"),
+            "{}",
+            e.message()
+        );
+    }
+
+    #[test]
+    fn refuses_control_characters_in_the_id_and_oversized_metadata() {
+        let forged = Node {
+            id: "sidecar~1.2.3.4~a.ns~ns.svc.cluster.local\nERROR forged line".into(),
+            ..Default::default()
+        };
+        let e = parse_node(Some(&forged)).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(
+            e.message().contains("\\n") && !e.message().contains('\n'),
+            "{}",
+            e.message()
+        );
+        let big = xds_api::json_to_struct(&serde_json::json!({"PADDING": "x".repeat(MAX_NODE_METADATA)}));
+        let heavy = Node {
+            id: "sidecar~1.2.3.4~a.ns~ns.svc.cluster.local".into(),
+            metadata: Some(big),
+            ..Default::default()
+        };
+        let e = parse_node(Some(&heavy)).unwrap_err();
+        assert!(
+            e.message().contains("over the limit of 262144 bytes"),
             "{}",
             e.message()
         );

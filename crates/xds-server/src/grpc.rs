@@ -31,8 +31,6 @@ use crate::sotw::Sotw;
 const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
 const SOTW_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
 const DELTA_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
-/// Largest request accepted, as the generated service was configured.
-const MAX_MESSAGE_SIZE: usize = 100 * 1024 * 1024;
 /// gRPC's length-prefixed message header: a compression flag and a big-endian length.
 const HEADER_SIZE: usize = 5;
 
@@ -81,12 +79,12 @@ impl<B: SnapshotBuilder> Service<http::Request<Body>> for AdsService<B> {
             let peer = peer_of(&req).map_or_else(|| "0.0.0.0".to_owned(), |a| a.to_string());
             let body = req.into_body();
             let response = if path == SOTW_PATH {
-                let inbound = Requests::<DiscoveryRequest>::new(body);
+                let inbound = Requests::<DiscoveryRequest>::new(body, server.max_recv_msg_size());
                 let (tx, rx) = crate::outbound::channel();
                 tokio::spawn(crate::stream::serve::<B, Sotw>(server, inbound, tx, peer));
                 grpc_response(rx)
             } else {
-                let inbound = Requests::<DeltaDiscoveryRequest>::new(body);
+                let inbound = Requests::<DeltaDiscoveryRequest>::new(body, server.max_recv_msg_size());
                 let (tx, rx) = crate::outbound::channel();
                 tokio::spawn(crate::stream::serve::<B, Delta>(server, inbound, tx, peer));
                 grpc_response(rx)
@@ -99,42 +97,72 @@ impl<B: SnapshotBuilder> Service<http::Request<Body>> for AdsService<B> {
 /// The request side of a stream: length-prefixed messages decoded from the body's data frames.
 /// Unlike tonic's `Streaming`, whose buffer keeps the capacity of the largest request it saw (an
 /// EDS request naming 1,200 clusters is 60 KB, kept per proxy), the buffer is let go whenever it
-/// has been read to the end.
+/// has been read to the end. Memory grows only as bytes arrive, whatever length a header
+/// declares, and a request over `max` bytes (`ISTIO_GPRC_MAXRECVMSGSIZE`) ends the stream.
 pub(crate) struct Requests<T> {
     body: Body,
     buf: bytes::BytesMut,
     ended: bool,
+    max: usize,
     _message: std::marker::PhantomData<fn() -> T>,
 }
 
+/// Why the request side of a stream ended with an error.
+#[derive(Debug)]
+pub(crate) enum RequestError {
+    /// The client sent something that cannot be read: the stream ends with this status.
+    Invalid { status: Status, reason: &'static str },
+    /// The transport failed (reset, connection closed): nobody to tell.
+    Transport(Status),
+}
+
+impl std::fmt::Display for RequestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RequestError::Invalid { status, .. } | RequestError::Transport(status) => f.write_str(status.message()),
+        }
+    }
+}
+
 impl<T> Requests<T> {
-    pub(crate) fn new(body: Body) -> Requests<T> {
+    pub(crate) fn new(body: Body, max: usize) -> Requests<T> {
         Requests {
             body,
             buf: bytes::BytesMut::new(),
             ended: false,
+            max,
             _message: std::marker::PhantomData,
         }
     }
 }
 
+fn invalid(status: Status, reason: &'static str) -> RequestError {
+    RequestError::Invalid { status, reason }
+}
+
 impl<T: Message + Default> Requests<T> {
     /// The next whole message in the buffer, if there is one.
-    fn next_message(&mut self) -> Result<Option<T>, Status> {
+    fn next_message(&mut self) -> Result<Option<T>, RequestError> {
         if self.buf.len() < HEADER_SIZE {
             return Ok(None);
         }
         if self.buf[0] != 0 {
-            return Err(Status::unimplemented("compressed requests are not supported"));
+            return Err(invalid(
+                Status::unimplemented("compressed requests are not supported"),
+                "compressed",
+            ));
         }
         let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
-        if len > MAX_MESSAGE_SIZE {
-            return Err(Status::resource_exhausted(format!(
-                "request of {len} bytes is over the limit of {MAX_MESSAGE_SIZE}"
-            )));
+        if len > self.max {
+            let max = self.max;
+            return Err(invalid(
+                Status::resource_exhausted(format!(
+                    "request of {len} bytes is over the limit of {max} bytes (ISTIO_GPRC_MAXRECVMSGSIZE)"
+                )),
+                "too_large",
+            ));
         }
         if self.buf.len() < HEADER_SIZE + len {
-            self.buf.reserve(HEADER_SIZE + len - self.buf.len());
             return Ok(None);
         }
         let message = self.buf.split_to(HEADER_SIZE + len);
@@ -143,12 +171,12 @@ impl<T: Message + Default> Requests<T> {
         }
         T::decode(&message[HEADER_SIZE..])
             .map(Some)
-            .map_err(|e| Status::invalid_argument(format!("malformed request: {e}")))
+            .map_err(|e| invalid(Status::invalid_argument(format!("malformed request: {e}")), "malformed"))
     }
 }
 
 impl<T: Message + Default> Stream for Requests<T> {
-    type Item = Result<T, Status>;
+    type Item = Result<T, RequestError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         use http_body::Body as _;
@@ -170,7 +198,7 @@ impl<T: Message + Default> Stream for Requests<T> {
                 Poll::Ready(None) => self.ended = true,
                 Poll::Ready(Some(Err(status))) => {
                     self.ended = true;
-                    return Poll::Ready(Some(Err(status)));
+                    return Poll::Ready(Some(Err(RequestError::Transport(status))));
                 }
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
@@ -291,7 +319,7 @@ mod tests {
         wire.extend_from_slice(&frame(&b));
         // Cut in awkward places: inside the first header, the first body, and the second header.
         let chunks = vec![wire[..3].to_vec(), wire[3..500].to_vec(), wire[500..].to_vec()];
-        let mut requests = Requests::<DiscoveryRequest>::new(body_of(chunks));
+        let mut requests = Requests::<DiscoveryRequest>::new(body_of(chunks), 1 << 20);
         assert_eq!(requests.next().await.unwrap().unwrap(), a);
         assert_eq!(requests.next().await.unwrap().unwrap(), b);
         assert_eq!(requests.buf.capacity(), 0);
@@ -300,20 +328,37 @@ mod tests {
 
     #[tokio::test]
     async fn malformed_and_compressed_requests_end_the_stream_with_a_status() {
-        let mut garbage = Requests::<DiscoveryRequest>::new(body_of(vec![vec![0, 0, 0, 0, 2, 0xff, 0xff]]));
+        let code = |e: RequestError| match e {
+            RequestError::Invalid { status, .. } => status.code(),
+            RequestError::Transport(status) => panic!("not the client's fault: {status}"),
+        };
+        let mut garbage = Requests::<DiscoveryRequest>::new(body_of(vec![vec![0, 0, 0, 0, 2, 0xff, 0xff]]), 1 << 20);
         let e = garbage.next().await.unwrap().unwrap_err();
-        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert_eq!(code(e), tonic::Code::InvalidArgument);
         assert!(garbage.next().await.is_none());
-        let mut compressed = Requests::<DiscoveryRequest>::new(body_of(vec![vec![1, 0, 0, 0, 0]]));
+        let mut compressed = Requests::<DiscoveryRequest>::new(body_of(vec![vec![1, 0, 0, 0, 0]]), 1 << 20);
         assert_eq!(
-            compressed.next().await.unwrap().unwrap_err().code(),
+            code(compressed.next().await.unwrap().unwrap_err()),
             tonic::Code::Unimplemented
         );
-        let mut huge = Requests::<DiscoveryRequest>::new(body_of(vec![vec![0, 0xff, 0xff, 0xff, 0xff]]));
-        assert_eq!(
-            huge.next().await.unwrap().unwrap_err().code(),
-            tonic::Code::ResourceExhausted
-        );
+        let mut huge = Requests::<DiscoveryRequest>::new(body_of(vec![vec![0, 0xff, 0xff, 0xff, 0xff]]), 1 << 20);
+        let e = huge.next().await.unwrap().unwrap_err();
+        assert!(e.to_string().contains("ISTIO_GPRC_MAXRECVMSGSIZE"), "{e}");
+        assert_eq!(code(e), tonic::Code::ResourceExhausted);
+    }
+
+    /// A header declaring a large message reserves nothing: the buffer holds what arrived.
+    #[tokio::test]
+    async fn a_declared_length_reserves_no_memory_before_the_bytes_arrive() {
+        let mut wire = vec![0, 0, 0x40, 0, 0]; // 4 MiB declared
+        wire.extend_from_slice(&[0; 100]);
+        let frames =
+            futures::stream::iter([Ok::<_, Status>(Frame::data(Bytes::from(wire)))]).chain(futures::stream::pending());
+        let mut requests =
+            Requests::<DiscoveryRequest>::new(Body::new(http_body_util::StreamBody::new(frames)), 8 << 20);
+        let waited = tokio::time::timeout(std::time::Duration::from_millis(50), requests.next()).await;
+        assert!(waited.is_err(), "still waiting for the rest of the message");
+        assert!(requests.buf.capacity() < 64 * 1024, "{}", requests.buf.capacity());
     }
 
     #[test]

@@ -55,6 +55,14 @@ pub(crate) struct Metrics {
     pub expired_nonce: Family<TypeLabel, Counter>,
     /// Streams refused for a malformed node ID or metadata.
     pub invalid_nodes: Counter,
+    /// `pilot_xds_invalid_request`: streams ended for a request that could not be read, by
+    /// reason (`malformed`, `too_large`, `compressed`).
+    pub invalid_requests: Family<ReasonLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ReasonLabel {
+    pub reason: &'static str,
 }
 
 pub(crate) fn type_label(type_url: &str) -> TypeLabel {
@@ -79,6 +87,7 @@ impl Metrics {
             total_rejects: Family::default(),
             expired_nonce: Family::default(),
             invalid_nodes: Counter::default(),
+            invalid_requests: Family::default(),
         };
         registry.register(
             "pilot_xds",
@@ -128,6 +137,11 @@ impl Metrics {
             "pilot_xds_invalid_node",
             "Total number of xDS streams refused for a malformed node ID or node metadata.",
             m.invalid_nodes.clone(),
+        );
+        registry.register(
+            "pilot_xds_invalid_request",
+            "Total number of xDS streams ended for a request that could not be read (malformed, too large, compressed).",
+            m.invalid_requests.clone(),
         );
         registry.register(
             "pilot_xds_expired_nonce",

@@ -32,6 +32,8 @@ pub struct ServerOptions {
     pub enable_eds_debounce: bool,
     /// PILOT_PUSH_THROTTLE: concurrent push generations.
     pub push_throttle: usize,
+    /// ISTIO_GPRC_MAXRECVMSGSIZE: largest request accepted, in bytes.
+    pub max_recv_msg_size: usize,
 }
 
 impl Default for ServerOptions {
@@ -41,6 +43,7 @@ impl Default for ServerOptions {
             debounce_max: Duration::from_secs(10),
             enable_eds_debounce: true,
             push_throttle: 100,
+            max_recv_msg_size: 4 * 1024 * 1024,
         }
     }
 }
@@ -226,6 +229,20 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
         self.throttle.clone().acquire_owned().await.ok()
     }
 
+    pub(crate) fn max_recv_msg_size(&self) -> usize {
+        self.opts.max_recv_msg_size
+    }
+
+    /// A request the client sent could not be read: counted, logged, and the stream ends with
+    /// `status`.
+    pub(crate) fn record_invalid_request(&self, peer: &str, reason: &'static str, status: &tonic::Status) {
+        tracing::warn!("ADS: {peer} sent an invalid request ({reason}): {}", status.message());
+        self.metrics
+            .invalid_requests
+            .get_or_create(&crate::metrics::ReasonLabel { reason })
+            .inc();
+    }
+
     pub(crate) fn nonce(&self, n: u64) -> String {
         format!("{n}-{}", self.instance)
     }
@@ -235,7 +252,13 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
         let stype = type_url::short(t);
         match outcome {
             Outcome::Nack { code, message } => {
-                tracing::warn!("ADS:{stype}: ACK ERROR {} {}:{message}", conn.id, code_name(*code));
+                // The detail is the proxy's text, kept to a bound: escaped so it stays one line.
+                tracing::warn!(
+                    "ADS:{stype}: ACK ERROR {} {}:{}",
+                    conn.id,
+                    code_name(*code),
+                    message.escape_debug()
+                );
                 self.metrics.record_reject(t, &conn.proxy.id, *code);
                 lock(&conn.rejects).insert((t.to_owned(), *code));
             }

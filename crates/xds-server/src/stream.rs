@@ -12,8 +12,8 @@ use xds_api::envoy::config::core::v3::Node;
 use xds_api::{Resource, type_url};
 
 use crate::connection::{Connection, Generated, accept, generate, lock, log_generate_error};
-use crate::grpc::Requests;
-use crate::outbound::{OutSender, Slot};
+use crate::grpc::{RequestError, Requests};
+use crate::outbound::{OutSender, Outbound, Slot};
 use crate::server::{Closed, DiscoveryServer};
 use crate::watched::{NameInterner, Outcome, Watch};
 use crate::{PushRequest, PushSnapshot, SnapshotBuilder, WatchedResource};
@@ -58,6 +58,24 @@ pub(crate) trait Flavour: Send + Sync + 'static {
     fn set_nonce(resp: &mut Self::Response, nonce: String);
 }
 
+/// Ends a stream whose request side failed: a request the client sent that cannot be read is
+/// counted, logged and answered with its status (`INVALID_ARGUMENT`, `RESOURCE_EXHAUSTED`, ...);
+/// a transport failure has nobody to tell.
+pub(crate) async fn end_with<B: SnapshotBuilder, T>(
+    server: &DiscoveryServer<B>,
+    out: &OutSender<T>,
+    who: &str,
+    e: RequestError,
+) {
+    match e {
+        RequestError::Invalid { status, reason } => {
+            server.record_invalid_request(who, reason, &status);
+            let _ = out.send(Outbound::message(Err(status))).await;
+        }
+        RequestError::Transport(status) => tracing::debug!("ADS: {who} receive error: {status}"),
+    }
+}
+
 /// Serves one stream until the proxy goes away.
 pub(crate) async fn serve<B: SnapshotBuilder, F: Flavour>(
     server: Arc<DiscoveryServer<B>>,
@@ -98,7 +116,7 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
                 msg = inbound.next() => match msg {
                     Some(Ok(req)) => self.on_request(req).await?,
                     Some(Err(e)) => {
-                        tracing::debug!("ADS: {} {}receive error: {e}", self.conn.id, F::LOG);
+                        end_with(&self.server, &self.out, &self.conn.id, e).await;
                         return Ok(());
                     }
                     None => return Ok(()),

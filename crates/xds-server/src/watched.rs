@@ -78,6 +78,21 @@ pub(crate) enum Respond {
     Names(BTreeSet<Arc<str>>),
 }
 
+/// The most of a NACK's error detail that is kept (in `/debug/syncz`) and logged.
+pub(crate) const MAX_NACK_DETAIL: usize = 4096;
+
+/// A NACK's error detail, cut to [`MAX_NACK_DETAIL`] bytes (on a character boundary).
+pub(crate) fn nack_detail(message: &str) -> String {
+    if message.len() <= MAX_NACK_DETAIL {
+        return message.to_owned();
+    }
+    let mut end = MAX_NACK_DETAIL;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes in all)", &message[..end], message.len())
+}
+
 fn new_watch(type_url: &str, names: Names, wildcard: bool) -> Watch {
     Watch {
         resource: WatchedResource {
@@ -114,12 +129,12 @@ pub(crate) fn sotw_request(
     if let Some(err) = &req.error_detail {
         let outcome = Outcome::Nack {
             code: err.code,
-            message: err.message.clone(),
+            message: nack_detail(&err.message),
         };
         let Some(w) = watched.get_mut(t) else {
             return (outcome, Respond::No);
         };
-        w.last_error = err.message.clone();
+        w.last_error = nack_detail(&err.message);
         w.nonce_nacked = req.response_nonce.clone();
         let added = !wildcard_type && names.difference(&w.resource.names).next().is_some();
         w.resource.names = names;
@@ -166,7 +181,7 @@ pub(crate) fn delta_request(
             return (
                 Outcome::Nack {
                     code: err.code,
-                    message: err.message.clone(),
+                    message: nack_detail(&err.message),
                 },
                 Respond::No,
             );
@@ -190,11 +205,11 @@ pub(crate) fn delta_request(
         return (Outcome::Init, Respond::All);
     };
     let outcome = if let Some(err) = &req.error_detail {
-        w.last_error = err.message.clone();
+        w.last_error = nack_detail(&err.message);
         w.nonce_nacked = req.response_nonce.clone();
         Outcome::Nack {
             code: err.code,
-            message: err.message.clone(),
+            message: nack_detail(&err.message),
         }
     } else if req.response_nonce.is_empty() {
         Outcome::Subscription
@@ -327,6 +342,19 @@ mod tests {
             Outcome::Unsubscribe
         );
         assert!(!w.contains_key(type_url::ENDPOINT));
+    }
+
+    #[test]
+    fn nack_details_are_kept_to_a_bound() {
+        assert_eq!(nack_detail("bad cluster"), "bad cluster");
+        let long = "é".repeat(5000);
+        let kept = nack_detail(&long);
+        assert!(kept.len() < MAX_NACK_DETAIL + 40, "{}", kept.len());
+        assert!(
+            kept.ends_with("... (10000 bytes in all)"),
+            "{}",
+            &kept[kept.len() - 30..]
+        );
     }
 
     #[test]
