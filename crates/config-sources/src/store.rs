@@ -224,26 +224,48 @@ impl FileConfigStore {
         }
     }
 
-    /// Assembles the configs of every file, first file by sorted path winning a duplicate key.
+    /// Assembles the configs of every file. A key defined more than once goes to the file that
+    /// served it before, while that file still defines it (a newcomer never replaces a live
+    /// resource); otherwise to the first file by sorted path (the first document in a file). Each
+    /// other copy is an error naming it, warned about and counted when it first appears.
     fn rebuild(&mut self) -> ConfigChange {
+        let mut owners: BTreeMap<ConfigKey, &PathBuf> = BTreeMap::new();
+        for (path, state) in &self.files {
+            for (_, config) in &state.good {
+                let key = config.key();
+                let live = self.origins.get(&key) == Some(path);
+                if live || !owners.contains_key(&key) {
+                    owners.insert(key, path);
+                }
+            }
+        }
         let mut configs = BTreeMap::new();
         let mut origins: BTreeMap<ConfigKey, PathBuf> = BTreeMap::new();
         let mut duplicates = Vec::new();
         for (path, state) in &self.files {
             for (doc, config) in &state.good {
                 let key = config.key();
-                if let Some(first) = origins.get(&key) {
+                let owner = owners.get(&key).copied().unwrap_or(path);
+                if owner != path || origins.contains_key(&key) {
                     duplicates.push(SourceError::Duplicate {
                         file: path.clone(),
                         doc: *doc,
                         key,
-                        first: first.clone(),
+                        first: owner.clone(),
                     });
                     continue;
                 }
                 origins.insert(key.clone(), path.clone());
                 configs.insert(key, config.clone());
             }
+        }
+        for d in duplicates.iter().filter(|d| !self.duplicates.contains(d)) {
+            tracing::warn!(error = %d, "duplicate config ignored");
+            let kind = d.kind().unwrap_or_else(|| "unknown".to_owned());
+            if let Some(observer) = &self.observer {
+                observer(&kind);
+            }
+            *self.invalid_counts.entry(kind).or_default() += 1;
         }
         let change = diff(&self.configs, &configs);
         self.configs = Arc::new(configs);

@@ -274,3 +274,45 @@ fn invalid_update_keeps_the_last_valid_version() {
     store.rescan();
     assert!(store.get(&se_key("c")).is_none());
 }
+
+/// A file that sorts earlier and redefines a live resource does not take it over: the live one
+/// keeps serving, the newcomer is named in the error, warned about and counted once.
+#[test]
+fn a_newcomer_never_replaces_a_live_resource() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(
+        tmp.path(),
+        "b.yaml",
+        &service_entry_with_host("dup", "live.example.com"),
+    );
+    let mut store = FileConfigStore::new(tmp.path());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    store.set_invalid_observer(Arc::new(move |kind: &str| sink.lock().unwrap().push(kind.to_owned())));
+    assert_eq!(summary(&store.rescan()), ["+dup"]);
+    let host = |store: &FileConfigStore| match &store.get(&se_key("dup")).unwrap().spec {
+        model::ConfigSpec::ServiceEntry(se) => se.hosts[0].clone(),
+        other => panic!("{other:?}"),
+    };
+
+    write(
+        tmp.path(),
+        "a.yaml",
+        &service_entry_with_host("dup", "newcomer.example.com"),
+    );
+    assert!(store.rescan().is_empty(), "the live resource is unchanged");
+    assert_eq!(host(&store), "live.example.com");
+    let errors = store.errors();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].file, tmp.path().join("a.yaml"), "the newcomer is named");
+    assert!(errors[0].reason.contains("b.yaml"), "{errors:?}");
+    store.rescan();
+    assert_eq!(*seen.lock().unwrap(), ["ServiceEntry"], "counted once");
+    assert_eq!(store.invalid_counts().get("ServiceEntry"), Some(&1));
+
+    // The newcomer takes over once the live one is gone.
+    fs::remove_file(tmp.path().join("b.yaml")).unwrap();
+    assert_eq!(summary(&store.rescan()), ["~dup"]);
+    assert_eq!(host(&store), "newcomer.example.com");
+    assert!(store.errors().is_empty());
+}
