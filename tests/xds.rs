@@ -226,3 +226,35 @@ async fn delta_client_gets_wildcard_clusters_and_updates() -> anyhow::Result<()>
     assert!(r.removed().iter().any(|n| n == V1), "removed {:?}", r.removed());
     Ok(())
 }
+
+/// `ISTIO_GPRC_MAXSTREAMS` caps the concurrent streams of one connection: over it, HTTP/2 holds
+/// the next stream until one closes, however many a client opens.
+#[tokio::test]
+async fn concurrent_streams_per_connection_are_capped() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("gateway.yaml"), gateway_yaml(18080))?;
+    let opts = DiscoveryOptions {
+        env: vec![("ISTIO_GPRC_MAXSTREAMS".into(), "2".into())],
+        ..DiscoveryOptions::default()
+    };
+    let d = Discovery::start(dir.path(), opts).await?;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", d.grpc_addr))?
+        .connect()
+        .await?;
+    let mut first = AdsClient::on_channel(channel.clone(), NODE_ID, metadata()).await?;
+    first.handshake(None).await?;
+    let mut second = AdsClient::on_channel(channel.clone(), NODE_ID, metadata()).await?;
+    second.handshake(None).await?;
+    let third = AdsClient::on_channel(channel.clone(), NODE_ID, metadata());
+    tokio::pin!(third);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut third)
+            .await
+            .is_err(),
+        "a third stream opened on a connection capped at two"
+    );
+    drop(first);
+    let mut third = tokio::time::timeout(Duration::from_secs(10), third).await??;
+    third.handshake(None).await?;
+    Ok(())
+}
