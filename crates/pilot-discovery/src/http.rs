@@ -2,11 +2,13 @@
 //! server (`--monitoringAddr`: `/metrics`, `/version`, and the same debug endpoints, as istiod).
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Query, State};
+use axum::extract::{ConnectInfo, Query, Request, State};
 use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
 use config_sources::StoreSnapshot;
@@ -23,6 +25,8 @@ pub struct AppState {
     pub environment: Arc<Environment>,
     pub registry: Arc<Registry>,
     pub store: watch::Receiver<StoreSnapshot>,
+    /// ENABLE_DEBUG_ENDPOINT_AUTH.
+    pub debug_auth: bool,
 }
 
 fn debug_routes() -> Router<AppState> {
@@ -39,9 +43,32 @@ fn debug_routes() -> Router<AppState> {
         .route("/debug", get(index))
 }
 
+/// Istio's debug endpoint authentication (`ENABLE_DEBUG_ENDPOINT_AUTH`, default on): `/debug/*`
+/// is served to loopback callers; others would need a token the mesh's authenticators accept,
+/// and until pilot-discovery has authenticators (the mTLS work) they are refused. `/ready`,
+/// `/metrics` and `/version` stay open, as Istio's.
+async fn debug_auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0);
+    let open = !s.debug_auth || !req.uri().path().starts_with("/debug") || peer.is_some_and(|p| p.ip().is_loopback());
+    if open {
+        return next.run(req).await;
+    }
+    let who = peer.map_or_else(|| "an unknown address".to_owned(), |p| p.ip().to_string());
+    (
+        StatusCode::UNAUTHORIZED,
+        format!(
+            "debug endpoints are served to loopback only: {who} would need a token, and no authenticator is \
+             configured (ENABLE_DEBUG_ENDPOINT_AUTH=false serves everyone)\n"
+        ),
+    )
+        .into_response()
+}
+
 /// `--httpAddr`.
 pub fn debug_router(state: AppState) -> Router {
-    debug_routes().with_state(state)
+    debug_routes()
+        .route_layer(middleware::from_fn_with_state(state.clone(), debug_auth))
+        .with_state(state)
 }
 
 /// `--monitoringAddr`.
@@ -49,6 +76,7 @@ pub fn monitoring_router(state: AppState) -> Router {
     debug_routes()
         .route("/metrics", get(metrics))
         .route("/version", get(version))
+        .route_layer(middleware::from_fn_with_state(state.clone(), debug_auth))
         .with_state(state)
 }
 
@@ -253,4 +281,61 @@ async fn config_dump(State(s): State<AppState>, Query(q): Query<DumpQuery>) -> R
         }));
     }
     Json(json!({"configs": sections})).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use environment::{Environment, ServiceEntries};
+    use tower::ServiceExt;
+
+    fn state(debug_auth: bool) -> AppState {
+        let mesh = Arc::new(model::MeshConfig::default());
+        let environment = Arc::new(Environment::new(
+            mesh.clone(),
+            "cluster.local".into(),
+            vec![Box::new(ServiceEntries::new(mesh))],
+        ));
+        let mut registry = Registry::default();
+        let server = DiscoveryServer::new(environment.clone(), Default::default(), &mut registry);
+        AppState {
+            server,
+            environment,
+            registry: Arc::new(registry),
+            store: watch::channel(StoreSnapshot::default()).1,
+            debug_auth,
+        }
+    }
+
+    async fn status(app: &Router, from: [u8; 4], path: &str) -> StatusCode {
+        let mut req = Request::builder().uri(path).body(Body::empty()).unwrap_or_default();
+        req.extensions_mut()
+            .insert(ConnectInfo(SocketAddr::from((from, 40000))));
+        match app.clone().oneshot(req).await {
+            Ok(r) => r.status(),
+            Err(e) => match e {},
+        }
+    }
+
+    #[tokio::test]
+    async fn debug_endpoints_are_served_to_loopback_only() {
+        for app in [debug_router(state(true)), monitoring_router(state(true))] {
+            assert_eq!(status(&app, [127, 0, 0, 1], "/debug/adsz").await, StatusCode::OK);
+            assert_eq!(
+                status(&app, [10, 1, 2, 3], "/debug/adsz").await,
+                StatusCode::UNAUTHORIZED
+            );
+            assert_eq!(
+                status(&app, [10, 1, 2, 3], "/debug/configz").await,
+                StatusCode::UNAUTHORIZED
+            );
+            assert_ne!(status(&app, [10, 1, 2, 3], "/ready").await, StatusCode::UNAUTHORIZED);
+        }
+        let monitoring = monitoring_router(state(true));
+        assert_eq!(status(&monitoring, [10, 1, 2, 3], "/metrics").await, StatusCode::OK);
+        assert_eq!(status(&monitoring, [10, 1, 2, 3], "/version").await, StatusCode::OK);
+        let open = debug_router(state(false));
+        assert_eq!(status(&open, [10, 1, 2, 3], "/debug/adsz").await, StatusCode::OK);
+    }
 }

@@ -96,6 +96,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         environment: environment.clone(),
         registry: Arc::new(registry),
         store: dir_watch.state.clone(),
+        debug_auth: settings.enable_debug_endpoint_auth,
     };
 
     let mut tasks = tokio::task::JoinSet::new();
@@ -128,7 +129,8 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         if let Some(addr) = addr {
             let listener = bind(addr, flag).await?;
             tracing::info!(%addr, flag, "HTTP listening");
-            tasks.spawn(async move { axum::serve(listener, router).await.context("HTTP server") });
+            let service = router.into_make_service_with_connect_info::<SocketAddr>();
+            tasks.spawn(async move { axum::serve(listener, service).await.context("HTTP server") });
         }
     }
 

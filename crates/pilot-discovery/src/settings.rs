@@ -19,6 +19,8 @@ pub struct Settings {
     /// ISTIO_GPRC_MAXSTREAMS: concurrent gRPC streams per connection (Istio: 100000; here 100,
     /// as one Envoy or agent opens one ADS stream).
     pub max_streams: u32,
+    /// ENABLE_DEBUG_ENDPOINT_AUTH: `/debug/*` only from loopback until callers can authenticate.
+    pub enable_debug_endpoint_auth: bool,
     /// POD_NAMESPACE: istiod's own namespace.
     pub pod_namespace: String,
 }
@@ -93,6 +95,7 @@ impl Settings {
             max_recv_msg_size: positive("ISTIO_GPRC_MAXRECVMSGSIZE", DEFAULT_MAX_RECV_MSG_SIZE)?,
             max_streams: u32::try_from(positive("ISTIO_GPRC_MAXSTREAMS", DEFAULT_MAX_STREAMS as usize)?)
                 .unwrap_or(u32::MAX),
+            enable_debug_endpoint_auth: boolean("ENABLE_DEBUG_ENDPOINT_AUTH", true)?,
             pod_namespace: get("POD_NAMESPACE")
                 .filter(|v| !v.is_empty())
                 .unwrap_or_else(|| "istio-system".into()),
@@ -133,6 +136,7 @@ mod tests {
         assert!((20..=100).contains(&s.push_throttle));
         assert_eq!(s.max_recv_msg_size, 4 * 1024 * 1024);
         assert_eq!(s.max_streams, 100);
+        assert!(s.enable_debug_endpoint_auth);
     }
 
     #[test]
