@@ -1,9 +1,11 @@
 //! The response side of an ADS stream: a small bounded channel to the response body (`grpc`)
-//! whose receiving end tells a push when the body has come back for the message after its last
-//! one, that is when the push's bytes have been handed to HTTP/2 and the connection had room for
-//! more. A push holds its throttle [`Slot`] until then, so the bytes in flight are bounded by the
-//! throttle, not by the number of proxies (Istio's push semaphore covers `Send`, which blocks on
-//! flow control the same way).
+//! whose receiving end tells a push when the body has come back for the message after each of
+//! its messages, that is when the message's bytes have been handed to HTTP/2 and the connection
+//! had room for more. A push holds its throttle [`Slot`] while its messages are taken, so the
+//! bytes in flight are bounded by the throttle, not by the number of proxies (Istio's push
+//! semaphore covers `Send`, which blocks on flow control the same way); a stream that stops
+//! reading (no message taken within the stall time, `PILOT_DEBOUNCE_AFTER`) gives the slot up, so
+//! a stalled proxy costs a healthy one no more than the push debounce.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -14,11 +16,6 @@ use tonic::Status;
 
 /// Responses queued per stream: one full push (CDS, EDS, LDS, RDS).
 pub(crate) const STREAM_BUFFER: usize = 4;
-
-/// The longest a push keeps its throttle slot waiting for a proxy to read. A proxy that stops
-/// reading keeps its connection (its data stays queued) but no longer holds up other pushes; a
-/// push that finds the stream's queue full gives its slot up at once (`Slot::send`).
-pub(crate) const DRAIN_WAIT: Duration = Duration::from_secs(2);
 
 /// One message for the response body, with the signal to give once the body is past it.
 pub(crate) struct Outbound<T> {
@@ -64,28 +61,34 @@ impl<T> futures::Stream for ResponseStream<T> {
     }
 }
 
-/// Waits until `taken` fires (or the stream is gone), at most [`DRAIN_WAIT`].
-async fn drained(taken: oneshot::Receiver<()>) {
-    let _ = tokio::time::timeout(DRAIN_WAIT, taken).await;
+/// Whether `taken` fired (or the stream is gone) within `stall`.
+async fn taken_within(taken: oneshot::Receiver<()>, stall: Duration) -> bool {
+    tokio::time::timeout(stall, taken).await.is_ok()
 }
 
-/// A push's (or an answer's) throttle slot, and the signal of the last response sent under it.
+/// A push's (or an answer's) throttle slot, and the signals of the responses sent under it.
 pub(crate) struct Slot {
     permit: Option<OwnedSemaphorePermit>,
-    last: Option<oneshot::Receiver<()>>,
+    sent: Vec<oneshot::Receiver<()>>,
+    /// How long a message may wait to be taken before the stream counts as stalled.
+    stall: Duration,
 }
 
 impl Slot {
-    pub(crate) fn new(permit: Option<OwnedSemaphorePermit>) -> Slot {
-        Slot { permit, last: None }
+    pub(crate) fn new(permit: Option<OwnedSemaphorePermit>, stall: Duration) -> Slot {
+        Slot {
+            permit,
+            sent: Vec::new(),
+            stall,
+        }
     }
 
     /// Queues `item`. When the queue is full the proxy is not reading: the permit is given up
     /// before waiting, so that proxy holds up no other push. `Err` when the stream is gone.
     pub(crate) async fn send<T>(&mut self, tx: &OutSender<T>, item: T) -> Result<(), ()> {
         let taken = self.permit.is_some().then(|| {
-            let (taken, last) = oneshot::channel();
-            self.last = Some(last);
+            let (taken, signal) = oneshot::channel();
+            self.sent.push(signal);
             taken
         });
         let out = Outbound { item: Ok(item), taken };
@@ -94,18 +97,22 @@ impl Slot {
             Err(mpsc::error::TrySendError::Closed(_)) => Err(()),
             Err(mpsc::error::TrySendError::Full(out)) => {
                 self.permit = None;
+                self.sent.clear();
                 tx.send(out).await.map_err(|_| ())
             }
         }
     }
 
-    /// Gives the permit back once the body is past the last response sent under it (at most
-    /// [`DRAIN_WAIT`]).
+    /// Gives the permit back once the body is past every response sent under it, or as soon as
+    /// one of them is not taken within the stall time (the proxy stopped reading).
     pub(crate) async fn release(mut self) {
-        if self.permit.is_some()
-            && let Some(last) = self.last.take()
-        {
-            drained(last).await;
+        if self.permit.is_none() {
+            return;
+        }
+        for signal in std::mem::take(&mut self.sent) {
+            if !taken_within(signal, self.stall).await {
+                return;
+            }
         }
     }
 }
@@ -136,17 +143,54 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_reader_that_never_comes_back_holds_the_push_for_a_bounded_time() {
-        let (tx, _stream) = channel::<u32>();
-        let (taken, heard) = oneshot::channel();
-        tx.send(Outbound {
-            item: Ok(1),
-            taken: Some(taken),
-        })
-        .await
-        .unwrap();
+    async fn a_reader_that_stops_gives_the_slot_up_after_the_stall_time() {
+        let stall = Duration::from_millis(100);
+        let (tx, mut stream) = channel::<u32>();
+        let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(1));
+        let mut slot = Slot::new(permits.clone().try_acquire_owned().ok(), stall);
+        for i in 0..3 {
+            slot.send(&tx, i).await.unwrap();
+        }
+        // The reader takes the first message, then stops.
+        assert_eq!(stream.next().await.unwrap().unwrap(), 0);
         let t0 = tokio::time::Instant::now();
-        drained(heard).await;
-        assert_eq!(t0.elapsed(), DRAIN_WAIT);
+        slot.release().await;
+        assert_eq!(t0.elapsed(), stall, "one stall time, not one per message");
+        assert_eq!(permits.available_permits(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_reader_keeps_the_slot_while_it_reads() {
+        let stall = Duration::from_millis(100);
+        let (tx, mut stream) = channel::<u32>();
+        let mut slot = Slot::new(
+            std::sync::Arc::new(tokio::sync::Semaphore::new(1))
+                .try_acquire_owned()
+                .ok(),
+            stall,
+        );
+        for i in 0..3 {
+            slot.send(&tx, i).await.unwrap();
+        }
+        let reader = tokio::spawn(async move {
+            // A poll every 40 ms: each message is taken (the poll after it) within the stall
+            // time, the last at 160 ms.
+            for _ in 0..4 {
+                tokio::time::sleep(Duration::from_millis(40)).await;
+                if stream.next().await.is_none() {
+                    break;
+                }
+            }
+            stream
+        });
+        let t0 = tokio::time::Instant::now();
+        slot.release().await;
+        assert!(
+            t0.elapsed() > stall,
+            "released at {:?}, before the reader was done",
+            t0.elapsed()
+        );
+        drop(tx);
+        drop(reader.await.unwrap());
     }
 }

@@ -229,6 +229,12 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
         self.throttle.clone().acquire_owned().await.ok()
     }
 
+    /// How long a push waits for a proxy to take a response before it counts as stalled and
+    /// the push gives its throttle slot up: the push debounce (`PILOT_DEBOUNCE_AFTER`).
+    pub(crate) fn stall_time(&self) -> Duration {
+        self.opts.debounce_after
+    }
+
     pub(crate) fn max_recv_msg_size(&self) -> usize {
         self.opts.max_recv_msg_size
     }

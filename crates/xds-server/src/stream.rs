@@ -148,7 +148,7 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
         lock(&self.conn.last_pushed).get_or_insert_with(|| snapshot.clone());
         // Answers take a throttle slot as pushes do: a thousand proxies connecting at once must
         // not hold a thousand full responses in memory.
-        let mut slot = Slot::new(self.server.throttle().await);
+        let mut slot = Slot::new(self.server.throttle().await, self.server.stall_time());
         for g in generate(snapshot.clone(), self.conn.proxy.clone(), vec![target], F::DELTA).await {
             self.send(snapshot.as_ref(), g, Cause::Request, &mut slot).await?;
         }
@@ -170,7 +170,7 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
             return Ok(());
         }
         // The slot is held from generation until the responses have left (see `outbound`).
-        let mut slot = Slot::new(self.server.throttle().await);
+        let mut slot = Slot::new(self.server.throttle().await, self.server.stall_time());
         let generated = generate(snapshot.clone(), self.conn.proxy.clone(), targets, F::DELTA).await;
         if req.full {
             *lock(&self.conn.last_pushed) = Some(snapshot.clone());

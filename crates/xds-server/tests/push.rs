@@ -139,3 +139,65 @@ async fn a_proxy_that_never_reads_does_not_block_others() {
     );
     drop(slow);
 }
+
+/// Proxies that stop reading give their push slots up after the stall time (the push debounce),
+/// not after a fixed wait: twenty of them, with two slots, delay a healthy proxy's handshake and
+/// push by a few stall times, where a 2 s hold per stalled stream took tens of seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_proxies_cost_a_healthy_one_about_the_push_debounce() {
+    let mesh = Mesh {
+        padding: 1 << 20,
+        ..Mesh::basic()
+    };
+    let opts = ServerOptions {
+        push_throttle: 2,
+        debounce_after: Duration::from_millis(100),
+        ..ServerOptions::default()
+    };
+    let ts = serve(mesh, opts).await;
+    let mut stalled = Vec::new();
+    for i in 0..20 {
+        let node = format!("sidecar~10.1.1.{i}~stalled-{i}.default~default.svc.cluster.local");
+        let mut c = AdsClient::connect(ts.addr, &node, metadata()).await.unwrap();
+        for (t, names) in [
+            (type_url::CLUSTER, vec![]),
+            (type_url::ENDPOINT, vec![A.to_string(), B.to_string(), C.to_string()]),
+            (type_url::LISTENER, vec![]),
+            (type_url::ROUTE, vec!["80".to_string()]),
+        ] {
+            c.send_raw(DiscoveryRequest {
+                type_url: t.into(),
+                resource_names: names,
+                ..Default::default()
+            })
+            .unwrap();
+        }
+        stalled.push(c);
+    }
+    let t0 = std::time::Instant::now();
+    let mut healthy = AdsClient::connect(ts.addr, NODE, metadata()).await.unwrap();
+    healthy.handshake(None).await.unwrap();
+
+    ts.set_mesh(|m| m.padding += 1);
+    ts.server.config_update(PushRequest::full(TriggerReason::ConfigUpdate));
+    for t in [
+        type_url::CLUSTER,
+        type_url::ENDPOINT,
+        type_url::LISTENER,
+        type_url::ROUTE,
+    ] {
+        tokio::time::timeout(Duration::from_secs(30), healthy.expect_type(t))
+            .await
+            .unwrap()
+            .unwrap();
+        healthy.ack().unwrap();
+    }
+    let took = t0.elapsed();
+    // About 2.7 s here (80 answers to stalled streams, two slots, 100 ms each at most); with a
+    // 2 s hold per stalled stream, over 11 s.
+    assert!(
+        took < Duration::from_secs(8),
+        "the healthy handshake and push took {took:?}"
+    );
+    drop(stalled);
+}
