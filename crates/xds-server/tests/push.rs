@@ -12,6 +12,23 @@ use xds_api::envoy::service::discovery::v3::DiscoveryRequest;
 use xds_api::type_url;
 use xds_server::{PushRequest, PushSnapshot, ServerOptions, TriggerReason};
 
+/// Subscribes to every type of the fake mesh, as Envoy does, and then never reads.
+fn subscribe_without_reading(c: &mut AdsClient) {
+    for (t, names) in [
+        (type_url::CLUSTER, vec![]),
+        (type_url::ENDPOINT, vec![A.to_string(), B.to_string(), C.to_string()]),
+        (type_url::LISTENER, vec![]),
+        (type_url::ROUTE, vec!["80".to_string()]),
+    ] {
+        c.send_raw(DiscoveryRequest {
+            type_url: t.into(),
+            resource_names: names,
+            ..Default::default()
+        })
+        .unwrap();
+    }
+}
+
 fn builds(ts: &TestServer) -> Vec<(tokio::time::Instant, PushRequest)> {
     ts.builds.lock().unwrap().clone()
 }
@@ -93,19 +110,7 @@ async fn a_proxy_that_never_reads_does_not_block_others() {
     )
     .await
     .unwrap();
-    for (t, names) in [
-        (type_url::CLUSTER, vec![]),
-        (type_url::ENDPOINT, vec![A.to_string(), B.to_string(), C.to_string()]),
-        (type_url::LISTENER, vec![]),
-        (type_url::ROUTE, vec!["80".to_string()]),
-    ] {
-        slow.send_raw(DiscoveryRequest {
-            type_url: t.into(),
-            resource_names: names,
-            ..Default::default()
-        })
-        .unwrap();
-    }
+    subscribe_without_reading(&mut slow);
 
     let mut fast = AdsClient::connect(ts.addr, NODE, metadata()).await.unwrap();
     fast.handshake(None).await.unwrap();
@@ -159,19 +164,7 @@ async fn stalled_proxies_cost_a_healthy_one_about_the_push_debounce() {
     for i in 0..20 {
         let node = format!("sidecar~10.1.1.{i}~stalled-{i}.default~default.svc.cluster.local");
         let mut c = AdsClient::connect(ts.addr, &node, metadata()).await.unwrap();
-        for (t, names) in [
-            (type_url::CLUSTER, vec![]),
-            (type_url::ENDPOINT, vec![A.to_string(), B.to_string(), C.to_string()]),
-            (type_url::LISTENER, vec![]),
-            (type_url::ROUTE, vec!["80".to_string()]),
-        ] {
-            c.send_raw(DiscoveryRequest {
-                type_url: t.into(),
-                resource_names: names,
-                ..Default::default()
-            })
-            .unwrap();
-        }
+        subscribe_without_reading(&mut c);
         stalled.push(c);
     }
     let t0 = std::time::Instant::now();
