@@ -13,9 +13,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use config_sources::ConfigChange;
-use model::{Changed, Config, ConfigKey, ConfigKind, MeshConfig, PushRequest, TriggerReason};
+use model::{Changed, Config, ConfigKey, ConfigKind, ConfigsUpdated, MeshConfig, PushRequest, TriggerReason};
 use push_index::PushContext;
 use registry::{RegistryDiff, RegistrySnapshot};
 
@@ -165,7 +166,10 @@ pub(crate) fn push_request(configs: BTreeSet<ConfigKey>, diff: RegistryDiff) -> 
         .map(Changed::Config)
         .chain(diff.services_changed.into_iter().map(Changed::Service))
         .chain(diff.endpoints_changed.into_iter().map(Changed::Service));
-    let mut req = PushRequest::changed(reasons[0], changes);
-    req.reason = reasons.into_iter().map(|r| (r, 1)).collect();
-    Some(req)
+    Some(PushRequest {
+        full: true,
+        configs_updated: ConfigsUpdated::Only(changes.collect()),
+        reason: reasons.into_iter().map(|r| (r, 1)).collect(),
+        start: Instant::now(),
+    })
 }

@@ -51,10 +51,7 @@ impl ServiceRegistry for ServiceEntries {
     }
 
     fn config_changed(&self, events: &[ConfigEvent]) -> RegistryDiff {
-        let changes = events
-            .iter()
-            .filter(|e| ServiceEntryRegistry::reads(e.key().kind))
-            .map(|e| (e.key(), e.current()));
+        let changes = events.iter().map(|e| (e.key(), e.current()));
         self.0.lock().unwrap_or_else(PoisonError::into_inner).apply(changes)
     }
 

@@ -29,7 +29,8 @@ pub struct AppState {
     pub debug_auth: bool,
 }
 
-fn debug_routes() -> Router<AppState> {
+/// The debug routes (and `/ready`), behind Istio's debug endpoint authentication.
+fn debug_routes(state: &AppState) -> Router<AppState> {
     Router::new()
         .route("/ready", get(ready))
         .route("/debug/adsz", get(adsz))
@@ -41,6 +42,7 @@ fn debug_routes() -> Router<AppState> {
         .route("/debug/push_status", get(push_status))
         .route("/debug/mesh", get(mesh))
         .route("/debug", get(index))
+        .route_layer(middleware::from_fn_with_state(state.clone(), debug_auth))
 }
 
 /// Istio's debug endpoint authentication (`ENABLE_DEBUG_ENDPOINT_AUTH`, default on): `/debug/*`
@@ -66,17 +68,14 @@ async fn debug_auth(State(s): State<AppState>, req: Request, next: Next) -> Resp
 
 /// `--httpAddr`.
 pub fn debug_router(state: AppState) -> Router {
-    debug_routes()
-        .route_layer(middleware::from_fn_with_state(state.clone(), debug_auth))
-        .with_state(state)
+    debug_routes(&state).with_state(state)
 }
 
 /// `--monitoringAddr`.
 pub fn monitoring_router(state: AppState) -> Router {
-    debug_routes()
+    debug_routes(&state)
         .route("/metrics", get(metrics))
         .route("/version", get(version))
-        .route_layer(middleware::from_fn_with_state(state.clone(), debug_auth))
         .with_state(state)
 }
 

@@ -168,24 +168,19 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
 /// One line for a batch of config events: counts by kind and action, e.g.
 /// `VirtualService: 2 updated; ServiceEntry: 1 added, 1 deleted` (a batch may hold thousands).
 fn summarize(change: &config_sources::ConfigChange) -> String {
-    let mut counts: std::collections::BTreeMap<String, [usize; 3]> = std::collections::BTreeMap::new();
+    use std::collections::BTreeMap;
+    let mut counts: BTreeMap<String, BTreeMap<&str, usize>> = BTreeMap::new();
     for e in &change.events {
-        let slot = match e {
-            config_sources::ConfigEvent::Added(_) => 0,
-            config_sources::ConfigEvent::Updated { .. } => 1,
-            config_sources::ConfigEvent::Deleted(_) => 2,
-        };
-        counts.entry(e.key().kind.to_string()).or_default()[slot] += 1;
+        *counts
+            .entry(e.key().kind.to_string())
+            .or_default()
+            .entry(event_name(e))
+            .or_default() += 1;
     }
     counts
         .iter()
-        .map(|(kind, n)| {
-            let actions: Vec<String> = ["added", "updated", "deleted"]
-                .iter()
-                .zip(n)
-                .filter(|(_, n)| **n > 0)
-                .map(|(a, n)| format!("{n} {a}"))
-                .collect();
+        .map(|(kind, actions)| {
+            let actions: Vec<String> = actions.iter().map(|(a, n)| format!("{n} {a}")).collect();
             format!("{kind}: {}", actions.join(", "))
         })
         .collect::<Vec<_>>()
@@ -286,14 +281,8 @@ mod tests {
                 "http": [{"route": [{"destination": {"host": "a.example.com"}}]}]}),
             _ => serde_json::json!({"hosts": ["a.example.com"], "ports": [{"number": 80, "name": "http"}]}),
         };
-        std::sync::Arc::new(
-            model::config::parse_config(
-                serde_json::json!({"apiVersion": "networking.istio.io/v1", "kind": kind,
-                    "metadata": {"name": name, "namespace": "default"}, "spec": spec}),
-                "default",
-            )
-            .unwrap(),
-        )
+        model::testing::config(serde_json::json!({"apiVersion": "networking.istio.io/v1", "kind": kind,
+            "metadata": {"name": name, "namespace": "default"}, "spec": spec}))
     }
 
     #[test]

@@ -6,7 +6,7 @@
 pub mod json;
 mod resource;
 
-pub use resource::{GenerateError, Resource, version_of};
+pub use resource::{GenerateError, Resource};
 
 pub use envoy_types;
 pub use envoy_types::pb::envoy;

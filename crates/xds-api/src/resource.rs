@@ -43,7 +43,7 @@ impl PartialEq for Resource {
 }
 
 /// A resource's delta version: a hash of its type URL and bytes.
-pub fn version_of(any: &pbwkt::Any) -> String {
+fn version_of(any: &pbwkt::Any) -> String {
     use std::hash::{DefaultHasher, Hash, Hasher};
     let mut h = DefaultHasher::new();
     any.type_url.hash(&mut h);

@@ -20,13 +20,13 @@ use tonic::body::Body;
 use tonic::codegen::{BoxFuture, Service, http};
 use tonic::server::NamedService;
 use tonic::transport::server::TcpConnectInfo;
-use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 
 use crate::SnapshotBuilder;
 use crate::delta::Delta;
 use crate::outbound::ResponseStream;
 use crate::server::DiscoveryServer;
 use crate::sotw::Sotw;
+use crate::stream::Flavour;
 
 const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
 const SOTW_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
@@ -78,20 +78,25 @@ impl<B: SnapshotBuilder> Service<http::Request<Body>> for AdsService<B> {
             }
             let peer = peer_of(&req).map_or_else(|| "0.0.0.0".to_owned(), |a| a.to_string());
             let body = req.into_body();
-            let response = if path == SOTW_PATH {
-                let inbound = Requests::<DiscoveryRequest>::new(body, server.max_recv_msg_size());
-                let (tx, rx) = crate::outbound::channel();
-                tokio::spawn(crate::stream::serve::<B, Sotw>(server, inbound, tx, peer));
-                grpc_response(rx)
+            Ok(if path == SOTW_PATH {
+                start_stream::<B, Sotw>(server, body, peer)
             } else {
-                let inbound = Requests::<DeltaDiscoveryRequest>::new(body, server.max_recv_msg_size());
-                let (tx, rx) = crate::outbound::channel();
-                tokio::spawn(crate::stream::serve::<B, Delta>(server, inbound, tx, peer));
-                grpc_response(rx)
-            };
-            Ok(response)
+                start_stream::<B, Delta>(server, body, peer)
+            })
         })
     }
+}
+
+/// Starts the stream's task and returns the response whose body carries what it sends.
+fn start_stream<B: SnapshotBuilder, F: Flavour>(
+    server: Arc<DiscoveryServer<B>>,
+    body: Body,
+    peer: String,
+) -> http::Response<Body> {
+    let inbound = Requests::<F::Request>::new(body, server.max_recv_msg_size());
+    let (tx, rx) = crate::outbound::channel();
+    tokio::spawn(crate::stream::serve::<B, F>(server, inbound, tx, peer));
+    grpc_response(rx)
 }
 
 /// The request side of a stream: length-prefixed messages decoded from the body's data frames.
@@ -283,7 +288,7 @@ fn trailers(status: &Status) -> http::HeaderMap {
 mod tests {
     use super::*;
     use futures::StreamExt;
-    use xds_api::envoy::service::discovery::v3::DiscoveryResponse;
+    use xds_api::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 
     #[test]
     fn frames_are_length_prefixed_messages_of_exact_size() {
