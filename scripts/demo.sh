@@ -6,6 +6,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 ENVOY_BIN="$(scripts/install-envoy.sh)"
+scripts/install-build-deps.sh
 export ENVOY_BIN
 cargo build -p pilot-discovery -p e2e --bins
 exec target/debug/demo "$@"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The one test command: installs Envoy (for the real-Envoy tests) and, as root with apt-get, what the
-# network-namespace tests need, then builds and runs every test in the workspace with cargo-nextest,
-# or with `cargo test` where nextest is missing. Extra arguments go to the test runner, e.g.
-# `scripts/test.sh -p generators` or `scripts/test.sh envoy`.
+# The one test command: installs Envoy (for the real-Envoy tests) and, as root with apt-get, RE2
+# (scripts/install-build-deps.sh) and what the network-namespace tests need, then builds and runs
+# every test in the workspace with cargo-nextest, or with `cargo test` where nextest is missing.
+# Extra arguments go to the test runner, e.g. `scripts/test.sh -p generators` or
+# `scripts/test.sh envoy`.
 #
 # The network-namespace tests (tests/sidecar.rs, the agent's iptables::tests::kernel, test-support's
 # netns::tests) fail on a machine that cannot run them; here they are detected up front
@@ -19,6 +20,7 @@ ENVOY_BIN="$(scripts/install-envoy.sh)"
 export ENVOY_BIN
 echo "test.sh: using $("$ENVOY_BIN" --version 2>/dev/null | grep -o 'version: .*' || echo "$ENVOY_BIN")" >&2
 
+scripts/install-build-deps.sh
 scripts/install-netns-deps.sh
 
 if [[ $# -eq 0 ]]; then

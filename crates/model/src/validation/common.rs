@@ -244,18 +244,32 @@ pub(crate) fn check_export_to(
     }
 }
 
-/// Longest regex Istio accepts (it approximates Envoy's RE2 program size limit by length).
+/// Longest regex Istio accepts (`validateStringRegexp`); RE2's program size check comes after.
 const MAX_REGEX_LEN: usize = 1024;
 
-/// `validateStringRegexp`: at most 1024 characters and valid RE2 (no lookaround, no backreferences).
-pub(crate) fn validate_regex(re: &str) -> Check {
+/// A regex is valid when Envoy will accept it: at most 1024 characters (Istio's own limit), and
+/// compiled by RE2 as Envoy compiles it, within the program size pilot-agent's bootstrap allows
+/// (`re2.max_program_size.error_level` 32768). RE2 rules, not Rust's: repetition counts up to 1000,
+/// `\Q...\E`, no lookaround, no backreferences.
+pub fn validate_regex(re: &str) -> Result<(), String> {
     if re.len() > MAX_REGEX_LEN {
         return Err(format!("regex is too large, max length allowed is {MAX_REGEX_LEN}"));
     }
-    regex::Regex::new(re).map(|_| ()).map_err(|e| {
-        let first = e.to_string().lines().last().unwrap_or_default().trim().to_owned();
-        format!("invalid regex {re:?}: {first}; Istio uses RE2 style regex-based match (https://github.com/google/re2/wiki/Syntax)")
+    re2::check(re, re2::ISTIO_MAX_PROGRAM_SIZE).map(|_| ()).map_err(|e| {
+        format!(
+            "invalid regex {:?}: {e}; Istio uses RE2 style regex-based match (https://github.com/google/re2/wiki/Syntax)",
+            shortened(re, 128)
+        )
     })
+}
+
+/// `s` cut to at most `max` bytes (on a character boundary), marked when cut.
+fn shortened(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if s.len() <= max {
+        return s.into();
+    }
+    let end = (0..=max).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0);
+    format!("{}...", &s[..end]).into()
 }
 
 /// One of the names an enum field accepts.
@@ -368,6 +382,19 @@ mod tests {
         assert!(validate_regex(r"(a)\1").is_err());
         assert!(validate_regex("[").is_err());
         assert!(validate_regex(&"a".repeat(1025)).unwrap_err().contains("too large"));
+        // RE2's rules, not Rust's (issue 9's probe): repetition above 1000 refused, \Q..\E taken.
+        assert!(
+            validate_regex("/a{1001}")
+                .unwrap_err()
+                .contains("invalid repetition size")
+        );
+        assert!(validate_regex("/a{1000}").is_ok());
+        assert!(validate_regex(r"/api/\Q(v1)\E/.*").is_ok());
+        assert!(
+            validate_regex("(abcdefghijklmnopqrstuvwxyz0123456789){1000}")
+                .unwrap_err()
+                .contains("program size")
+        );
     }
 
     #[test]

@@ -14,6 +14,8 @@ mod sidecar;
 mod virtual_service;
 mod workload_entry;
 
+pub use common::validate_regex;
+
 use crate::config::{Config, ConfigSpec};
 use common::Errors;
 
