@@ -87,6 +87,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         enable_eds_debounce: settings.enable_eds_debounce,
         push_throttle: settings.push_throttle,
         max_recv_msg_size: settings.max_recv_msg_size,
+        max_resource_names: settings.max_resource_names,
     };
     let server = DiscoveryServer::new(environment.clone(), opts, &mut registry);
     server.start();

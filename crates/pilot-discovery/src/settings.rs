@@ -19,6 +19,9 @@ pub struct Settings {
     /// ISTIO_GPRC_MAXSTREAMS: concurrent gRPC streams per connection (Istio: 100000; here 100,
     /// as one Envoy or agent opens one ADS stream).
     pub max_streams: u32,
+    /// PILOT_XDS_MAX_RESOURCE_NAMES: most names one stream may watch of one type (no Istio
+    /// equivalent; default `xds_server::DEFAULT_MAX_RESOURCE_NAMES`, 50000).
+    pub max_resource_names: usize,
     /// ENABLE_DEBUG_ENDPOINT_AUTH: `/debug/*` only from loopback until callers can authenticate.
     pub enable_debug_endpoint_auth: bool,
     /// POD_NAMESPACE: istiod's own namespace.
@@ -95,6 +98,7 @@ impl Settings {
             max_recv_msg_size: positive("ISTIO_GPRC_MAXRECVMSGSIZE", DEFAULT_MAX_RECV_MSG_SIZE)?,
             max_streams: u32::try_from(positive("ISTIO_GPRC_MAXSTREAMS", DEFAULT_MAX_STREAMS as usize)?)
                 .unwrap_or(u32::MAX),
+            max_resource_names: positive("PILOT_XDS_MAX_RESOURCE_NAMES", xds_server::DEFAULT_MAX_RESOURCE_NAMES)?,
             enable_debug_endpoint_auth: boolean("ENABLE_DEBUG_ENDPOINT_AUTH", true)?,
             pod_namespace: get("POD_NAMESPACE")
                 .filter(|v| !v.is_empty())
@@ -135,6 +139,7 @@ mod tests {
         assert_eq!(s.push_throttle, default_push_throttle());
         assert!((20..=100).contains(&s.push_throttle));
         assert_eq!(s.max_recv_msg_size, 4 * 1024 * 1024);
+        assert_eq!(s.max_resource_names, 50_000);
         assert_eq!(s.max_streams, 100);
         assert!(s.enable_debug_endpoint_auth);
     }

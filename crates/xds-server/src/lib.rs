@@ -27,7 +27,7 @@ use std::sync::Arc;
 pub use clock::rfc3339;
 pub use grpc::AdsService;
 pub use model::{Changed, ConfigsUpdated, Proxy, PushRequest, TriggerReason};
-pub use server::{DiscoveryServer, ServerOptions};
+pub use server::{DEFAULT_MAX_RESOURCE_NAMES, DiscoveryServer, ServerOptions};
 pub use status::{ConnectionStatus, PushStatus, PushTypeStatus, WatchedStatus};
 pub use type_filter::type_needs_push;
 pub use watched::{Names, WatchedResource};

@@ -34,7 +34,14 @@ pub struct ServerOptions {
     pub push_throttle: usize,
     /// ISTIO_GPRC_MAXRECVMSGSIZE: largest request accepted, in bytes.
     pub max_recv_msg_size: usize,
+    /// PILOT_XDS_MAX_RESOURCE_NAMES: most names one stream may watch of one type (what a request
+    /// names, or a delta stream's subscriptions add up to).
+    pub max_resource_names: usize,
 }
+
+/// Default of `PILOT_XDS_MAX_RESOURCE_NAMES`: above the EDS clusters of the largest meshes, far
+/// below what a 4 MiB request can name (a million empty names built a 77 MB response).
+pub const DEFAULT_MAX_RESOURCE_NAMES: usize = 50_000;
 
 impl Default for ServerOptions {
     fn default() -> Self {
@@ -44,6 +51,7 @@ impl Default for ServerOptions {
             enable_eds_debounce: true,
             push_throttle: 100,
             max_recv_msg_size: 4 * 1024 * 1024,
+            max_resource_names: DEFAULT_MAX_RESOURCE_NAMES,
         }
     }
 }
@@ -237,6 +245,10 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
 
     pub(crate) fn max_recv_msg_size(&self) -> usize {
         self.opts.max_recv_msg_size
+    }
+
+    pub(crate) fn max_resource_names(&self) -> usize {
+        self.opts.max_resource_names
     }
 
     /// A request the client sent could not be read: counted, logged, and the stream ends with

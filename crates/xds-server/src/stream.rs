@@ -138,6 +138,20 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
             return Ok(());
         }
         let (outcome, target) = F::on_request(&mut lock(&self.conn.watched), &req, &self.server.names);
+        let watched = lock(&self.conn.watched).get(t).map_or(0, |w| w.resource.names.len());
+        let max = self.server.max_resource_names();
+        if watched > max {
+            let status = tonic::Status::resource_exhausted(format!(
+                "{watched} resource names of {} exceed PILOT_XDS_MAX_RESOURCE_NAMES ({max})",
+                type_url::short(t)
+            ));
+            let e = RequestError::Invalid {
+                status,
+                reason: "too_many_names",
+            };
+            end_with(&self.server, &self.out, &self.conn.id, e).await;
+            return Err(Closed);
+        }
         self.server.record_outcome(&self.conn, t, &outcome);
         let Some(target) = target else {
             return Ok(());

@@ -8,10 +8,14 @@ mod common;
 use bytes::{Buf, BufMut};
 use common::*;
 use futures::StreamExt;
+use prost::Message;
 use test_support::ads::AdsClient;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::{Code, Status};
+use xds_api::envoy::config::core::v3::Node;
+use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use xds_api::type_url;
 
 const SOTW: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
 const DELTA: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
@@ -58,6 +62,11 @@ impl Decoder for Raw {
 
 /// Sends `message` as the stream's first request; the status the stream ends with.
 async fn status_for(ts: &TestServer, path: &'static str, message: Vec<u8>) -> Status {
+    status_after(ts, path, vec![message]).await
+}
+
+/// Sends `messages` on one stream; the status the stream ends with, after any answers.
+async fn status_after(ts: &TestServer, path: &'static str, messages: Vec<Vec<u8>>) -> Status {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", ts.addr))
         .unwrap()
         .connect()
@@ -65,17 +74,21 @@ async fn status_for(ts: &TestServer, path: &'static str, message: Vec<u8>) -> St
         .unwrap();
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready().await.unwrap();
-    let requests = futures::stream::iter([message]).chain(futures::stream::pending());
+    let requests = futures::stream::iter(messages).chain(futures::stream::pending());
     let response = grpc
         .streaming(tonic::Request::new(requests), PathAndQuery::from_static(path), Raw)
         .await;
-    match response {
-        Err(status) => status,
-        Ok(r) => r
-            .into_inner()
-            .message()
-            .await
-            .expect_err("the stream must end with an error"),
+    let mut responses = match response {
+        Err(status) => return status,
+        Ok(r) => r.into_inner(),
+    };
+    // Answers to the requests before the bad one may come first.
+    loop {
+        match responses.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream must end with an error, not OK"),
+            Err(status) => return status,
+        }
     }
 }
 
@@ -111,6 +124,71 @@ async fn garbage_and_oversized_requests_end_the_stream_with_a_status_that_says_w
         Some(1.0)
     );
     // The server still serves a well-behaved proxy.
+    let mut c = AdsClient::connect(ts.addr, NODE, metadata()).await.unwrap();
+    assert_eq!(c.handshake(None).await.unwrap().clusters.unwrap().names, vec![A, B, C]);
+}
+
+fn node() -> Option<Node> {
+    Some(Node {
+        id: NODE.into(),
+        metadata: Some(xds_api::json_to_struct(&metadata())),
+        ..Default::default()
+    })
+}
+
+#[tokio::test]
+async fn a_stream_watching_too_many_names_ends_with_resource_exhausted() {
+    let opts = xds_server::ServerOptions {
+        max_resource_names: 10,
+        ..fast_options()
+    };
+    let ts = serve(Mesh::basic(), opts).await;
+    let names = |n: usize| {
+        (0..n)
+            .map(|i| format!("outbound|80||s{i}.default.svc.cluster.local"))
+            .collect::<Vec<_>>()
+    };
+
+    // One EDS request naming 11.
+    let eds = DiscoveryRequest {
+        node: node(),
+        type_url: type_url::ENDPOINT.into(),
+        resource_names: names(11),
+        ..Default::default()
+    };
+    let status = status_for(&ts, SOTW, eds.encode_to_vec()).await;
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("11 resource names of eds exceed PILOT_XDS_MAX_RESOURCE_NAMES (10)"),
+        "{status:?}"
+    );
+
+    // Delta subscriptions add up: 6 then 6 more.
+    let subscribe = |first: bool, names: Vec<String>| DeltaDiscoveryRequest {
+        node: if first { node() } else { None },
+        type_url: type_url::ENDPOINT.into(),
+        resource_names_subscribe: names,
+        ..Default::default()
+    };
+    let all = names(12);
+    let status = status_after(
+        &ts,
+        DELTA,
+        vec![
+            subscribe(true, all[..6].to_vec()).encode_to_vec(),
+            subscribe(false, all[6..].to_vec()).encode_to_vec(),
+        ],
+    )
+    .await;
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+
+    assert_eq!(
+        ts.metric(r#"pilot_xds_invalid_request_total{reason="too_many_names"}"#),
+        Some(2.0)
+    );
+    // Ten is fine.
     let mut c = AdsClient::connect(ts.addr, NODE, metadata()).await.unwrap();
     assert_eq!(c.handshake(None).await.unwrap().clusters.unwrap().names, vec![A, B, C]);
 }
