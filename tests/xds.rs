@@ -258,3 +258,39 @@ async fn concurrent_streams_per_connection_are_capped() -> anyhow::Result<()> {
     third.handshake(None).await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_nack_is_traced_to_the_configs_that_produced_the_rejected_resources() -> anyhow::Result<()> {
+    let (_dir, d) = start().await?;
+    let mut client = AdsClient::connect(d.grpc_addr, NODE_ID, metadata()).await?;
+    // Envoy's message names the rejected route configuration.
+    client.request(type_url::ROUTE, &["http.18080"])?;
+    client.expect_type(type_url::ROUTE).await?;
+    client.nack("Error adding/updating route config http.18080: invalid regex")?;
+    client.expect_no_response(Duration::from_millis(500)).await?;
+
+    let (_, syncz) = d.get("/debug/syncz", false).await?;
+    let syncz: serde_json::Value = serde_json::from_str(&syncz)?;
+    assert_eq!(syncz[0]["rds_status"], "NACKED", "{syncz}");
+    assert_eq!(syncz[0]["rds_rejected_resources"], json!(["http.18080"]), "{syncz}");
+    assert_eq!(
+        syncz[0]["rds_rejected_configs"],
+        json!(["/apis/networking.istio.io/v1/namespaces/default/virtual-service/bookinfo"]),
+        "{syncz}"
+    );
+
+    let (status, configz) = d.get("/debug/configz", false).await?;
+    assert_eq!(status, 200);
+    let configz: serde_json::Value = serde_json::from_str(&configz)?;
+    let configs = configz["configs"].as_array().expect("configs");
+    let vs = configs
+        .iter()
+        .find(|c| c["kind"] == "VirtualService" && c["metadata"]["name"] == "bookinfo")
+        .expect("the VirtualService in configz");
+    assert_eq!(vs["rejected_by"][0]["proxy"], NODE_ID, "{vs}");
+    assert_eq!(vs["rejected_by"][0]["resources"], json!(["http.18080"]), "{vs}");
+    // Configs the proxy did not reject carry no rejected_by.
+    let others = configs.iter().filter(|c| c["metadata"]["name"] != "bookinfo");
+    assert!(others.clone().count() > 0 && others.into_iter().all(|c| c.get("rejected_by").is_none()));
+    Ok(())
+}

@@ -27,6 +27,16 @@ pub struct AppState {
     pub store: watch::Receiver<StoreSnapshot>,
     /// ENABLE_DEBUG_ENDPOINT_AUTH.
     pub debug_auth: bool,
+    /// The large debug dumps (`/debug/configz`, ...) are built one at a time: ten concurrent
+    /// dumps of a large config must not hold ten copies of it.
+    pub dumps: Arc<tokio::sync::Semaphore>,
+}
+
+impl AppState {
+    /// One permit: see `dumps`.
+    pub fn dump_permits() -> Arc<tokio::sync::Semaphore> {
+        Arc::new(tokio::sync::Semaphore::new(1))
+    }
 }
 
 /// The debug routes (and `/ready`), behind Istio's debug endpoint authentication.
@@ -34,8 +44,8 @@ fn debug_routes(state: &AppState) -> Router<AppState> {
     Router::new()
         .route("/ready", get(ready))
         .route("/debug/adsz", get(adsz))
-        .route("/debug/syncz", get(syncz))
-        .route("/debug/configz", get(configz))
+        .route("/debug/syncz", get(crate::configz::syncz))
+        .route("/debug/configz", get(crate::configz::configz))
         .route("/debug/registryz", get(registryz))
         .route("/debug/endpointz", get(endpointz))
         .route("/debug/config_dump", get(config_dump))
@@ -113,65 +123,6 @@ async fn metrics(State(s): State<AppState>) -> Response {
 async fn adsz(State(s): State<AppState>) -> Json<Value> {
     let conns = s.server.connections();
     Json(json!({"totalClients": conns.len(), "clients": conns}))
-}
-
-/// Istio's syncz: per proxy, per type, what was sent and what was ACKed or NACKed.
-async fn syncz(State(s): State<AppState>) -> Json<Vec<Value>> {
-    let out = s
-        .server
-        .connections()
-        .into_iter()
-        .map(|c| {
-            let mut entry = serde_json::Map::new();
-            entry.insert("proxy".into(), json!(c.node_id));
-            entry.insert("connection_id".into(), json!(c.connection_id));
-            entry.insert("istio_version".into(), json!(c.proxy_version));
-            for (t, w) in &c.watched {
-                let short = type_url::short(t);
-                let status = if !w.last_error.is_empty() {
-                    "NACKED"
-                } else if w.nonce_sent.is_empty() {
-                    "NOT SENT"
-                } else if w.nonce_sent == w.nonce_acked {
-                    "SYNCED"
-                } else {
-                    "STALE"
-                };
-                entry.insert(format!("{short}_sent"), json!(w.nonce_sent));
-                entry.insert(format!("{short}_acked"), json!(w.nonce_acked));
-                entry.insert(format!("{short}_status"), json!(status));
-                entry.insert(format!("{short}_version"), json!(w.version_sent));
-                if !w.last_error.is_empty() {
-                    entry.insert(format!("{short}_error"), json!(w.last_error));
-                }
-            }
-            Value::Object(entry)
-        })
-        .collect();
-    Json(out)
-}
-
-/// Every config in effect, and every config problem (invalid, unsupported, unknown kinds).
-async fn configz(State(s): State<AppState>) -> Json<Value> {
-    let store = s.store.borrow().clone();
-    let configs: Vec<Value> = store
-        .configs
-        .values()
-        .map(|c| {
-            json!({
-                "kind": c.kind.as_str(),
-                "apiVersion": c.meta.api_version,
-                "metadata": {"name": c.meta.name, "namespace": c.meta.namespace, "labels": c.meta.labels},
-                "spec": c.spec,
-                "file": store.origins.get(&c.key()),
-            })
-        })
-        .collect();
-    Json(json!({
-        "configs": configs,
-        "errors": *store.errors,
-        "invalid_counts": *store.invalid_counts,
-    }))
 }
 
 async fn registryz(State(s): State<AppState>) -> Json<Value> {
@@ -304,6 +255,7 @@ mod tests {
             registry: Arc::new(registry),
             store: watch::channel(StoreSnapshot::default()).1,
             debug_auth,
+            dumps: AppState::dump_permits(),
         }
     }
 

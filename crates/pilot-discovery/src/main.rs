@@ -3,9 +3,11 @@
 #![forbid(unsafe_code)]
 
 mod args;
+mod configz;
 mod http;
 mod logging;
 mod metrics;
+mod nacks;
 mod request;
 mod secure;
 mod server;

@@ -98,6 +98,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         registry: Arc::new(registry),
         store: dir_watch.state.clone(),
         debug_auth: settings.enable_debug_endpoint_auth,
+        dumps: AppState::dump_permits(),
     };
 
     let mut tasks = tokio::task::JoinSet::new();
