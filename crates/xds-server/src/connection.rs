@@ -147,7 +147,9 @@ pub(crate) async fn accept<B: SnapshotBuilder, Req: prost::Message + Default, Re
     match parse_node(node(&first)) {
         Ok(proxy) => Some((first, server.register(proxy, peer, delta))),
         Err(status) => {
-            tracing::warn!("ADS: {peer} refused: {}", status.message());
+            if let Some(suppressed) = monitoring::throttle::allow("ads_refused_node") {
+                tracing::warn!(suppressed, "ADS: {peer} refused: {}", status.message());
+            }
             server.metrics.invalid_nodes.inc();
             let _ = out.send(crate::outbound::Outbound::message(Err(status))).await;
             None

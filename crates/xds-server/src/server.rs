@@ -254,7 +254,13 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
     /// A request the client sent could not be read: counted, logged, and the stream ends with
     /// `status`.
     pub(crate) fn record_invalid_request(&self, peer: &str, reason: &'static str, status: &tonic::Status) {
-        tracing::warn!("ADS: {peer} sent an invalid request ({reason}): {}", status.message());
+        if let Some(suppressed) = monitoring::throttle::allow("ads_invalid_request") {
+            tracing::warn!(
+                suppressed,
+                "ADS: {peer} sent an invalid request ({reason}): {}",
+                status.message()
+            );
+        }
         self.metrics
             .invalid_requests
             .get_or_create(&crate::metrics::ReasonLabel { reason })
@@ -270,13 +276,17 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
         let stype = type_url::short(t);
         match outcome {
             Outcome::Nack { code, message } => {
-                // The detail is the proxy's text, kept to a bound: escaped so it stays one line.
-                tracing::warn!(
-                    "ADS:{stype}: ACK ERROR {} {}:{}",
-                    conn.id,
-                    code_name(*code),
-                    message.escape_debug()
-                );
+                // The detail is the proxy's text, kept to a bound: escaped so it stays one line, and
+                // rate limited (a proxy can NACK as often as it likes).
+                if let Some(suppressed) = monitoring::throttle::allow("ads_nack") {
+                    tracing::warn!(
+                        suppressed,
+                        "ADS:{stype}: ACK ERROR {} {}:{}",
+                        conn.id,
+                        code_name(*code),
+                        message.escape_debug()
+                    );
+                }
                 self.metrics.record_reject(t, &conn.proxy.id, *code);
                 lock(&conn.rejects).insert((t.to_owned(), *code));
             }

@@ -130,11 +130,14 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
     async fn on_request(&mut self, req: F::Request) -> Result<(), Closed> {
         let t = F::type_url(&req);
         if t.is_empty() {
-            tracing::warn!(
-                "ADS: {} sent a {}request without type_url; ignored",
-                self.conn.id,
-                F::LOG
-            );
+            if let Some(suppressed) = monitoring::throttle::allow("ads_no_type_url") {
+                tracing::warn!(
+                    suppressed,
+                    "ADS: {} sent a {}request without type_url; ignored",
+                    self.conn.id,
+                    F::LOG
+                );
+            }
             return Ok(());
         }
         let (outcome, target) = F::on_request(&mut lock(&self.conn.watched), &req, &self.server.names);

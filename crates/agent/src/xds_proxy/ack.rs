@@ -58,7 +58,15 @@ impl StatusPublisher {
         let mut nack_type = self.nack_type.lock().unwrap_or_else(|e| e.into_inner());
         match error {
             Some(message) => {
-                tracing::warn!(type_url, message, "Envoy rejected (NACK) the xDS response");
+                if let Some(suppressed) = monitoring::throttle::allow("envoy_nack") {
+                    let shown: String = message.chars().take(4096).collect();
+                    tracing::warn!(
+                        type_url,
+                        message = shown,
+                        suppressed,
+                        "Envoy rejected (NACK) the xDS response"
+                    );
+                }
                 *nack_type = Some(type_url.to_owned());
                 let nack = format!("{}: {message}", short(type_url));
                 self.tx.send_modify(|s| s.last_nack = Some(nack));
