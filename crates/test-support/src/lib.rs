@@ -8,6 +8,7 @@ pub mod bin;
 pub mod bootstrap;
 pub mod discovery;
 pub mod envoy;
+pub mod kube_api;
 pub mod netns;
 pub mod ports;
 pub mod tls;

@@ -1,0 +1,225 @@
+//! A fake Kubernetes API server for tests: the real protocol over plain HTTP on loopback, so that
+//! kube-rs (pilot-discovery) and `kubectl` (client-go) both talk to it unchanged.
+//!
+//! It serves discovery (`/api`, `/apis`, `/api/v1`, `/apis/<group>/<version>`, `/version`), and
+//! for the resource types in [`resources::RESOURCES`]: list with `resourceVersion`,
+//! `labelSelector`, `fieldSelector` and `limit`/`continue` paging; watch streams of
+//! ADDED/MODIFIED/DELETED events with BOOKMARKs (`allowWatchBookmarks`), the streaming initial
+//! list (`sendInitialEvents`), `timeoutSeconds`, and 410 Gone (an ERROR event on a watch, a
+//! `Status` on a list) for a resourceVersion older than the history kept; get, create, replace,
+//! merge patch and delete. A test changes objects through the API or directly
+//! ([`FakeApiServer::apply`]), expires the history ([`FakeApiServer::compact`]), drops every open
+//! watch ([`FakeApiServer::drop_watches`]) and uninstalls CRD groups
+//! ([`FakeApiServer::uninstall_group`]).
+
+mod http;
+pub mod resources;
+pub mod selector;
+mod store;
+
+#[cfg(test)]
+mod tests;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, anyhow};
+use serde_json::Value;
+use tokio::sync::{broadcast, watch};
+use tokio::task::JoinHandle;
+
+pub use store::ApiError;
+use store::{Event, Store};
+
+pub(crate) struct Shared {
+    store: Mutex<Store>,
+    events: broadcast::Sender<Arc<Event>>,
+    drops: watch::Sender<u64>,
+    requests: Mutex<Vec<String>>,
+    addr: SocketAddr,
+    bookmark_interval: Duration,
+}
+
+impl Shared {
+    /// RFC 3339 UTC, seconds.
+    fn now(&self) -> String {
+        let secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default();
+        let (days, rem) = (secs / 86_400, secs % 86_400);
+        let (y, m, d) = civil(days);
+        format!(
+            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+            rem / 3600,
+            rem % 3600 / 60,
+            rem % 60
+        )
+    }
+}
+
+/// Days since 1970-01-01 to (year, month, day) (Howard Hinnant's algorithm).
+fn civil(days: u64) -> (i64, u32, u32) {
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Options of a [`FakeApiServer`].
+#[derive(Debug, Clone)]
+pub struct FakeApiOptions {
+    /// How often watches that allow them get a BOOKMARK.
+    pub bookmark_interval: Duration,
+}
+
+impl Default for FakeApiOptions {
+    fn default() -> Self {
+        FakeApiOptions {
+            bookmark_interval: Duration::from_millis(500),
+        }
+    }
+}
+
+/// A running fake API server on `127.0.0.1:<port>`; stops when dropped.
+pub struct FakeApiServer {
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+impl FakeApiServer {
+    pub async fn start() -> anyhow::Result<FakeApiServer> {
+        FakeApiServer::start_with(FakeApiOptions::default()).await
+    }
+
+    pub async fn start_with(opts: FakeApiOptions) -> anyhow::Result<FakeApiServer> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            store: Mutex::default(),
+            events: broadcast::channel(65_536).0,
+            drops: watch::Sender::new(0),
+            requests: Mutex::default(),
+            addr,
+            bookmark_interval: opts.bookmark_interval,
+        });
+        let app = axum::Router::new().fallback(http::handle).with_state(shared.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(FakeApiServer { shared, task })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.shared.addr
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.shared.addr)
+    }
+
+    /// Writes a kubeconfig for this server (context `fake`, namespace `default`) to `path`.
+    pub fn write_kubeconfig(&self, path: &Path) -> anyhow::Result<()> {
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
+             users:\n- name: fake\n  user:\n    token: fake-token\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: default\n\
+             current-context: fake\n",
+            self.url()
+        );
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// Creates `obj`, or replaces the object of its kind, namespace and name; returns it as stored.
+    pub fn apply(&self, obj: Value) -> anyhow::Result<Value> {
+        let (rt, ns, name) = identify(&obj)?;
+        let now = self.shared.now();
+        let mut store = lock(&self.shared.store);
+        let done = if store.get(store::res_index(rt), &ns, &name).is_some() {
+            let mut obj = obj;
+            if let Some(md) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+                md.remove("resourceVersion");
+            }
+            store.replace(rt, &ns, &name, obj)
+        } else {
+            store.create(rt, &ns, obj, &now)
+        };
+        let (stored, event) = done.map_err(|e| anyhow!("{}", e.message))?;
+        let _ = self.shared.events.send(event);
+        Ok(stored)
+    }
+
+    /// Deletes the object of `obj`'s kind, namespace and name.
+    pub fn delete(&self, obj: &Value) -> anyhow::Result<()> {
+        let (rt, ns, name) = identify(obj)?;
+        let (_, event) = lock(&self.shared.store)
+            .delete(rt, &ns, &name)
+            .map_err(|e| anyhow!("{}", e.message))?;
+        let _ = self.shared.events.send(event);
+        Ok(())
+    }
+
+    /// The current resourceVersion (the revision of the last change).
+    pub fn resource_version(&self) -> u64 {
+        lock(&self.shared.store).rv
+    }
+
+    /// Forgets the event history, as etcd compaction: a watch or list from an older
+    /// resourceVersion gets 410 Gone.
+    pub fn compact(&self) {
+        lock(&self.shared.store).compact();
+    }
+
+    /// Ends every open watch abruptly (the connection is cut mid-stream).
+    pub fn drop_watches(&self) {
+        self.shared.drops.send_modify(|g| *g += 1);
+    }
+
+    /// Makes a CRD group (e.g. `security.istio.io`) not installed: absent from discovery, 404.
+    pub fn uninstall_group(&self, group: &'static str) {
+        lock(&self.shared.store).uninstalled.insert(group);
+    }
+
+    /// Every request so far, as `METHOD path?query`.
+    pub fn requests(&self) -> Vec<String> {
+        lock(&self.shared.requests).clone()
+    }
+}
+
+impl Drop for FakeApiServer {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.drop_watches();
+    }
+}
+
+fn identify(obj: &Value) -> anyhow::Result<(&'static resources::ResourceType, String, String)> {
+    let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
+    let rt = resources::of_kind(api_version, kind)
+        .ok_or_else(|| anyhow!("the fake API server has no {api_version} {kind}"))?;
+    let name = obj
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| anyhow!("{kind} without metadata.name"))?;
+    let ns = if rt.namespaced {
+        obj.pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or("default")
+    } else {
+        ""
+    };
+    Ok((rt, ns.to_owned(), name.to_owned()))
+}

@@ -1,0 +1,167 @@
+//! The resources the fake API server serves: core Kubernetes kinds pilot-discovery watches, and
+//! Istio's CRDs (each in every version Istio serves, one storage for all versions).
+
+/// One resource type: `/api/v1/<plural>` or `/apis/<group>/<version>/<plural>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResourceType {
+    /// "" for the core group.
+    pub group: &'static str,
+    pub versions: &'static [&'static str],
+    pub plural: &'static str,
+    pub singular: &'static str,
+    pub kind: &'static str,
+    pub namespaced: bool,
+    pub short_names: &'static [&'static str],
+}
+
+impl ResourceType {
+    /// `apiVersion` for `version`: `v1` or `<group>/<version>`.
+    pub fn api_version(&self, version: &str) -> String {
+        if self.group.is_empty() {
+            version.to_owned()
+        } else {
+            format!("{}/{version}", self.group)
+        }
+    }
+
+    pub fn preferred_version(&self) -> &'static str {
+        self.versions[0]
+    }
+}
+
+const ISTIO_NETWORKING: &[&str] = &["v1", "v1beta1", "v1alpha3"];
+const ISTIO_SECURITY: &[&str] = &["v1", "v1beta1"];
+
+const fn core(
+    plural: &'static str,
+    singular: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+    short: &'static [&'static str],
+) -> ResourceType {
+    ResourceType {
+        group: "",
+        versions: &["v1"],
+        plural,
+        singular,
+        kind,
+        namespaced,
+        short_names: short,
+    }
+}
+
+const fn istio(
+    group: &'static str,
+    versions: &'static [&'static str],
+    plural: &'static str,
+    singular: &'static str,
+    kind: &'static str,
+) -> ResourceType {
+    ResourceType {
+        group,
+        versions,
+        plural,
+        singular,
+        kind,
+        namespaced: true,
+        short_names: &[],
+    }
+}
+
+/// Every resource type known to the fake (whether "installed" is per server).
+pub const RESOURCES: &[ResourceType] = &[
+    core("namespaces", "namespace", "Namespace", false, &["ns"]),
+    core("nodes", "node", "Node", false, &["no"]),
+    core("pods", "pod", "Pod", true, &["po"]),
+    core("services", "service", "Service", true, &["svc"]),
+    core("endpoints", "endpoints", "Endpoints", true, &["ep"]),
+    core("configmaps", "configmap", "ConfigMap", true, &["cm"]),
+    core("serviceaccounts", "serviceaccount", "ServiceAccount", true, &["sa"]),
+    ResourceType {
+        group: "discovery.k8s.io",
+        versions: &["v1"],
+        plural: "endpointslices",
+        singular: "endpointslice",
+        kind: "EndpointSlice",
+        namespaced: true,
+        short_names: &[],
+    },
+    istio(
+        "networking.istio.io",
+        ISTIO_NETWORKING,
+        "virtualservices",
+        "virtualservice",
+        "VirtualService",
+    ),
+    istio(
+        "networking.istio.io",
+        ISTIO_NETWORKING,
+        "destinationrules",
+        "destinationrule",
+        "DestinationRule",
+    ),
+    istio(
+        "networking.istio.io",
+        ISTIO_NETWORKING,
+        "gateways",
+        "gateway",
+        "Gateway",
+    ),
+    istio(
+        "networking.istio.io",
+        ISTIO_NETWORKING,
+        "serviceentries",
+        "serviceentry",
+        "ServiceEntry",
+    ),
+    istio(
+        "networking.istio.io",
+        ISTIO_NETWORKING,
+        "workloadentries",
+        "workloadentry",
+        "WorkloadEntry",
+    ),
+    istio(
+        "networking.istio.io",
+        ISTIO_NETWORKING,
+        "sidecars",
+        "sidecar",
+        "Sidecar",
+    ),
+    istio(
+        "security.istio.io",
+        ISTIO_SECURITY,
+        "authorizationpolicies",
+        "authorizationpolicy",
+        "AuthorizationPolicy",
+    ),
+    istio(
+        "security.istio.io",
+        ISTIO_SECURITY,
+        "peerauthentications",
+        "peerauthentication",
+        "PeerAuthentication",
+    ),
+    istio(
+        "security.istio.io",
+        ISTIO_SECURITY,
+        "requestauthentications",
+        "requestauthentication",
+        "RequestAuthentication",
+    ),
+];
+
+/// The resource type of `group`/`version`/`plural`, if the fake knows it.
+pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static ResourceType> {
+    RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.plural == plural && r.versions.contains(&version))
+}
+
+/// The resource type of an object's `apiVersion` and `kind`.
+pub fn of_kind(api_version: &str, kind: &str) -> Option<&'static ResourceType> {
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.kind == kind && r.versions.contains(&version))
+}

@@ -1,0 +1,309 @@
+//! The fake API server against the protocol, and against a client nobody here wrote: kubectl
+//! (client-go 1.32) must get, watch, create, patch and delete through it.
+#![allow(clippy::unwrap_used)]
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+use super::*;
+
+fn service(name: &str, app: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Service",
+           "metadata": {"name": name, "namespace": "default", "labels": {"app": app}},
+           "spec": {"ports": [{"name": "http", "port": 9080}], "selector": {"app": app}}})
+}
+
+async fn get(url: &str) -> (u16, Value) {
+    let r = reqwest::get(url).await.unwrap();
+    let code = r.status().as_u16();
+    (code, r.json().await.unwrap_or(Value::Null))
+}
+
+/// The lines of a watch, until `n` arrived or `wait` passed.
+async fn watch_lines(url: &str, n: usize, wait: Duration) -> Vec<Value> {
+    let mut r = reqwest::get(url).await.unwrap();
+    let mut out = Vec::new();
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(wait, async {
+        while out.len() < n {
+            match r.chunk().await {
+                Ok(Some(c)) => {
+                    buf.extend_from_slice(&c);
+                    while let Some(i) = buf.iter().position(|&b| b == b'\n') {
+                        let l: Vec<u8> = buf.drain(..=i).collect();
+                        out.push(serde_json::from_slice(&l).unwrap());
+                    }
+                }
+                _ => break,
+            }
+        }
+    })
+    .await;
+    out
+}
+
+#[tokio::test]
+async fn lists_page_with_continue_and_select_by_label() {
+    let api = FakeApiServer::start().await.unwrap();
+    for i in 0..5 {
+        api.apply(service(&format!("s{i}"), if i % 2 == 0 { "even" } else { "odd" }))
+            .unwrap();
+    }
+    let base = format!("{}/api/v1/namespaces/default/services", api.url());
+    let (code, page1) = get(&format!("{base}?limit=2")).await;
+    assert_eq!(code, 200);
+    assert_eq!(page1["kind"], "ServiceList");
+    assert_eq!(page1["items"].as_array().unwrap().len(), 2);
+    assert_eq!(page1["metadata"]["remainingItemCount"], 3);
+    let token = page1["metadata"]["continue"].as_str().unwrap();
+    let (_, page2) = get(&format!("{base}?limit=10&continue={token}")).await;
+    assert_eq!(page2["items"].as_array().unwrap().len(), 3);
+    assert!(page2["metadata"].get("continue").is_none());
+    let (_, odd) = get(&format!("{base}?labelSelector=app%3Dodd")).await;
+    assert_eq!(odd["items"].as_array().unwrap().len(), 2);
+    // A continue token from before a compaction is 410 Gone, with a Status.
+    api.apply(service("s9", "odd")).unwrap();
+    api.compact();
+    let (code, status) = get(&format!("{base}?limit=2&continue={token}")).await;
+    assert_eq!(
+        (code, status["kind"].as_str(), status["code"].as_u64()),
+        (410, Some("Status"), Some(410))
+    );
+}
+
+#[tokio::test]
+async fn watches_replay_from_a_resource_version_send_bookmarks_and_expire() {
+    let api = FakeApiServer::start_with(FakeApiOptions {
+        bookmark_interval: Duration::from_millis(100),
+    })
+    .await
+    .unwrap();
+    api.apply(service("a", "x")).unwrap();
+    let rv = api.resource_version();
+    api.apply(service("b", "x")).unwrap();
+    api.apply(service("a", "y")).unwrap();
+    api.delete(&service("b", "x")).unwrap();
+    let url = format!(
+        "{}/api/v1/namespaces/default/services?watch=true&resourceVersion={rv}&allowWatchBookmarks=true",
+        api.url()
+    );
+    let events = watch_lines(&url, 4, Duration::from_secs(5)).await;
+    let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]);
+    assert_eq!(
+        events[3]["object"]["metadata"]["resourceVersion"],
+        api.resource_version().to_string()
+    );
+
+    // A label-selected watch sees an object that stops matching as DELETED.
+    let url = format!(
+        "{}/api/v1/namespaces/default/services?watch=1&labelSelector=app%3Dy",
+        api.url()
+    );
+    let pending = tokio::spawn(async move { watch_lines(&url, 2, Duration::from_secs(5)).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    api.apply(service("a", "z")).unwrap();
+    let events = pending.await.unwrap();
+    let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["ADDED", "DELETED"]);
+
+    // Expired history: 410 as an ERROR event.
+    api.compact();
+    let url = format!(
+        "{}/api/v1/namespaces/default/services?watch=true&resourceVersion={rv}",
+        api.url()
+    );
+    let events = watch_lines(&url, 1, Duration::from_secs(5)).await;
+    assert_eq!(events[0]["type"], "ERROR");
+    assert_eq!(events[0]["object"]["code"], 410);
+}
+
+#[tokio::test]
+async fn streaming_initial_list_ends_with_a_marked_bookmark_and_drops_cut_the_stream() {
+    let api = FakeApiServer::start().await.unwrap();
+    api.apply(service("a", "x")).unwrap();
+    let url = format!(
+        "{}/api/v1/services?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true",
+        api.url()
+    );
+    let mut r = reqwest::get(&url).await.unwrap();
+    let mut text = String::new();
+    while !text.contains("initial-events-end") {
+        text.push_str(&String::from_utf8_lossy(&r.chunk().await.unwrap().unwrap()));
+    }
+    assert!(
+        text.starts_with(r#"{"object":"#) || text.contains(r#""type":"ADDED""#),
+        "{text}"
+    );
+    api.drop_watches();
+    let mut ended = false;
+    for _ in 0..10 {
+        match tokio::time::timeout(Duration::from_secs(2), r.chunk()).await {
+            Ok(Ok(Some(_))) => continue,
+            Ok(Err(_)) => {
+                ended = true;
+                break;
+            }
+            Ok(Ok(None)) => panic!("a dropped watch must not end cleanly"),
+            Err(_) => panic!("the watch was not dropped"),
+        }
+    }
+    assert!(ended);
+}
+
+#[tokio::test]
+async fn istio_kinds_are_served_in_every_version_and_groups_can_be_uninstalled() {
+    let api = FakeApiServer::start().await.unwrap();
+    api.apply(
+        json!({"apiVersion": "networking.istio.io/v1beta1", "kind": "VirtualService",
+                     "metadata": {"name": "r", "namespace": "default"}, "spec": {"hosts": ["r"]}}),
+    )
+    .unwrap();
+    let (_, v1) = get(&format!(
+        "{}/apis/networking.istio.io/v1/namespaces/default/virtualservices/r",
+        api.url()
+    ))
+    .await;
+    assert_eq!(v1["apiVersion"], "networking.istio.io/v1");
+    let (_, a3) = get(&format!(
+        "{}/apis/networking.istio.io/v1alpha3/virtualservices",
+        api.url()
+    ))
+    .await;
+    assert_eq!(a3["items"][0]["apiVersion"], "networking.istio.io/v1alpha3");
+    api.uninstall_group("security.istio.io");
+    let (code, _) = get(&format!(
+        "{}/apis/security.istio.io/v1/authorizationpolicies",
+        api.url()
+    ))
+    .await;
+    assert_eq!(code, 404);
+    let (_, groups) = get(&format!("{}/apis", api.url())).await;
+    let names: Vec<&str> = groups["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"networking.istio.io") && !names.contains(&"security.istio.io"),
+        "{names:?}"
+    );
+}
+
+/// kubectl with a kubeconfig for the fake; fails the test with a message when kubectl is missing.
+fn kubectl(dir: &std::path::Path) -> Command {
+    let bin = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    assert!(
+        std::process::Command::new(&bin)
+            .arg("version")
+            .arg("--client")
+            .output()
+            .is_ok_and(|o| o.status.success()),
+        "{bin} is missing: the fake API server is proven against kubectl (client-go); install kubectl or set KUBECTL"
+    );
+    let mut c = Command::new(bin);
+    c.arg("--kubeconfig").arg(dir.join("kubeconfig"));
+    c.stdin(Stdio::null()).kill_on_drop(true);
+    c
+}
+
+async fn run(mut c: Command) -> String {
+    let out = c.output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn kubectl_creates_gets_watches_patches_and_deletes_through_the_fake() {
+    let api = FakeApiServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    api.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
+    std::fs::write(
+        dir.path().join("reviews.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: reviews\n  labels: {app: reviews}\n\
+         spec:\n  ports: [{name: http, port: 9080}]\n  selector: {app: reviews}\n---\n\
+         apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews}\n\
+         spec: {hosts: [reviews], http: [{route: [{destination: {host: reviews}}]}]}\n",
+    )
+    .unwrap();
+
+    let mut create = kubectl(dir.path());
+    create.args(["create", "-f"]).arg(dir.path().join("reviews.yaml"));
+    let out = run(create).await;
+    assert!(
+        out.contains("service/reviews created") && out.contains("virtualservice.networking.istio.io/reviews created"),
+        "{out}"
+    );
+
+    let mut get = kubectl(dir.path());
+    get.args(["get", "svc", "reviews", "-o", "json"]);
+    let svc: Value = serde_json::from_str(&run(get).await).unwrap();
+    assert_eq!(svc["spec"]["ports"][0]["port"], 9080);
+    assert_eq!(svc["metadata"]["namespace"], "default");
+
+    let mut names = kubectl(dir.path());
+    names.args(["get", "virtualservices", "-o", "name"]);
+    assert_eq!(run(names).await.trim(), "virtualservice.networking.istio.io/reviews");
+
+    // Watch, then change through the API and through kubectl patch.
+    let mut w = kubectl(dir.path());
+    w.args(["get", "svc", "-w", "-o", "name"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut watcher = w.spawn().unwrap();
+    let mut lines = BufReader::new(watcher.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    // The initial list, then the watch.
+    assert!(first.ends_with("service/reviews"), "{first}");
+
+    api.apply(service("ratings", "ratings")).unwrap();
+    let mut patch = kubectl(dir.path());
+    patch.args([
+        "patch",
+        "svc",
+        "reviews",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"labels":{"version":"v2"}}}"#,
+    ]);
+    assert!(run(patch).await.contains("service/reviews patched"));
+
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let l = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        seen.push(l);
+    }
+    // The created service, then the patched one, as the watch delivered them.
+    assert_eq!(seen, ["service/ratings", "service/reviews"]);
+    let _ = watcher.kill().await;
+
+    let mut labels = kubectl(dir.path());
+    labels.args(["get", "svc", "-l", "version=v2", "-o", "name"]);
+    assert_eq!(run(labels).await.trim(), "service/reviews");
+
+    let mut delete = kubectl(dir.path());
+    delete.args(["delete", "svc", "reviews"]);
+    assert!(run(delete).await.contains("deleted"));
+    let mut all = kubectl(dir.path());
+    all.args(["get", "svc", "-o", "name"]);
+    assert_eq!(run(all).await.trim(), "service/ratings");
+}
