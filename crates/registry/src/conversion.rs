@@ -17,10 +17,10 @@ pub const UNIX_ADDRESS_PREFIX: &str = "unix://";
 pub const LOCALITY_LABEL: &str = "istio-locality";
 /// Label naming the endpoint's mTLS mode (`istio` or `disabled`).
 pub const TLS_MODE_LABEL: &str = "security.istio.io/tlsMode";
-const TOPOLOGY_REGION: &str = "topology.kubernetes.io/region";
-const TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
-const TOPOLOGY_SUBZONE: &str = "topology.istio.io/subzone";
-const TOPOLOGY_NETWORK: &str = "topology.istio.io/network";
+pub const TOPOLOGY_REGION: &str = "topology.kubernetes.io/region";
+pub const TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
+pub const TOPOLOGY_SUBZONE: &str = "topology.istio.io/subzone";
+pub const TOPOLOGY_NETWORK: &str = "topology.istio.io/network";
 
 /// What an endpoint address is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -258,7 +258,7 @@ pub(crate) fn convert_endpoint(
 }
 
 /// Istio's `AugmentLabels`: adds the topology labels of the locality and network.
-fn augment_labels(labels: &BTreeMap<String, String>, locality: &str, network: &str) -> BTreeMap<String, String> {
+pub fn augment_labels(labels: &BTreeMap<String, String>, locality: &str, network: &str) -> BTreeMap<String, String> {
     let mut out = labels.clone();
     let mut parts = locality.split('/');
     for key in [TOPOLOGY_REGION, TOPOLOGY_ZONE, TOPOLOGY_SUBZONE] {

@@ -21,7 +21,8 @@ use model::{Config, ConfigSpec, Endpoint, MeshConfig, Service};
 
 pub use controller::ServiceEntryRegistry;
 pub use conversion::{
-    LOCALITY_LABEL, SERVICE_REGISTRY_EXTERNAL, TLS_MODE_LABEL, UNIX_ADDRESS_PREFIX, tls_mode, visible_from,
+    LOCALITY_LABEL, SERVICE_REGISTRY_EXTERNAL, TLS_MODE_LABEL, TOPOLOGY_NETWORK, TOPOLOGY_REGION, TOPOLOGY_SUBZONE,
+    TOPOLOGY_ZONE, UNIX_ADDRESS_PREFIX, augment_labels, tls_mode, visible_from,
 };
 pub use diff::{RegistryDiff, diff};
 

@@ -1,0 +1,235 @@
+//! Kubernetes objects to services and endpoints, as Istio's `serviceregistry/kube/conversion.go`
+//! and the EndpointSlice controller: one service per Service, endpoints from its EndpointSlices
+//! with the labels, service account and locality of their Pods and Nodes.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Pod, Service as KubeService, ServicePort};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use model::service::{ServiceAttributes, Visibility};
+use model::{Endpoint, Locality, Port, Protocol, Resolution, Service};
+use registry::{LOCALITY_LABEL, TOPOLOGY_REGION, TOPOLOGY_SUBZONE, TOPOLOGY_ZONE, augment_labels};
+
+/// Istio's provider ID for this registry.
+pub const SERVICE_REGISTRY_KUBERNETES: &str = "Kubernetes";
+/// The annotation that exports a Service (`networking.istio.io/exportTo: ".,istio-system"`).
+pub const EXPORT_TO_ANNOTATION: &str = "networking.istio.io/exportTo";
+/// The label an EndpointSlice names its Service by.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// What the conversion needs besides the objects.
+#[derive(Debug, Clone)]
+pub struct Context {
+    /// `--domain` (`cluster.local`): hostnames are `<name>.<namespace>.svc.<domain>`.
+    pub domain: String,
+    pub trust_domain: String,
+    pub cluster_id: String,
+}
+
+/// Istio's `kube.ConvertProtocol`: UDP, then appProtocol, then the port name's prefix.
+pub fn convert_protocol(port: &ServicePort) -> Protocol {
+    if port.protocol.as_deref() == Some("UDP") {
+        return Protocol::Udp;
+    }
+    if let Some(app) = port.app_protocol.as_deref() {
+        let p = match app {
+            "kubernetes.io/h2c" => Protocol::Http2,
+            "kubernetes.io/ws" => Protocol::Http,
+            "kubernetes.io/wss" => Protocol::Https,
+            other => Protocol::parse(other),
+        };
+        if p != Protocol::Unsupported {
+            return p;
+        }
+    }
+    let name = port.name.as_deref().unwrap_or("");
+    if name.starts_with("grpc-web") {
+        return Protocol::GrpcWeb;
+    }
+    Protocol::parse(name.split('-').next().unwrap_or(""))
+}
+
+/// Istio's `ConvertService`.
+pub fn convert_service(svc: &KubeService, ctx: &Context) -> Option<Service> {
+    let name = svc.metadata.name.as_deref()?;
+    let namespace = svc.metadata.namespace.as_deref().unwrap_or("default");
+    let spec = svc.spec.as_ref()?;
+    let external_name = (spec.type_.as_deref() == Some("ExternalName"))
+        .then(|| spec.external_name.clone().unwrap_or_default())
+        .filter(|n| !n.is_empty());
+    let cluster_ip = spec.cluster_ip.as_deref().unwrap_or("");
+    let (addresses, resolution) = if external_name.is_some() {
+        (Vec::new(), Resolution::DnsLb)
+    } else if cluster_ip == "None" {
+        (Vec::new(), Resolution::Passthrough)
+    } else if cluster_ip.is_empty() {
+        (Vec::new(), Resolution::ClientSideLb)
+    } else {
+        let mut ips = spec.cluster_ips.clone().unwrap_or_default();
+        if !ips.iter().any(|ip| ip == cluster_ip) {
+            ips.insert(0, cluster_ip.to_owned());
+        }
+        (ips, Resolution::ClientSideLb)
+    };
+    let ports = spec
+        .ports
+        .iter()
+        .flatten()
+        .filter_map(|p| {
+            Some(Port {
+                name: p.name.clone().unwrap_or_default(),
+                port: u16::try_from(p.port).ok()?,
+                protocol: convert_protocol(p),
+            })
+        })
+        .collect();
+    let annotations = svc.metadata.annotations.as_ref();
+    let export_to = annotations
+        .and_then(|a| a.get(EXPORT_TO_ANNOTATION))
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(Visibility::parse)
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(Service {
+        hostname: format!("{name}.{namespace}.svc.{}", ctx.domain),
+        ports,
+        addresses,
+        resolution,
+        mesh_external: external_name.is_some(),
+        attributes: ServiceAttributes {
+            service_registry: SERVICE_REGISTRY_KUBERNETES.to_owned(),
+            name: name.to_owned(),
+            namespace: namespace.to_owned(),
+            labels: svc.metadata.labels.clone().unwrap_or_default(),
+            export_to,
+            label_selectors: spec.selector.clone().unwrap_or_default(),
+        },
+        origin: format!("Service/{namespace}/{name} ({})", ctx.cluster_id),
+    })
+}
+
+/// Where a Pod runs and who it is, for its endpoints.
+pub struct PodInfo<'a> {
+    pub pod: &'a Pod,
+    pub node: Option<&'a Node>,
+}
+
+/// A Pod's locality: its `istio-locality` label, else its Node's topology labels.
+pub fn locality(pod: Option<&Pod>, node: Option<&Node>) -> String {
+    if let Some(l) = pod
+        .and_then(|p| p.metadata.labels.as_ref())
+        .and_then(|l| l.get(LOCALITY_LABEL))
+        .filter(|l| !l.is_empty())
+    {
+        return l.replace('.', "/");
+    }
+    let labels = node.and_then(|n| n.metadata.labels.as_ref());
+    let get = |k: &str| labels.and_then(|l| l.get(k)).cloned().unwrap_or_default();
+    let (region, zone, subzone) = (get(TOPOLOGY_REGION), get(TOPOLOGY_ZONE), get(TOPOLOGY_SUBZONE));
+    if region.is_empty() && zone.is_empty() && subzone.is_empty() {
+        return String::new();
+    }
+    format!("{region}/{zone}/{subzone}")
+}
+
+/// The endpoints of `svc` from its EndpointSlices: ready addresses (or all of them when the
+/// Service publishes not-ready addresses), per service port the slice serves (matched by port
+/// name), with the Pod's labels, service account and locality.
+pub fn convert_endpoints<'a>(
+    svc: &Service,
+    publish_not_ready: bool,
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+    pod: impl Fn(&str) -> Option<PodInfo<'a>>,
+    ctx: &Context,
+) -> Vec<Endpoint> {
+    let mut out = Vec::new();
+    for slice in slices {
+        if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
+            continue;
+        }
+        let slice_name = slice.metadata.name.as_deref().unwrap_or("");
+        for ep in &slice.endpoints {
+            let conditions = ep.conditions.as_ref();
+            let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+            let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
+            if !(ready && !terminating || publish_not_ready) {
+                continue;
+            }
+            let pod_name = ep
+                .target_ref
+                .as_ref()
+                .filter(|r| r.kind.as_deref() == Some("Pod"))
+                .and_then(|r| r.name.as_deref());
+            let info = pod_name.and_then(&pod);
+            let pod_labels = info
+                .as_ref()
+                .and_then(|i| i.pod.metadata.labels.clone())
+                .unwrap_or_default();
+            let sa = info
+                .as_ref()
+                .and_then(|i| i.pod.spec.as_ref())
+                .map(|s| s.service_account_name.clone().unwrap_or_else(|| "default".into()));
+            let loc = locality(info.as_ref().map(|i| i.pod), info.as_ref().and_then(|i| i.node));
+            let labels = augment_labels(&pod_labels, &loc, "");
+            for slice_port in slice.ports.iter().flatten() {
+                let Some(sp) = svc
+                    .ports
+                    .iter()
+                    .find(|p| p.name == slice_port.name.as_deref().unwrap_or(""))
+                else {
+                    continue;
+                };
+                let Some(port) = slice_port.port.and_then(|p| u16::try_from(p).ok()) else {
+                    continue;
+                };
+                for address in &ep.addresses {
+                    out.push(Endpoint {
+                        address: address.clone(),
+                        endpoint_port: port,
+                        service_port_name: sp.name.clone(),
+                        labels: labels.clone(),
+                        locality: Locality::parse(&loc),
+                        weight: 0,
+                        service_account: sa
+                            .as_ref()
+                            .map(|sa| format!("spiffe://{}/ns/{}/sa/{sa}", ctx.trust_domain, svc.namespace()))
+                            .unwrap_or_default(),
+                        network: String::new(),
+                        namespace: svc.namespace().to_owned(),
+                        origin: format!("EndpointSlice/{}/{slice_name}", svc.namespace()),
+                    });
+                }
+            }
+        }
+    }
+    out.sort_by(|a, b| {
+        (&a.service_port_name, &a.address, a.endpoint_port).cmp(&(&b.service_port_name, &b.address, b.endpoint_port))
+    });
+    out.dedup_by(|a, b| {
+        a.service_port_name == b.service_port_name && a.address == b.address && a.endpoint_port == b.endpoint_port
+    });
+    out
+}
+
+/// The endpoint of an ExternalName Service: its external name, on each service port.
+pub fn external_name_endpoints(svc: &Service, external_name: &str) -> Vec<Endpoint> {
+    svc.ports
+        .iter()
+        .map(|p| Endpoint {
+            address: external_name.to_owned(),
+            endpoint_port: p.port,
+            service_port_name: p.name.clone(),
+            labels: BTreeMap::new(),
+            locality: Locality::default(),
+            weight: 0,
+            service_account: String::new(),
+            network: String::new(),
+            namespace: svc.namespace().to_owned(),
+            origin: svc.origin.clone(),
+        })
+        .collect()
+}
