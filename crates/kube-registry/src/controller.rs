@@ -25,8 +25,9 @@ pub enum Change<K> {
     Replace(Vec<K>),
 }
 
-/// A change the watchers (or manifests) report.
+/// A change the watchers (or manifests) report. Pods are large, and events are short-lived.
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)]
 pub enum KubeEvent {
     Service(Change<KubeService>),
     EndpointSlice(Change<EndpointSlice>),

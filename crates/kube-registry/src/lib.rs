@@ -6,9 +6,25 @@
 
 mod controller;
 pub mod conversion;
+pub mod watch;
 
 #[cfg(test)]
 mod tests;
 
 pub use controller::{Change, KubeEvent, KubeRegistry};
 pub use conversion::{Context, SERVICE_REGISTRY_KUBERNETES};
+
+impl environment::ServiceRegistry for KubeRegistry {
+    fn provider(&self) -> &str {
+        SERVICE_REGISTRY_KUBERNETES
+    }
+
+    /// Istio config does not feed this registry.
+    fn config_changed(&self, _events: &[config_sources::ConfigEvent]) -> registry::RegistryDiff {
+        registry::RegistryDiff::default()
+    }
+
+    fn snapshot(&self) -> std::sync::Arc<registry::RegistrySnapshot> {
+        KubeRegistry::snapshot(self)
+    }
+}

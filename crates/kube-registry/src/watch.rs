@@ -1,0 +1,190 @@
+//! Watching the API server with kube-rs, as Istio's informers: a reflector-style list + watch per
+//! kind (resourceVersion, bookmarks, re-list on 410 Gone, re-watch with backoff on a dropped
+//! stream, all kube-rs's `watcher`), each change applied to the registry and its diff sent on.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service as KubeService};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event, watcher};
+use kube::{Api, Client, Resource};
+use registry::RegistryDiff;
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, watch};
+
+use crate::{Change, KubeEvent, KubeRegistry};
+
+/// Where pilot-discovery finds its cluster, as the issue and Istio's flags say: `--kubeconfig`,
+/// else `KUBECONFIG`, else the in-cluster service account. `None` when there is none of them.
+pub async fn client_config(
+    kubeconfig: &str,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Option<kube::Config>, Error> {
+    let path = if !kubeconfig.is_empty() {
+        Some(kubeconfig.to_owned())
+    } else {
+        env("KUBECONFIG").filter(|p| !p.is_empty())
+    };
+    if let Some(path) = path {
+        // KUBECONFIG may list several files; the first is the one read here.
+        let first = path.split(':').next().unwrap_or(&path).to_owned();
+        let kc = kube::config::Kubeconfig::read_from(&first).map_err(|e| Error::Config {
+            from: first.clone(),
+            reason: e.to_string(),
+        })?;
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| Error::Config {
+                from: first,
+                reason: e.to_string(),
+            })?;
+        return Ok(Some(cfg));
+    }
+    if env("KUBERNETES_SERVICE_HOST").is_some() {
+        let cfg = kube::Config::incluster().map_err(|e| Error::Config {
+            from: "in-cluster service account".into(),
+            reason: e.to_string(),
+        })?;
+        return Ok(Some(cfg));
+    }
+    Ok(None)
+}
+
+/// A reason the cluster cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes client config from {from}: {reason}")]
+    Config { from: String, reason: String },
+    #[error("Kubernetes API server {address}: {reason}")]
+    Unreachable { address: String, reason: String },
+}
+
+/// A client for `cfg`, checked by asking the server its version (within `timeout`).
+pub async fn connect(cfg: kube::Config, timeout: Duration) -> Result<Client, Error> {
+    let address = cfg.cluster_url.to_string();
+    let client = Client::try_from(cfg).map_err(|e| Error::Unreachable {
+        address: address.clone(),
+        reason: e.to_string(),
+    })?;
+    match tokio::time::timeout(timeout, client.apiserver_version()).await {
+        Ok(Ok(_)) => Ok(client),
+        Ok(Err(e)) => Err(Error::Unreachable {
+            address,
+            reason: e.to_string(),
+        }),
+        Err(_) => Err(Error::Unreachable {
+            address,
+            reason: format!("no answer within {timeout:?}"),
+        }),
+    }
+}
+
+/// The kinds watched.
+pub const KINDS: &[&str] = &["Service", "EndpointSlice", "Pod", "Node", "Namespace"];
+
+/// Starts one watcher per kind. Diffs go to `diffs`; `synced` counts the kinds whose initial list
+/// is in (all of [`KINDS`] when start-up may go on).
+pub fn watch_all(
+    client: Client,
+    registry: Arc<KubeRegistry>,
+    diffs: mpsc::UnboundedSender<RegistryDiff>,
+) -> watch::Receiver<usize> {
+    let (synced_tx, synced) = watch::channel(0usize);
+    let synced_tx = Arc::new(synced_tx);
+    let r = registry;
+    spawn::<KubeService>(
+        Api::all(client.clone()),
+        "Service",
+        KubeEvent::Service,
+        r.clone(),
+        diffs.clone(),
+        synced_tx.clone(),
+    );
+    spawn::<EndpointSlice>(
+        Api::all(client.clone()),
+        "EndpointSlice",
+        KubeEvent::EndpointSlice,
+        r.clone(),
+        diffs.clone(),
+        synced_tx.clone(),
+    );
+    spawn::<Pod>(
+        Api::all(client.clone()),
+        "Pod",
+        KubeEvent::Pod,
+        r.clone(),
+        diffs.clone(),
+        synced_tx.clone(),
+    );
+    spawn::<Node>(
+        Api::all(client.clone()),
+        "Node",
+        KubeEvent::Node,
+        r.clone(),
+        diffs.clone(),
+        synced_tx.clone(),
+    );
+    spawn::<Namespace>(Api::all(client), "Namespace", KubeEvent::Namespace, r, diffs, synced_tx);
+    synced
+}
+
+fn spawn<K>(
+    api: Api<K>,
+    kind: &'static str,
+    wrap: fn(Change<K>) -> KubeEvent,
+    registry: Arc<KubeRegistry>,
+    diffs: mpsc::UnboundedSender<RegistryDiff>,
+    synced: Arc<watch::Sender<usize>>,
+) where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default,
+{
+    tokio::spawn(async move {
+        let stream = watcher(api, watcher::Config::default()).default_backoff();
+        futures::pin_mut!(stream);
+        let mut listed = Vec::new();
+        let mut first = true;
+        while let Some(event) = stream.next().await {
+            let change = match event {
+                Ok(Event::Init) => {
+                    listed.clear();
+                    continue;
+                }
+                Ok(Event::InitApply(o)) => {
+                    listed.push(o);
+                    continue;
+                }
+                Ok(Event::InitDone) => {
+                    let n = listed.len();
+                    if first {
+                        tracing::info!(kind, objects = n, "Kubernetes: initial list synced");
+                    } else {
+                        tracing::info!(kind, objects = n, "Kubernetes: re-listed");
+                    }
+                    Change::Replace(std::mem::take(&mut listed))
+                }
+                Ok(Event::Apply(o)) => Change::Apply(o),
+                Ok(Event::Delete(o)) => Change::Delete(o),
+                Err(e) => {
+                    if let Some(suppressed) = monitoring::throttle::allow("kube_watch_error") {
+                        tracing::warn!(kind, suppressed, "Kubernetes: watch failed, retrying with backoff: {e}");
+                    }
+                    continue;
+                }
+            };
+            let initial = matches!(change, Change::Replace(_)) && first;
+            let diff = registry.apply(vec![wrap(change)]);
+            if !diff.is_empty() && diffs.send(diff).is_err() {
+                return;
+            }
+            if initial {
+                first = false;
+                synced.send_modify(|n| *n += 1);
+            }
+        }
+    });
+}

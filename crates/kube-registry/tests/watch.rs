@@ -1,0 +1,146 @@
+//! The watchers against the fake API server (test-support's, proven with kubectl): the initial
+//! lists, then changes; a dropped watch and an expired resourceVersion (410 Gone) lose nothing.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube_registry::watch::{KINDS, client_config, connect, watch_all};
+use kube_registry::{Context, KubeRegistry};
+use model::ServiceKey;
+use serde_json::{Value, json};
+use test_support::kube_api::FakeApiServer;
+use tokio::sync::mpsc;
+
+const HOST: &str = "reviews.default.svc.cluster.local";
+
+fn objects() -> Vec<Value> {
+    vec![
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1",
+            "labels": {"topology.kubernetes.io/region": "r1", "topology.kubernetes.io/zone": "z1"}}}),
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "reviews-v1", "namespace": "default",
+            "labels": {"app": "reviews", "version": "v1"}},
+            "spec": {"nodeName": "n1", "serviceAccountName": "reviews", "containers": [{"name": "app", "image": "x"}]},
+            "status": {"podIP": "10.1.0.1"}}),
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "reviews", "namespace": "default"},
+            "spec": {"clusterIP": "10.96.0.10", "selector": {"app": "reviews"}, "ports": [{"name": "http", "port": 9080}]}}),
+        slice(&["10.1.0.1"]),
+    ]
+}
+
+fn slice(ips: &[&str]) -> Value {
+    let endpoints: Vec<Value> = ips
+        .iter()
+        .map(|ip| {
+            json!({"addresses": [ip], "conditions": {"ready": true},
+                          "targetRef": {"kind": "Pod", "name": "reviews-v1", "namespace": "default"}})
+        })
+        .collect();
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "reviews-abc", "namespace": "default", "labels": {"kubernetes.io/service-name": "reviews"}},
+        "addressType": "IPv4", "endpoints": endpoints, "ports": [{"name": "http", "port": 8080}]})
+}
+
+async fn eventually(what: &str, f: impl Fn() -> bool) {
+    for _ in 0..200 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn addresses(r: &KubeRegistry) -> Vec<String> {
+    r.snapshot()
+        .endpoints_of(&ServiceKey::new(HOST, "default"))
+        .iter()
+        .map(|e| e.address.clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn watchers_sync_then_follow_changes_through_drops_and_410() {
+    let api = FakeApiServer::start().await.unwrap();
+    for o in objects() {
+        api.apply(o).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+
+    let cfg = client_config(kubeconfig.to_str().unwrap(), |_| None)
+        .await
+        .unwrap()
+        .unwrap();
+    let client = connect(cfg, Duration::from_secs(5)).await.unwrap();
+    let registry = Arc::new(KubeRegistry::new(Context {
+        domain: "cluster.local".into(),
+        trust_domain: "cluster.local".into(),
+        cluster_id: "Kubernetes".into(),
+    }));
+    let (tx, mut diffs) = mpsc::unbounded_channel();
+    let mut synced = watch_all(client, registry.clone(), tx);
+    tokio::time::timeout(Duration::from_secs(10), synced.wait_for(|n| *n == KINDS.len()))
+        .await
+        .expect("initial lists within 10 s")
+        .unwrap();
+    assert_eq!(addresses(&registry), ["10.1.0.1"]);
+    let snapshot = registry.snapshot();
+    let e = &snapshot.endpoints_of(&ServiceKey::new(HOST, "default"))[0];
+    assert_eq!((e.endpoint_port, e.locality.to_string().as_str()), (8080, "r1/z1/"));
+    assert!(diffs.try_recv().is_ok(), "the initial lists were reported");
+
+    // A change through the API.
+    api.apply(slice(&["10.1.0.1", "10.1.0.2"])).unwrap();
+    eventually("the scaled slice", || addresses(&registry).len() == 2).await;
+
+    // Watches cut mid-stream: kube-rs re-watches from where it was; nothing is lost.
+    api.drop_watches();
+    api.apply(slice(&["10.1.0.1", "10.1.0.2", "10.1.0.3"])).unwrap();
+    eventually("the change made while the watches were down", || {
+        addresses(&registry).len() == 3
+    })
+    .await;
+
+    // History expired while disconnected: the re-watch gets 410 Gone, kube-rs re-lists.
+    api.drop_watches();
+    api.apply(slice(&["10.1.0.4"])).unwrap();
+    api.compact();
+    eventually("the change behind a 410", || addresses(&registry) == ["10.1.0.4"]).await;
+    // Listed twice: at start, and again after the 410.
+    let requests = api.requests();
+    let lists = requests
+        .iter()
+        .filter(|r| r.contains("/endpointslices") && !r.contains("watch="))
+        .count();
+    assert!(lists >= 2, "{requests:#?}");
+}
+
+#[tokio::test]
+async fn an_unreachable_api_server_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    let port = test_support::ports::free_port();
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n\
+             users: [{{name: u, user: {{token: t}}}}]\ncontexts: [{{name: x, context: {{cluster: c, user: u}}}}]\ncurrent-context: x\n"
+        ),
+    )
+    .unwrap();
+    let cfg = client_config(path.to_str().unwrap(), |_| None).await.unwrap().unwrap();
+    let Err(e) = connect(cfg, Duration::from_secs(3)).await else {
+        panic!("nothing listens on port {port}")
+    };
+    let e = e.to_string();
+    assert!(e.contains(&format!("127.0.0.1:{port}")), "{e}");
+    // No kubeconfig, no KUBECONFIG, not in a cluster: no Kubernetes registry.
+    assert!(client_config("", |_| None).await.unwrap().is_none());
+    let missing = client_config("/nonexistent/kubeconfig", |_| None)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(missing.contains("/nonexistent/kubeconfig"), "{missing}");
+}
