@@ -52,10 +52,10 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     tracing::info!(?settings, domain = %args.domain, cluster_id = %args.cluster_id, "starting pilot-discovery");
 
     if args.config_dir.is_empty() {
-        bail!("--configDir is required: Kubernetes as a config source is not available in this release");
-    }
-    if args.registries.iter().any(|r| r == "Kubernetes") {
-        tracing::info!("registry Kubernetes: not available in this release; using ServiceEntries from --configDir");
+        bail!(
+            "--configDir is required: Istio config from the Kubernetes API server is not available yet \
+             (services and endpoints are: --kubeconfig with --configDir)"
+        );
     }
 
     if !Path::new(&args.config_dir).is_dir() {
@@ -73,13 +73,17 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     tracing::info!(configs = initial_change.events.len(), dir = %args.config_dir, "loaded config directory");
     let dir_watch = config_sources::watch_store(store).context("watching --configDir")?;
 
-    let environment = Arc::new(Environment::new(
-        mesh.clone(),
-        args.domain.clone(),
-        vec![Box::new(ServiceEntries::new(mesh.clone()))],
-    ));
+    let mut kubernetes = crate::kubernetes::start(&args, &mesh).await?;
+    let mut registries: Vec<Box<dyn environment::ServiceRegistry>> = vec![Box::new(ServiceEntries::new(mesh.clone()))];
+    if let Some(k) = &kubernetes {
+        registries.push(Box::new(k.registry.clone()));
+    }
+    let environment = Arc::new(Environment::new(mesh.clone(), args.domain.clone(), registries));
     // The initial state; the server's first push covers everything.
     let _ = environment.config_changed(&initial_change);
+    if let Some(k) = &mut kubernetes {
+        k.apply_initial(&environment);
+    }
     pipeline_metrics.observe(environment.stats());
     let opts = ServerOptions {
         debounce_after: settings.debounce_after,
@@ -91,6 +95,9 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     };
     let server = DiscoveryServer::new(environment.clone(), opts, &mut registry);
     server.start();
+    if let Some(k) = kubernetes {
+        k.follow(environment.clone(), server.clone());
+    }
 
     let state = AppState {
         server: server.clone(),

@@ -1,0 +1,93 @@
+//! The Kubernetes registry in pilot-discovery: connected at start when `--registries` names
+//! Kubernetes and a cluster is configured (`--kubeconfig`, `KUBECONFIG`, in-cluster), synced
+//! before the first push, then followed: each change goes to the environment and, as a push
+//! request, to the xDS server.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use environment::Environment;
+use kube_registry::watch::{KINDS, client_config, connect, watch_all};
+use kube_registry::{Context, KubeRegistry};
+use model::MeshConfig;
+use registry::RegistryDiff;
+use tokio::sync::mpsc;
+use xds_server::DiscoveryServer;
+
+use crate::args::DiscoveryArgs;
+
+/// How long the API server may take to answer at start-up.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct Kubernetes {
+    pub registry: Arc<KubeRegistry>,
+    diffs: mpsc::UnboundedReceiver<RegistryDiff>,
+}
+
+/// Connects and waits for the initial lists; `None` when Kubernetes is not a registry or no
+/// cluster is configured. An unreachable API server is an error naming it.
+pub async fn start(args: &DiscoveryArgs, mesh: &MeshConfig) -> anyhow::Result<Option<Kubernetes>> {
+    if !args.registries.iter().any(|r| r == "Kubernetes") {
+        tracing::info!(registries = ?args.registries, "Kubernetes is not a registry");
+        return Ok(None);
+    }
+    let Some(cfg) = client_config(&args.kubeconfig, |k| std::env::var(k).ok()).await? else {
+        tracing::info!("no --kubeconfig, KUBECONFIG or in-cluster config: running without the Kubernetes registry");
+        return Ok(None);
+    };
+    let address = cfg.cluster_url.to_string();
+    let client = connect(cfg, CONNECT_TIMEOUT).await?;
+    let registry = Arc::new(KubeRegistry::new(Context {
+        domain: args.domain.clone(),
+        trust_domain: mesh.trust_domain.clone(),
+        cluster_id: args.cluster_id.clone(),
+    }));
+    let (tx, diffs) = mpsc::unbounded_channel();
+    let mut synced = watch_all(client, registry.clone(), tx);
+    let t0 = std::time::Instant::now();
+    loop {
+        let waited = tokio::time::timeout(Duration::from_secs(5), synced.wait_for(|n| *n == KINDS.len()))
+            .await
+            .map(|r| r.is_ok());
+        match waited {
+            Ok(true) => break,
+            Ok(false) => anyhow::bail!("Kubernetes watchers stopped before their initial lists"),
+            Err(_) => tracing::info!(
+                api_server = %address,
+                synced = *synced.borrow(),
+                of = KINDS.len(),
+                "waiting for the initial lists of the Kubernetes API server"
+            ),
+        }
+    }
+    let snapshot = registry.snapshot();
+    tracing::info!(
+        api_server = %address,
+        cluster_id = %args.cluster_id,
+        services = snapshot.services.len(),
+        services_with_endpoints = snapshot.endpoints.len(),
+        seconds = t0.elapsed().as_secs_f64(),
+        "Kubernetes registry synced"
+    );
+    Ok(Some(Kubernetes { registry, diffs }))
+}
+
+impl Kubernetes {
+    /// Hands what the initial lists found to the environment (before the first push).
+    pub fn apply_initial(&mut self, env: &Environment) {
+        while let Ok(diff) = self.diffs.try_recv() {
+            let _ = env.services_changed(diff);
+        }
+    }
+
+    /// From now on, each change reaches the environment and the xDS server.
+    pub fn follow(mut self, env: Arc<Environment>, server: Arc<DiscoveryServer<Environment>>) {
+        tokio::spawn(async move {
+            while let Some(diff) = self.diffs.recv().await {
+                if let Some(req) = env.services_changed(diff) {
+                    server.config_update(req);
+                }
+            }
+        });
+    }
+}

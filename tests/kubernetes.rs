@@ -1,0 +1,139 @@
+//! End-to-end on Kubernetes without a cluster: pilot-discovery watches the fake API server
+//! (test-support's, proven with kubectl) for Services, EndpointSlices, Pods and Nodes, and a real
+//! Envoy gateway routes by them (Istio Gateway and VirtualService from --configDir); scaling the
+//! EndpointSlices moves the traffic, and a dropped watch followed by 410 Gone loses no update.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use common::{Ads, HOST, gateway_yaml, start_gateway_envoy};
+use serde_json::{Value, json};
+use test_support::backend::{Backend, http_get};
+use test_support::discovery::{Discovery, DiscoveryOptions};
+use test_support::kube_api::FakeApiServer;
+use test_support::ports::free_port;
+
+fn pod(name: &str, version: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": "reviews", "version": version}},
+        "spec": {"nodeName": "node-1", "serviceAccountName": "bookinfo-reviews", "containers": [{"name": "reviews", "image": "reviews"}]},
+        "status": {"podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}})
+}
+
+/// One EndpointSlice per version: the backend of that version, ready or not.
+fn slice(version: &str, port: u16, ready: bool) -> Value {
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("reviews-{version}"), "namespace": "default",
+                     "labels": {"kubernetes.io/service-name": "reviews"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": ready},
+                       "targetRef": {"kind": "Pod", "name": format!("reviews-{version}"), "namespace": "default"}}],
+        "ports": [{"name": "http", "port": port, "protocol": "TCP"}]})
+}
+
+fn virtual_service() -> String {
+    format!(
+        r#"apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: bookinfo, namespace: default}}
+spec:
+  hosts: ["{HOST}"]
+  gateways: [bookinfo-gateway]
+  http:
+  - route: [{{destination: {{host: reviews.default.svc.cluster.local, port: {{number: 9080}}}}}}]
+"#
+    )
+}
+
+/// The backend that answers `n` requests in a row through the gateway, within 20 s.
+async fn answered_by(gateway: u16, backend: &str, discovery: &Discovery) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut in_a_row = 0;
+    let mut last = None;
+    while in_a_row < 5 {
+        let r = http_get(&format!("http://127.0.0.1:{gateway}/"), &[("host", HOST)]).await;
+        let who = r
+            .ok()
+            .filter(|r| r.status == 200)
+            .and_then(|r| r.json().ok())
+            .and_then(|v| v["backend"].as_str().map(str::to_owned));
+        if who.as_deref() == Some(backend) {
+            in_a_row += 1;
+        } else {
+            in_a_row = 0;
+            last = who;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{backend} did not answer 5 in a row within 20 s (last: {last:?})\n{}",
+                discovery.logs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_gateway_routes_by_services_and_endpoint_slices_from_the_api_server() -> anyhow::Result<()> {
+    let v1 = Backend::start("reviews-v1").await?;
+    let v2 = Backend::start("reviews-v2").await?;
+    let api = FakeApiServer::start().await?;
+    api.apply(
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1",
+        "labels": {"topology.kubernetes.io/region": "us-east1", "topology.kubernetes.io/zone": "us-east1-b"}}}),
+    )?;
+    api.apply(pod("reviews-v1", "v1"))?;
+    api.apply(pod("reviews-v2", "v2"))?;
+    api.apply(json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "reviews", "namespace": "default"},
+        "spec": {"clusterIP": "10.96.0.10", "selector": {"app": "reviews"}, "ports": [{"name": "http", "port": 9080}]}}))?;
+    api.apply(slice("v1", v1.addr().port(), true))?;
+    api.apply(slice("v2", v2.addr().port(), false))?;
+
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("config");
+    std::fs::create_dir(&config)?;
+    let gateway = free_port();
+    std::fs::write(config.join("gateway.yaml"), gateway_yaml(gateway))?;
+    std::fs::write(config.join("virtual-service.yaml"), virtual_service())?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig)?;
+    let opts = DiscoveryOptions {
+        args: vec!["--kubeconfig".into(), kubeconfig.display().to_string()],
+        env: vec![("PILOT_DEBOUNCE_AFTER".into(), "10ms".into())],
+        ..Default::default()
+    };
+    let discovery = Discovery::start(&config, opts).await?;
+    let envoy = start_gateway_envoy(&discovery, Ads::Sotw).await?;
+
+    // Only v1 is ready.
+    answered_by(gateway, "reviews-v1", &discovery).await?;
+    let (_, registryz) = discovery.get("/debug/registryz", false).await?;
+    assert!(
+        registryz.contains("reviews.default.svc.cluster.local") && registryz.contains("Kubernetes"),
+        "{registryz}"
+    );
+
+    // Scale: v2 becomes ready, v1 goes away.
+    api.apply(slice("v2", v2.addr().port(), true))?;
+    api.delete(&slice("v1", 0, true))?;
+    answered_by(gateway, "reviews-v2", &discovery).await?;
+
+    // The watches are cut and the history expires before they come back: 410, re-list, and the
+    // change made in between still lands.
+    api.drop_watches();
+    api.apply(slice("v1", v1.addr().port(), true))?;
+    api.delete(&slice("v2", 0, true))?;
+    api.compact();
+    answered_by(gateway, "reviews-v1", &discovery).await?;
+
+    let stats = envoy.stats().await?;
+    let rejected: Vec<_> = stats
+        .iter()
+        .filter(|(k, v)| k.contains("update_rejected") && **v != 0)
+        .collect();
+    assert!(rejected.is_empty(), "Envoy NACKed: {rejected:?}");
+    Ok(())
+}
