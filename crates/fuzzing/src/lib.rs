@@ -1,0 +1,40 @@
+//! The bodies of the fuzz targets in `fuzz/` (cargo-fuzz), here so that the workspace's tests can
+//! replay every input of their corpora (`fuzz/corpus/<target>`) and every crash found
+//! (`fuzz/regressions/<target>`) on a stable toolchain, as regression tests.
+//!
+//! Each target takes arbitrary bytes and panics only on a bug: a panic anywhere (any thread), a
+//! stream that does not end when its client goes away, or an answer that breaks the protocol.
+
+mod agent_proxy;
+mod config;
+mod input;
+mod mesh;
+pub mod seeds;
+mod xds;
+
+pub use agent_proxy::agent_xds_proxy;
+pub use config::config;
+pub use xds::xds_request;
+
+/// A target's body: any bytes in, a panic only on a bug.
+pub type Target = fn(&[u8]);
+
+/// The targets, by the names `fuzz/fuzz_targets/*.rs` and the corpus directories use.
+pub const TARGETS: &[(&str, Target)] = &[
+    ("config", config),
+    ("xds_request", xds_request),
+    ("agent_xds_proxy", agent_xds_proxy),
+];
+
+/// Makes a panic on any thread (a spawned stream task included) abort the process, as libFuzzer
+/// needs to see it; the tests replaying corpora use it too.
+pub fn abort_on_panic() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            default(info);
+            std::process::abort();
+        }));
+    });
+}
