@@ -18,6 +18,43 @@ use tokio::sync::{mpsc, watch};
 
 use crate::{Change, KubeEvent, KubeRegistry};
 
+/// Labels of `pilot_k8s_reg_events`, as Istio's: the kind (`Services`, `EndpointSlice`, `Pods`,
+/// `Nodes`, `Namespaces`) and the event (`add`, `update`, `delete`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct EventLabels {
+    pub r#type: String,
+    pub event: String,
+}
+
+/// Istio's `pilot_k8s_reg_events`: Kubernetes registry events by kind and event.
+#[derive(Clone, Debug, Default)]
+pub struct WatchMetrics {
+    pub events: prometheus_client::metrics::family::Family<EventLabels, prometheus_client::metrics::counter::Counter>,
+}
+
+impl WatchMetrics {
+    pub fn register(registry: &mut prometheus_client::registry::Registry) -> WatchMetrics {
+        let m = WatchMetrics::default();
+        registry.register(
+            "pilot_k8s_reg_events",
+            "Events from the Kubernetes registry.",
+            m.events.clone(),
+        );
+        m
+    }
+
+    fn count(&self, kind: &str, event: &str, n: u64) {
+        if n > 0 {
+            self.events
+                .get_or_create(&EventLabels {
+                    r#type: kind.to_owned(),
+                    event: event.to_owned(),
+                })
+                .inc_by(n);
+        }
+    }
+}
+
 /// Where pilot-discovery finds its cluster, as the issue and Istio's flags say: `--kubeconfig`,
 /// else `KUBECONFIG`, else the in-cluster service account. `None` when there is none of them.
 pub async fn client_config(
@@ -92,54 +129,45 @@ pub fn watch_all(
     client: Client,
     registry: Arc<KubeRegistry>,
     diffs: mpsc::UnboundedSender<RegistryDiff>,
+    metrics: WatchMetrics,
 ) -> watch::Receiver<usize> {
     let (synced_tx, synced) = watch::channel(0usize);
-    let synced_tx = Arc::new(synced_tx);
-    let r = registry;
+    let s = Sink {
+        registry,
+        diffs,
+        synced: Arc::new(synced_tx),
+        metrics,
+    };
     spawn::<KubeService>(
         Api::all(client.clone()),
-        "Service",
+        ("Service", "Services"),
         KubeEvent::Service,
-        r.clone(),
-        diffs.clone(),
-        synced_tx.clone(),
+        s.clone(),
     );
     spawn::<EndpointSlice>(
         Api::all(client.clone()),
-        "EndpointSlice",
+        ("EndpointSlice", "EndpointSlice"),
         KubeEvent::EndpointSlice,
-        r.clone(),
-        diffs.clone(),
-        synced_tx.clone(),
+        s.clone(),
     );
-    spawn::<Pod>(
-        Api::all(client.clone()),
-        "Pod",
-        KubeEvent::Pod,
-        r.clone(),
-        diffs.clone(),
-        synced_tx.clone(),
-    );
-    spawn::<Node>(
-        Api::all(client.clone()),
-        "Node",
-        KubeEvent::Node,
-        r.clone(),
-        diffs.clone(),
-        synced_tx.clone(),
-    );
-    spawn::<Namespace>(Api::all(client), "Namespace", KubeEvent::Namespace, r, diffs, synced_tx);
+    spawn::<Pod>(Api::all(client.clone()), ("Pod", "Pods"), KubeEvent::Pod, s.clone());
+    spawn::<Node>(Api::all(client.clone()), ("Node", "Nodes"), KubeEvent::Node, s.clone());
+    spawn::<Namespace>(Api::all(client), ("Namespace", "Namespaces"), KubeEvent::Namespace, s);
     synced
 }
 
-fn spawn<K>(
-    api: Api<K>,
-    kind: &'static str,
-    wrap: fn(Change<K>) -> KubeEvent,
+/// Where every watcher's changes go.
+#[derive(Clone)]
+struct Sink {
     registry: Arc<KubeRegistry>,
     diffs: mpsc::UnboundedSender<RegistryDiff>,
     synced: Arc<watch::Sender<usize>>,
-) where
+    metrics: WatchMetrics,
+}
+
+/// `(kind, metric type label)`.
+fn spawn<K>(api: Api<K>, (kind, label): (&'static str, &'static str), wrap: fn(Change<K>) -> KubeEvent, sink: Sink)
+where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default,
 {
@@ -148,6 +176,9 @@ fn spawn<K>(
         futures::pin_mut!(stream);
         let mut listed = Vec::new();
         let mut first = true;
+        // What this watcher has seen, to tell an add from an update.
+        let mut known = std::collections::HashSet::new();
+        let id = |o: &K| (o.meta().namespace.clone(), o.meta().name.clone());
         while let Some(event) = stream.next().await {
             let change = match event {
                 Ok(Event::Init) => {
@@ -165,10 +196,23 @@ fn spawn<K>(
                     } else {
                         tracing::info!(kind, objects = n, "Kubernetes: re-listed");
                     }
+                    let now: std::collections::HashSet<_> = listed.iter().map(id).collect();
+                    sink.metrics.count(label, "add", now.difference(&known).count() as u64);
+                    sink.metrics
+                        .count(label, "delete", known.difference(&now).count() as u64);
+                    known = now;
                     Change::Replace(std::mem::take(&mut listed))
                 }
-                Ok(Event::Apply(o)) => Change::Apply(o),
-                Ok(Event::Delete(o)) => Change::Delete(o),
+                Ok(Event::Apply(o)) => {
+                    let event = if known.insert(id(&o)) { "add" } else { "update" };
+                    sink.metrics.count(label, event, 1);
+                    Change::Apply(o)
+                }
+                Ok(Event::Delete(o)) => {
+                    known.remove(&id(&o));
+                    sink.metrics.count(label, "delete", 1);
+                    Change::Delete(o)
+                }
                 Err(e) => {
                     if let Some(suppressed) = monitoring::throttle::allow("kube_watch_error") {
                         tracing::warn!(kind, suppressed, "Kubernetes: watch failed, retrying with backoff: {e}");
@@ -177,13 +221,13 @@ fn spawn<K>(
                 }
             };
             let initial = matches!(change, Change::Replace(_)) && first;
-            let diff = registry.apply(vec![wrap(change)]);
-            if !diff.is_empty() && diffs.send(diff).is_err() {
+            let diff = sink.registry.apply(vec![wrap(change)]);
+            if !diff.is_empty() && sink.diffs.send(diff).is_err() {
                 return;
             }
             if initial {
                 first = false;
-                synced.send_modify(|n| *n += 1);
+                sink.synced.send_modify(|n| *n += 1);
             }
         }
     });

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube_registry::watch::{KINDS, client_config, connect, watch_all};
+use kube_registry::watch::{KINDS, WatchMetrics, client_config, connect, watch_all};
 use kube_registry::{Context, KubeRegistry};
 use model::ServiceKey;
 use serde_json::{Value, json};
@@ -80,7 +80,8 @@ async fn watchers_sync_then_follow_changes_through_drops_and_410() {
         cluster_id: "Kubernetes".into(),
     }));
     let (tx, mut diffs) = mpsc::unbounded_channel();
-    let mut synced = watch_all(client, registry.clone(), tx);
+    let metrics = WatchMetrics::default();
+    let mut synced = watch_all(client, registry.clone(), tx, metrics.clone());
     tokio::time::timeout(Duration::from_secs(10), synced.wait_for(|n| *n == KINDS.len()))
         .await
         .expect("initial lists within 10 s")
@@ -108,6 +109,21 @@ async fn watchers_sync_then_follow_changes_through_drops_and_410() {
     api.apply(slice(&["10.1.0.4"])).unwrap();
     api.compact();
     eventually("the change behind a 410", || addresses(&registry) == ["10.1.0.4"]).await;
+    let count = |t: &str, e: &str| {
+        metrics
+            .events
+            .get_or_create(&kube_registry::watch::EventLabels {
+                r#type: t.into(),
+                event: e.into(),
+            })
+            .get()
+    };
+    assert_eq!(count("Services", "add"), 1);
+    assert!(
+        count("EndpointSlice", "update") >= 2,
+        "{}",
+        count("EndpointSlice", "update")
+    );
     // Listed twice: at start, and again after the 410.
     let requests = api.requests();
     let lists = requests

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use environment::Environment;
-use kube_registry::watch::{KINDS, client_config, connect, watch_all};
+use kube_registry::watch::{KINDS, WatchMetrics, client_config, connect, watch_all};
 use kube_registry::{Context, KubeRegistry};
 use model::MeshConfig;
 use registry::RegistryDiff;
@@ -26,7 +26,11 @@ pub struct Kubernetes {
 
 /// Connects and waits for the initial lists; `None` when Kubernetes is not a registry or no
 /// cluster is configured. An unreachable API server is an error naming it.
-pub async fn start(args: &DiscoveryArgs, mesh: &MeshConfig) -> anyhow::Result<Option<Kubernetes>> {
+pub async fn start(
+    args: &DiscoveryArgs,
+    mesh: &MeshConfig,
+    metrics: &mut prometheus_client::registry::Registry,
+) -> anyhow::Result<Option<Kubernetes>> {
     if !args.registries.iter().any(|r| r == "Kubernetes") {
         tracing::info!(registries = ?args.registries, "Kubernetes is not a registry");
         return Ok(None);
@@ -43,7 +47,7 @@ pub async fn start(args: &DiscoveryArgs, mesh: &MeshConfig) -> anyhow::Result<Op
         cluster_id: args.cluster_id.clone(),
     }));
     let (tx, diffs) = mpsc::unbounded_channel();
-    let mut synced = watch_all(client, registry.clone(), tx);
+    let mut synced = watch_all(client, registry.clone(), tx, WatchMetrics::register(metrics));
     let t0 = std::time::Instant::now();
     loop {
         let waited = tokio::time::timeout(Duration::from_secs(5), synced.wait_for(|n| *n == KINDS.len()))

@@ -73,7 +73,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     tracing::info!(configs = initial_change.events.len(), dir = %args.config_dir, "loaded config directory");
     let dir_watch = config_sources::watch_store(store).context("watching --configDir")?;
 
-    let mut kubernetes = crate::kubernetes::start(&args, &mesh).await?;
+    let mut kubernetes = crate::kubernetes::start(&args, &mesh, &mut registry).await?;
     let mut registries: Vec<Box<dyn environment::ServiceRegistry>> = vec![Box::new(ServiceEntries::new(mesh.clone()))];
     if let Some(k) = &kubernetes {
         registries.push(Box::new(k.registry.clone()));
