@@ -10,10 +10,15 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use common::{Ads, HOST, gateway_yaml, start_gateway_envoy};
 use serde_json::{Value, json};
+use test_support::ads::AdsClient;
 use test_support::backend::{Backend, http_get};
 use test_support::discovery::{Discovery, DiscoveryOptions};
 use test_support::kube_api::FakeApiServer;
 use test_support::ports::free_port;
+use xds_api::envoy::config::cluster::v3::Cluster;
+use xds_api::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use xds_api::envoy::config::listener::v3::Listener;
+use xds_api::envoy::config::route::v3::RouteConfiguration;
 
 fn pod(name: &str, version: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod",
@@ -135,5 +140,118 @@ async fn a_gateway_routes_by_services_and_endpoint_slices_from_the_api_server() 
         .filter(|(k, v)| k.contains("update_rejected") && **v != 0)
         .collect();
     assert!(rejected.is_empty(), "Envoy NACKed: {rejected:?}");
+    Ok(())
+}
+
+/// The cluster's objects of the manifests test: bookinfo's reviews (EndpointSlices) and ratings.
+fn cluster_objects(ratings_as_endpoints: bool) -> Vec<Value> {
+    let mut objects = vec![
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1",
+            "labels": {"topology.kubernetes.io/region": "us-east1", "topology.kubernetes.io/zone": "us-east1-b"}}}),
+        pod("reviews-v1", "v1"),
+        pod("reviews-v2", "v2"),
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "reviews", "namespace": "default"},
+            "spec": {"clusterIP": "10.96.0.10", "selector": {"app": "reviews"}, "ports": [{"name": "http", "port": 9080}]}}),
+        slice("v1", 19081, true),
+        slice("v2", 19082, true),
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "ratings", "namespace": "default",
+            "annotations": {"networking.istio.io/exportTo": "*"}},
+            "spec": {"clusterIP": "10.96.0.11", "ports": [{"name": "grpc", "port": 9090, "appProtocol": "grpc"}]}}),
+    ];
+    objects.push(if ratings_as_endpoints {
+        json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "ratings", "namespace": "default"},
+            "subsets": [{"addresses": [{"ip": "10.1.0.9"}], "notReadyAddresses": [{"ip": "10.1.0.10"}],
+                         "ports": [{"name": "grpc", "port": 19090}]}]})
+    } else {
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "ratings-7xk2p", "namespace": "default", "labels": {"kubernetes.io/service-name": "ratings"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.1.0.9"], "conditions": {"ready": true}},
+                          {"addresses": ["10.1.0.10"], "conditions": {"ready": false}}],
+            "ports": [{"name": "grpc", "port": 19090}]})
+    });
+    objects
+}
+
+/// CDS, EDS, LDS and RDS as a gateway gets them, decoded.
+async fn gateway_xds(
+    d: &Discovery,
+) -> anyhow::Result<(
+    Vec<Cluster>,
+    Vec<ClusterLoadAssignment>,
+    Vec<Listener>,
+    Vec<RouteConfiguration>,
+)> {
+    let metadata =
+        json!({"NAMESPACE": "istio-system", "LABELS": {"istio": "ingressgateway"}, "ISTIO_VERSION": "1.28.0"});
+    let mut client = AdsClient::connect(d.grpc_addr, common::NODE_ID, metadata).await?;
+    let hs = client.handshake(None).await?;
+    let decode = |r: Option<test_support::ads::Response>| r.ok_or_else(|| anyhow::anyhow!("missing type"));
+    Ok((
+        decode(hs.clusters)?.decode()?,
+        decode(hs.endpoints)?.decode()?,
+        decode(hs.listeners)?.decode()?,
+        decode(hs.routes)?.decode()?,
+    ))
+}
+
+#[tokio::test]
+async fn the_same_mesh_as_manifests_in_config_dir_gives_the_same_xds() -> anyhow::Result<()> {
+    let gateway = free_port();
+    let istio_config = |dir: &std::path::Path| -> anyhow::Result<()> {
+        std::fs::write(dir.join("gateway.yaml"), gateway_yaml(gateway))?;
+        std::fs::write(dir.join("virtual-service.yaml"), virtual_service())?;
+        Ok(())
+    };
+    // Through the API server.
+    let api = FakeApiServer::start().await?;
+    for o in cluster_objects(false) {
+        api.apply(o)?;
+    }
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig)?;
+    let from_api = dir.path().join("api");
+    std::fs::create_dir(&from_api)?;
+    istio_config(&from_api)?;
+    let opts = DiscoveryOptions {
+        args: vec!["--kubeconfig".into(), kubeconfig.display().to_string()],
+        ..Default::default()
+    };
+    let d1 = Discovery::start(&from_api, opts).await?;
+
+    // The same objects as manifests (one `kind: List`, ratings as v1 Endpoints), no cluster.
+    let from_files = dir.path().join("files");
+    std::fs::create_dir(&from_files)?;
+    istio_config(&from_files)?;
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": cluster_objects(true)});
+    std::fs::write(from_files.join("cluster.json"), serde_json::to_vec_pretty(&list)?)?;
+    let d2 = Discovery::start(&from_files, DiscoveryOptions::default()).await?;
+
+    let (a, b) = (gateway_xds(&d1).await?, gateway_xds(&d2).await?);
+    let names = |c: &[Cluster]| c.iter().map(|c| c.name.clone()).collect::<Vec<_>>();
+    assert!(
+        names(&a.0).contains(&"outbound|9080||reviews.default.svc.cluster.local".to_owned()),
+        "{:?}",
+        names(&a.0)
+    );
+    assert!(
+        names(&a.0).contains(&"outbound|9090||ratings.default.svc.cluster.local".to_owned()),
+        "{:?}",
+        names(&a.0)
+    );
+    assert_eq!(a.0, b.0, "CDS differs");
+    assert_eq!(a.1, b.1, "EDS differs");
+    assert_eq!(a.2, b.2, "LDS differs");
+    assert_eq!(a.3, b.3, "RDS differs");
+    let ratings =
+        a.1.iter()
+            .find(|c| c.cluster_name.contains("ratings"))
+            .expect("ratings endpoints");
+    assert_eq!(
+        ratings.endpoints.iter().map(|l| l.lb_endpoints.len()).sum::<usize>(),
+        1,
+        "only the ready address"
+    );
     Ok(())
 }

@@ -106,7 +106,8 @@ impl Environment {
             };
             let after = event.current().is_some();
             *counts.entry(key.kind).or_default() += isize::from(after) - isize::from(before);
-            if !registry::ServiceEntryRegistry::reads(key.kind) {
+            // Registries' inputs push through the registry diff, not as config changes.
+            if !registry::ServiceEntryRegistry::reads(key.kind) && !key.kind.is_kubernetes() {
                 configs_changed.insert(key);
             }
         }

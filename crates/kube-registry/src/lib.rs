@@ -6,6 +6,7 @@
 
 mod controller;
 pub mod conversion;
+pub mod manifests;
 pub mod watch;
 
 #[cfg(test)]
@@ -19,9 +20,16 @@ impl environment::ServiceRegistry for KubeRegistry {
         SERVICE_REGISTRY_KUBERNETES
     }
 
-    /// Istio config does not feed this registry.
-    fn config_changed(&self, _events: &[config_sources::ConfigEvent]) -> registry::RegistryDiff {
-        registry::RegistryDiff::default()
+    /// Core Kubernetes objects from manifests in --configDir feed this registry; Istio kinds do not.
+    fn config_changed(&self, events: &[config_sources::ConfigEvent]) -> registry::RegistryDiff {
+        let (kube_events, errors) = manifests::events(events);
+        for e in errors {
+            tracing::warn!(object = e.object, "Kubernetes manifest does not decode: {}", e.reason);
+        }
+        if kube_events.is_empty() {
+            return registry::RegistryDiff::default();
+        }
+        self.apply(kube_events)
     }
 
     fn snapshot(&self) -> std::sync::Arc<registry::RegistrySnapshot> {

@@ -25,6 +25,13 @@ pub enum ConfigKind {
     RequestAuthentication,
     Telemetry,
     WasmPlugin,
+    // Core Kubernetes kinds, read from --configDir manifests by the Kubernetes registry.
+    Service,
+    Endpoints,
+    EndpointSlice,
+    Pod,
+    Node,
+    Namespace,
 }
 
 impl ConfigKind {
@@ -39,6 +46,15 @@ impl ConfigKind {
 
     /// Looks a kind up by its API group, version and kind, as Istio's schema collections.
     pub fn from_gvk(group: &str, version: &str, kind: &str) -> Option<ConfigKind> {
+        match (group, version, kind) {
+            ("", "v1", "Service") => return Some(ConfigKind::Service),
+            ("", "v1", "Endpoints") => return Some(ConfigKind::Endpoints),
+            ("", "v1", "Pod") => return Some(ConfigKind::Pod),
+            ("", "v1", "Node") => return Some(ConfigKind::Node),
+            ("", "v1", "Namespace") => return Some(ConfigKind::Namespace),
+            ("discovery.k8s.io", "v1", "EndpointSlice") => return Some(ConfigKind::EndpointSlice),
+            _ => {}
+        }
         let networking = ["v1", "v1beta1", "v1alpha3"];
         let k = match (group, kind) {
             ("networking.istio.io", "VirtualService") => ConfigKind::VirtualService,
@@ -69,7 +85,26 @@ impl ConfigKind {
     }
 
     pub fn is_supported(&self) -> bool {
-        Self::SUPPORTED.contains(self)
+        Self::SUPPORTED.contains(self) || self.is_kubernetes()
+    }
+
+    /// A core Kubernetes kind (Service, Endpoints, EndpointSlice, Pod, Node, Namespace), for the
+    /// Kubernetes registry rather than the push index.
+    pub fn is_kubernetes(&self) -> bool {
+        matches!(
+            self,
+            ConfigKind::Service
+                | ConfigKind::Endpoints
+                | ConfigKind::EndpointSlice
+                | ConfigKind::Pod
+                | ConfigKind::Node
+                | ConfigKind::Namespace
+        )
+    }
+
+    /// Kinds without a namespace.
+    pub fn is_cluster_scoped(&self) -> bool {
+        matches!(self, ConfigKind::Node | ConfigKind::Namespace)
     }
 
     pub fn as_str(&self) -> &'static str {
@@ -88,6 +123,12 @@ impl ConfigKind {
             ConfigKind::RequestAuthentication => "RequestAuthentication",
             ConfigKind::Telemetry => "Telemetry",
             ConfigKind::WasmPlugin => "WasmPlugin",
+            ConfigKind::Service => "Service",
+            ConfigKind::Endpoints => "Endpoints",
+            ConfigKind::EndpointSlice => "EndpointSlice",
+            ConfigKind::Pod => "Pod",
+            ConfigKind::Node => "Node",
+            ConfigKind::Namespace => "Namespace",
         }
     }
 }
@@ -142,6 +183,8 @@ pub enum ConfigSpec {
     Sidecar(Sidecar),
     /// An Istio kind that is kept but not yet acted on.
     Unsupported(Value),
+    /// A core Kubernetes object, whole (metadata, spec, status, EndpointSlice endpoints, ...).
+    Kubernetes(Value),
 }
 
 /// One config resource.
@@ -214,7 +257,28 @@ pub fn parse_config(doc: Value, default_namespace: &str) -> Result<Config, Confi
             kind: kind_name,
         });
     };
-    let meta = parse_meta(kind, obj.remove("metadata"), default_namespace, &api_version)?;
+    let mut meta = parse_meta(kind, obj.get("metadata").cloned(), default_namespace, &api_version)?;
+    if kind.is_kubernetes() {
+        // Kept whole for the Kubernetes registry, with the namespace the file gave it.
+        if kind.is_cluster_scoped() {
+            meta.namespace.clear();
+        }
+        let md = obj
+            .entry("metadata")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if let Value::Object(md) = md {
+            md.remove("namespace");
+            if !meta.namespace.is_empty() {
+                md.insert("namespace".into(), Value::String(meta.namespace.clone()));
+            }
+        }
+        return Ok(Config {
+            kind,
+            meta,
+            spec: ConfigSpec::Kubernetes(Value::Object(obj)),
+        });
+    }
+    obj.remove("metadata");
     let key = ConfigKey {
         kind,
         namespace: meta.namespace.clone(),

@@ -41,11 +41,7 @@ pub async fn start(
     };
     let address = cfg.cluster_url.to_string();
     let client = connect(cfg, CONNECT_TIMEOUT).await?;
-    let registry = Arc::new(KubeRegistry::new(Context {
-        domain: args.domain.clone(),
-        trust_domain: mesh.trust_domain.clone(),
-        cluster_id: args.cluster_id.clone(),
-    }));
+    let registry = Arc::new(KubeRegistry::new(context(args, mesh)));
     let (tx, diffs) = mpsc::unbounded_channel();
     let mut synced = watch_all(client, registry.clone(), tx, WatchMetrics::register(metrics));
     let t0 = std::time::Instant::now();
@@ -74,6 +70,15 @@ pub async fn start(
         "Kubernetes registry synced"
     );
     Ok(Some(Kubernetes { registry, diffs }))
+}
+
+/// The conversion context of this cluster's objects (watched, or manifests in --configDir).
+pub fn context(args: &DiscoveryArgs, mesh: &MeshConfig) -> Context {
+    Context {
+        domain: args.domain.clone(),
+        trust_domain: mesh.trust_domain.clone(),
+        cluster_id: args.cluster_id.clone(),
+    }
 }
 
 impl Kubernetes {

@@ -74,10 +74,17 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     let dir_watch = config_sources::watch_store(store).context("watching --configDir")?;
 
     let mut kubernetes = crate::kubernetes::start(&args, &mesh, &mut registry).await?;
-    let mut registries: Vec<Box<dyn environment::ServiceRegistry>> = vec![Box::new(ServiceEntries::new(mesh.clone()))];
+    // Kubernetes first: a Service takes precedence over a ServiceEntry of the same host and
+    // namespace, as in Istio. Manifests of core Kubernetes objects in --configDir have their own
+    // registry, fed by config events.
+    let mut registries: Vec<Box<dyn environment::ServiceRegistry>> = Vec::new();
     if let Some(k) = &kubernetes {
         registries.push(Box::new(k.registry.clone()));
     }
+    registries.push(Box::new(kube_registry::KubeRegistry::new(crate::kubernetes::context(
+        &args, &mesh,
+    ))));
+    registries.push(Box::new(ServiceEntries::new(mesh.clone())));
     let environment = Arc::new(Environment::new(mesh.clone(), args.domain.clone(), registries));
     // The initial state; the server's first push covers everything.
     let _ = environment.config_changed(&initial_change);

@@ -47,9 +47,11 @@ pub fn validate(config: &Config) -> Vec<String> {
         ConfigSpec::ServiceEntry(se) => service_entry::check_service_entry(&mut errs, config, se),
         ConfigSpec::WorkloadEntry(we) => workload_entry::check_workload_entry(&mut errs, "spec", we),
         ConfigSpec::Sidecar(sc) => sidecar::check_sidecar(&mut errs, sc),
-        ConfigSpec::Unsupported(_) => {}
+        ConfigSpec::Unsupported(_) | ConfigSpec::Kubernetes(_) => {}
     }
-    if !matches!(config.spec, ConfigSpec::Unsupported(_)) && config.meta.annotations.contains_key(DRY_RUN_ANNOTATION) {
+    if !matches!(config.spec, ConfigSpec::Unsupported(_) | ConfigSpec::Kubernetes(_))
+        && config.meta.annotations.contains_key(DRY_RUN_ANNOTATION)
+    {
         errs.add(
             "metadata.annotations",
             format!(
