@@ -25,4 +25,4 @@ mod tests;
 pub use environment::{Environment, EnvironmentStats};
 pub use model::{Changed, ConfigsUpdated, PushRequest, TriggerReason};
 pub use push::Push;
-pub use registries::{ServiceEntries, ServiceRegistry};
+pub use registries::{ServiceEntries, ServiceRegistry, Workload};

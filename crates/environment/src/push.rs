@@ -81,6 +81,31 @@ impl SnapshotBuilder for Environment {
             previous,
         })
     }
+
+    /// Labels and locality the node metadata lacks, from the first registry that knows the
+    /// workload (by the proxy's IP, else by the pod name and namespace of its ID).
+    fn init_proxy(&self, proxy: &mut model::Proxy) {
+        if !proxy.labels.is_empty() && !proxy.locality.is_empty() {
+            return;
+        }
+        let ip = proxy.ip_addresses.first().map(|i| i.to_string()).unwrap_or_default();
+        let name = proxy.id.split('.').next().unwrap_or_default().to_owned();
+        let st = lock(&self.state);
+        let Some(w) = st
+            .registries
+            .iter()
+            .find_map(|r| r.workload(&ip, &name, &proxy.config_namespace))
+        else {
+            return;
+        };
+        drop(st);
+        if proxy.labels.is_empty() {
+            proxy.labels = w.labels;
+        }
+        if proxy.locality.is_empty() && !w.locality.is_empty() {
+            proxy.locality = model::Locality::parse(&w.locality);
+        }
+    }
 }
 
 /// What a push request says changed, for reusing the previous index; `None` when it may be

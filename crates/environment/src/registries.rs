@@ -18,6 +18,20 @@ pub trait ServiceRegistry: Send + Sync {
 
     /// The services and endpoints as of the last change.
     fn snapshot(&self) -> Arc<RegistrySnapshot>;
+
+    /// What the registry knows of the workload at `ip` (else named `name` in `namespace`): its
+    /// labels and locality (Kubernetes: the Pod's labels, its Node's topology).
+    fn workload(&self, _ip: &str, _name: &str, _namespace: &str) -> Option<Workload> {
+        None
+    }
+}
+
+/// A workload as a registry knows it, to complete a proxy's node metadata.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Workload {
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// `region/zone/subzone`, empty when unknown.
+    pub locality: String,
 }
 
 /// A registry shared with whatever keeps it up to date (e.g. its watcher).
@@ -32,6 +46,10 @@ impl<T: ServiceRegistry> ServiceRegistry for Arc<T> {
 
     fn snapshot(&self) -> Arc<RegistrySnapshot> {
         self.as_ref().snapshot()
+    }
+
+    fn workload(&self, ip: &str, name: &str, namespace: &str) -> Option<Workload> {
+        self.as_ref().workload(ip, name, namespace)
     }
 }
 

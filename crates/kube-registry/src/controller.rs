@@ -47,6 +47,8 @@ struct Objects {
     services: BTreeMap<NsName, KubeService>,
     slices: BTreeMap<NsName, EndpointSlice>,
     pods: BTreeMap<NsName, Pod>,
+    /// Pod IPs to the Pod, to find a proxy's Pod.
+    pods_by_ip: std::collections::HashMap<String, NsName>,
     nodes: BTreeMap<String, Node>,
     namespaces: BTreeMap<String, Namespace>,
 }
@@ -114,15 +116,11 @@ impl KubeRegistry {
     /// The Pod of a proxy: by IP, else by `name.namespace`.
     pub fn find_pod(&self, ip: &str, pod_name: &str, namespace: &str) -> Option<Pod> {
         let inner = self.lock();
-        let by_ip = inner.objects.pods.values().find(|p| {
-            p.status
-                .as_ref()
-                .and_then(|s| s.pod_ips.as_ref())
-                .is_some_and(|ips| ips.iter().any(|i| i.ip == ip))
-                || p.status.as_ref().and_then(|s| s.pod_ip.as_deref()) == Some(ip)
-        });
-        by_ip
-            .or_else(|| inner.objects.pods.get(&(namespace.to_owned(), pod_name.to_owned())))
+        let o = &inner.objects;
+        o.pods_by_ip
+            .get(ip)
+            .and_then(|k| o.pods.get(k))
+            .or_else(|| o.pods.get(&(namespace.to_owned(), pod_name.to_owned())))
             .cloned()
     }
 
@@ -223,15 +221,34 @@ fn apply_one(o: &mut Objects, e: KubeEvent, affected: &mut Affected) {
         KubeEvent::Pod(c) => match c {
             Change::Apply(p) => {
                 add_pod_services(o, &p, affected);
-                o.pods.insert(key(&p), p);
+                let k = key(&p);
+                if let Some(old) = o.pods.get(&k) {
+                    for ip in pod_ips(old) {
+                        o.pods_by_ip.remove(&ip);
+                    }
+                }
+                for ip in pod_ips(&p) {
+                    o.pods_by_ip.insert(ip, k.clone());
+                }
+                o.pods.insert(k, p);
             }
             Change::Delete(p) => {
                 add_pod_services(o, &p, affected);
-                o.pods.remove(&key(&p));
+                let k = key(&p);
+                if let Some(old) = o.pods.remove(&k) {
+                    for ip in pod_ips(&old) {
+                        o.pods_by_ip.remove(&ip);
+                    }
+                }
             }
             Change::Replace(all) => {
                 *affected = Affected::All;
                 replace_all(&mut o.pods, all, key);
+                o.pods_by_ip = o
+                    .pods
+                    .iter()
+                    .flat_map(|(k, p)| pod_ips(p).into_iter().map(move |ip| (ip, k.clone())))
+                    .collect();
             }
         },
         // Nodes change rarely; their labels give the locality of every endpoint on them.
@@ -257,6 +274,20 @@ fn apply_one(o: &mut Objects, e: KubeEvent, affected: &mut Affected) {
             Change::Replace(all) => replace_all(&mut o.namespaces, all, |n| n.name_any()),
         },
     }
+}
+
+/// A Pod's IPs (`podIPs`, and `podIP` for older objects).
+fn pod_ips(p: &Pod) -> Vec<String> {
+    let Some(status) = p.status.as_ref() else {
+        return Vec::new();
+    };
+    let mut ips: Vec<String> = status.pod_ips.iter().flatten().map(|i| i.ip.clone()).collect();
+    if let Some(ip) = &status.pod_ip
+        && !ips.contains(ip)
+    {
+        ips.push(ip.clone());
+    }
+    ips
 }
 
 /// The Service an EndpointSlice belongs to.

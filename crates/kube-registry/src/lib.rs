@@ -35,4 +35,18 @@ impl environment::ServiceRegistry for KubeRegistry {
     fn snapshot(&self) -> std::sync::Arc<registry::RegistrySnapshot> {
         KubeRegistry::snapshot(self)
     }
+
+    /// The Pod's labels, and its locality (`istio-locality` label, else its Node's topology).
+    fn workload(&self, ip: &str, name: &str, namespace: &str) -> Option<environment::Workload> {
+        let pod = self.find_pod(ip, name, namespace)?;
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .and_then(|n| self.node(n));
+        Some(environment::Workload {
+            labels: pod.metadata.labels.clone().unwrap_or_default(),
+            locality: conversion::locality(Some(&pod), node.as_ref()),
+        })
+    }
 }

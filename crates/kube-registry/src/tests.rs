@@ -185,3 +185,34 @@ fn not_ready_endpoints_are_kept_when_the_service_publishes_them() {
     ]);
     assert_eq!(r.snapshot().endpoints_of(&key()).len(), 2);
 }
+
+#[test]
+fn a_proxy_without_labels_gets_its_pods_labels_and_its_nodes_locality() {
+    use environment::ServiceRegistry;
+    let r = KubeRegistry::new(ctx());
+    r.apply(vec![
+        KubeEvent::Node(Change::Apply(node("n1", "us-east1-b"))),
+        KubeEvent::Pod(Change::Apply(pod("reviews-v1", "v1", "n1"))),
+    ]);
+    let w = r.workload("10.1.0.1", "other", "default").expect("by IP");
+    assert_eq!(w.labels["version"], "v1");
+    assert_eq!(w.locality, "us-east1/us-east1-b/");
+    assert!(
+        r.workload("10.9.9.9", "reviews-v1", "default").is_some(),
+        "by name.namespace"
+    );
+    assert!(r.workload("10.9.9.9", "nobody", "default").is_none());
+
+    // Through the environment, as a proxy connects.
+    let mesh = std::sync::Arc::new(model::MeshConfig::default());
+    let r = std::sync::Arc::new(r);
+    let env = environment::Environment::new(mesh, "cluster.local".into(), vec![Box::new(r.clone())]);
+    let md = model::proxy::NodeMetadata::from_json("x", &json!({"NAMESPACE": "default"})).unwrap();
+    let mut proxy = model::Proxy::parse("sidecar~10.1.0.1~reviews-v1.default~default.svc.cluster.local", md).unwrap();
+    xds_server::SnapshotBuilder::init_proxy(&env, &mut proxy);
+    assert_eq!(proxy.labels["app"], "reviews");
+    assert_eq!(proxy.locality.zone, "us-east1-b");
+    // The Pod is deleted: nothing found any more.
+    r.apply(vec![KubeEvent::Pod(Change::Delete(pod("reviews-v1", "v1", "n1")))]);
+    assert!(r.workload("10.1.0.1", "x", "default").is_none());
+}

@@ -145,7 +145,10 @@ pub(crate) async fn accept<B: SnapshotBuilder, Req: prost::Message + Default, Re
         None => return None,
     };
     match parse_node(node(&first)) {
-        Ok(proxy) => Some((first, server.register(proxy, peer, delta))),
+        Ok(mut proxy) => {
+            server.builder().init_proxy(&mut proxy);
+            Some((first, server.register(proxy, peer, delta)))
+        }
         Err(status) => {
             if let Some(suppressed) = monitoring::throttle::allow("ads_refused_node") {
                 tracing::warn!(suppressed, "ADS: {peer} refused: {}", status.message());

@@ -56,4 +56,8 @@ pub trait SnapshotBuilder: Send + Sync + 'static {
     /// Called once per debounced push with the merged request (and once at start with a full
     /// request).
     fn build(&self, req: &PushRequest) -> Arc<Self::Snapshot>;
+
+    /// Completes a newly connected proxy from what the registries know of its workload (Istio's
+    /// `SetWorkloadLabels` and locality from the Pod and Node, when the node metadata lacks them).
+    fn init_proxy(&self, _proxy: &mut Proxy) {}
 }

@@ -247,6 +247,10 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
         self.opts.max_recv_msg_size
     }
 
+    pub(crate) fn builder(&self) -> &B {
+        &self.builder
+    }
+
     pub(crate) fn max_resource_names(&self) -> usize {
         self.opts.max_resource_names
     }
