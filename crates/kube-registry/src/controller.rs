@@ -264,14 +264,20 @@ fn apply_one(o: &mut Objects, e: KubeEvent, affected: &mut Affected) {
                 Change::Replace(all) => replace_all(&mut o.nodes, all, |n| n.name_any()),
             }
         }
+        // A namespace's labels decide whether discoverySelectors select it.
         KubeEvent::Namespace(c) => match c {
             Change::Apply(n) => {
+                *affected = Affected::All;
                 o.namespaces.insert(n.name_any(), n);
             }
             Change::Delete(n) => {
+                *affected = Affected::All;
                 o.namespaces.remove(&n.name_any());
             }
-            Change::Replace(all) => replace_all(&mut o.namespaces, all, |n| n.name_any()),
+            Change::Replace(all) => {
+                *affected = Affected::All;
+                replace_all(&mut o.namespaces, all, |n| n.name_any());
+            }
         },
     }
 }
@@ -316,7 +322,24 @@ fn add_pod_services(o: &Objects, p: &Pod, affected: &mut Affected) {
     }
 }
 
+/// Whether discoverySelectors select `namespace` (Istio: a namespace matching any selector; all
+/// namespaces when there are none; a namespace not known yet matches none).
+fn selected(o: &Objects, namespace: &str, ctx: &Context) -> bool {
+    if ctx.discovery_selectors.is_empty() {
+        return true;
+    }
+    let Some(ns) = o.namespaces.get(namespace) else {
+        return false;
+    };
+    let empty = BTreeMap::new();
+    let labels = ns.metadata.labels.as_ref().unwrap_or(&empty);
+    ctx.discovery_selectors.iter().any(|s| s.matches(labels))
+}
+
 fn convert(o: &Objects, k: &NsName, ctx: &Context) -> Option<(Arc<Service>, Arc<Vec<Endpoint>>)> {
+    if !selected(o, &k.0, ctx) {
+        return None;
+    }
     let svc = o.services.get(k)?;
     let service = convert_service(svc, ctx)?;
     let spec = svc.spec.as_ref();

@@ -24,6 +24,8 @@ pub struct Context {
     pub domain: String,
     pub trust_domain: String,
     pub cluster_id: String,
+    /// meshConfig `discoverySelectors`: only namespaces matching one are served (all when empty).
+    pub discovery_selectors: Vec<model::mesh::LabelSelector>,
 }
 
 /// Istio's `kube.ConvertProtocol`: UDP, then appProtocol, then the port name's prefix.

@@ -16,6 +16,7 @@ fn ctx() -> Context {
         domain: "cluster.local".into(),
         trust_domain: "cluster.local".into(),
         cluster_id: "Kubernetes".into(),
+        discovery_selectors: Vec::new(),
     }
 }
 
@@ -215,4 +216,30 @@ fn a_proxy_without_labels_gets_its_pods_labels_and_its_nodes_locality() {
     // The Pod is deleted: nothing found any more.
     r.apply(vec![KubeEvent::Pod(Change::Delete(pod("reviews-v1", "v1", "n1")))]);
     assert!(r.workload("10.1.0.1", "x", "default").is_none());
+}
+
+#[test]
+fn discovery_selectors_limit_the_namespaces_served_and_follow_their_labels() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let mut c = ctx();
+    c.discovery_selectors =
+        vec![serde_json::from_value(json!({"matchLabels": {"istio-discovery": "enabled"}})).unwrap()];
+    let r = KubeRegistry::new(c);
+    let ns = |labels: Value| -> Namespace {
+        serde_json::from_value(json!({"metadata": {"name": "default", "labels": labels}})).unwrap()
+    };
+    r.apply(vec![
+        KubeEvent::Namespace(Change::Apply(ns(json!({})))),
+        KubeEvent::Service(Change::Apply(reviews())),
+    ]);
+    assert!(r.snapshot().services.is_empty(), "default is not selected");
+    // Labelled live: the namespace's services appear, as a service change.
+    let d = r.apply(vec![KubeEvent::Namespace(Change::Apply(ns(
+        json!({"istio-discovery": "enabled"}),
+    )))]);
+    assert!(d.services_changed.contains(&key()));
+    assert_eq!(r.snapshot().services.len(), 1);
+    let d = r.apply(vec![KubeEvent::Namespace(Change::Apply(ns(json!({}))))]);
+    assert!(d.services_changed.contains(&key()));
+    assert!(r.snapshot().services.is_empty());
 }

@@ -78,6 +78,7 @@ async fn watchers_sync_then_follow_changes_through_drops_and_410() {
         domain: "cluster.local".into(),
         trust_domain: "cluster.local".into(),
         cluster_id: "Kubernetes".into(),
+        discovery_selectors: Vec::new(),
     }));
     let (tx, mut diffs) = mpsc::unbounded_channel();
     let metrics = WatchMetrics::default();

@@ -37,6 +37,8 @@ pub struct MeshConfig {
     pub extension_providers: Vec<Value>,
     pub default_providers: Option<Value>,
     pub tcp_keepalive: Option<Value>,
+    /// Namespaces the Kubernetes registry serves: those matching any selector (all when empty).
+    pub discovery_selectors: Vec<LabelSelector>,
     /// Everything else from the file, kept as written.
     #[serde(flatten)]
     pub extra: BTreeMap<String, Value>,
@@ -146,6 +148,7 @@ impl Default for MeshConfig {
             extension_providers: Vec::new(),
             default_providers: None,
             tcp_keepalive: None,
+            discovery_selectors: Vec::new(),
             extra: BTreeMap::new(),
         }
     }
@@ -238,5 +241,61 @@ mod tests {
         assert!(MeshConfig::from_value(json!({"outboundTrafficPolicy": {"mode": "SOMETIMES"}})).is_err());
         assert!(MeshConfig::from_value(json!({"connectTimeout": "ten"})).is_err());
         assert!(MeshConfig::from_value(json!({"enableAutoMtls": "maybe"})).is_err());
+    }
+}
+
+/// A Kubernetes label selector (`matchLabels` and `matchExpressions`), as in `discoverySelectors`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct LabelSelector {
+    pub match_labels: BTreeMap<String, String>,
+    pub match_expressions: Vec<LabelSelectorRequirement>,
+}
+
+/// One `matchExpressions` entry: `In`, `NotIn`, `Exists` or `DoesNotExist`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct LabelSelectorRequirement {
+    pub key: String,
+    pub operator: String,
+    pub values: Vec<String>,
+}
+
+impl LabelSelector {
+    /// Whether `labels` match (the empty selector matches everything; an unknown operator nothing).
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v))
+            && self.match_expressions.iter().all(|r| {
+                let v = labels.get(&r.key);
+                match r.operator.as_str() {
+                    "In" => v.is_some_and(|v| r.values.contains(v)),
+                    "NotIn" => v.is_none_or(|v| !r.values.contains(v)),
+                    "Exists" => v.is_some(),
+                    "DoesNotExist" => v.is_none(),
+                    _ => false,
+                }
+            })
+    }
+}
+
+#[cfg(test)]
+mod selector_tests {
+    use super::*;
+
+    #[test]
+    fn discovery_selectors_parse_and_match_as_kubernetes_label_selectors() {
+        let mesh: MeshConfig = serde_json::from_value(serde_json::json!({"discoverySelectors": [
+            {"matchLabels": {"istio-discovery": "enabled"}},
+            {"matchExpressions": [{"key": "env", "operator": "In", "values": ["prod", "staging"]},
+                                  {"key": "legacy", "operator": "DoesNotExist"}]},
+        ]}))
+        .unwrap_or_default();
+        assert_eq!(mesh.discovery_selectors.len(), 2);
+        let l = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        assert!(mesh.discovery_selectors[0].matches(&l(&[("istio-discovery", "enabled")])));
+        assert!(!mesh.discovery_selectors[0].matches(&l(&[])));
+        assert!(mesh.discovery_selectors[1].matches(&l(&[("env", "prod")])));
+        assert!(!mesh.discovery_selectors[1].matches(&l(&[("env", "prod"), ("legacy", "x")])));
+        assert!(LabelSelector::default().matches(&l(&[])));
     }
 }

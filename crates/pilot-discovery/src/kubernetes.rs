@@ -78,6 +78,7 @@ pub fn context(args: &DiscoveryArgs, mesh: &MeshConfig) -> Context {
         domain: args.domain.clone(),
         trust_domain: mesh.trust_domain.clone(),
         cluster_id: args.cluster_id.clone(),
+        discovery_selectors: mesh.discovery_selectors.clone(),
     }
 }
 
