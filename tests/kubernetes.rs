@@ -309,3 +309,93 @@ async fn the_kubernetes_bookinfo_example_serves_what_the_service_entry_one_does(
     assert_eq!(a.3, b.3, "RDS differs");
     Ok(())
 }
+
+fn istio(kind: &str, name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "networking.istio.io/v1", "kind": kind,
+           "metadata": {"name": name, "namespace": "default"}, "spec": spec})
+}
+
+fn reviews_to(subset: &str) -> Value {
+    istio(
+        "VirtualService",
+        "bookinfo",
+        json!({"hosts": [HOST], "gateways": ["bookinfo-gateway"],
+               "http": [{"route": [{"destination": {"host": "reviews.default.svc.cluster.local", "subset": subset}}]}]}),
+    )
+}
+
+#[tokio::test]
+async fn without_config_dir_istio_config_comes_from_the_api_server() -> anyhow::Result<()> {
+    let v1 = Backend::start("reviews-v1").await?;
+    let v2 = Backend::start("reviews-v2").await?;
+    let gateway = free_port();
+    let api = FakeApiServer::start().await?;
+    for o in [
+        pod("reviews-v1", "v1"),
+        pod("reviews-v2", "v2"),
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "reviews", "namespace": "default"},
+            "spec": {"clusterIP": "10.96.0.10", "selector": {"app": "reviews"}, "ports": [{"name": "http", "port": 9080}]}}),
+        slice("v1", v1.addr().port(), true),
+        slice("v2", v2.addr().port(), true),
+        istio(
+            "Gateway",
+            "bookinfo-gateway",
+            json!({"selector": {"istio": "ingressgateway"},
+            "servers": [{"port": {"number": gateway, "name": "http", "protocol": "HTTP"}, "hosts": [HOST]}]}),
+        ),
+        istio(
+            "DestinationRule",
+            "reviews",
+            json!({"host": "reviews.default.svc.cluster.local",
+            "subsets": [{"name": "v1", "labels": {"version": "v1"}}, {"name": "v2", "labels": {"version": "v2"}}]}),
+        ),
+        reviews_to("v1"),
+    ] {
+        api.apply(o)?;
+    }
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig)?;
+    let opts = DiscoveryOptions {
+        args: vec!["--kubeconfig".into(), kubeconfig.display().to_string()],
+        ..Default::default()
+    };
+    // No --configDir.
+    let discovery = Discovery::start(std::path::Path::new(""), opts).await?;
+    let _envoy = start_gateway_envoy(&discovery, Ads::Sotw).await?;
+    answered_by(gateway, "reviews-v1", &discovery).await?;
+
+    // A VirtualService update through the API moves the traffic.
+    api.apply(reviews_to("v2"))?;
+    answered_by(gateway, "reviews-v2", &discovery).await?;
+
+    // An invalid VirtualService is dropped, named in /debug/configz, and disturbs nothing.
+    api.apply(istio("VirtualService", "broken", json!({"hosts": ["other.example.com"], "gateways": ["bookinfo-gateway"],
+        "http": [{"match": [{"uri": {"regex": "/a{1001}"}}], "route": [{"destination": {"host": "reviews.default.svc.cluster.local"}}]}]})))?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, configz) = discovery.get("/debug/configz", false).await?;
+        if configz.contains("VirtualService default/broken") && configz.contains("invalid repetition size") {
+            assert!(
+                configz.contains("kubernetes://VirtualService/default/bookinfo"),
+                "{configz}"
+            );
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the invalid VirtualService is not in /debug/configz:\n{configz}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    answered_by(gateway, "reviews-v2", &discovery).await?;
+    let (_, metrics) = discovery.get("/metrics", true).await?;
+    assert!(
+        metrics.contains(r#"pilot_k8s_cfg_events{type="VirtualService",event="update"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"pilot_k8s_reg_events{type="Services",event="add"} 1"#),
+        "{metrics}"
+    );
+    Ok(())
+}

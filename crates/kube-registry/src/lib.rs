@@ -6,6 +6,7 @@
 
 mod controller;
 pub mod conversion;
+pub mod crdclient;
 pub mod manifests;
 pub mod watch;
 

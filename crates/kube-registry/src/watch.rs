@@ -26,10 +26,13 @@ pub struct EventLabels {
     pub event: String,
 }
 
-/// Istio's `pilot_k8s_reg_events`: Kubernetes registry events by kind and event.
+/// Istio's `pilot_k8s_reg_events` (registry events by kind and event) and `pilot_k8s_cfg_events`
+/// (Istio config events from the API server).
 #[derive(Clone, Debug, Default)]
 pub struct WatchMetrics {
     pub events: prometheus_client::metrics::family::Family<EventLabels, prometheus_client::metrics::counter::Counter>,
+    pub config_events:
+        prometheus_client::metrics::family::Family<EventLabels, prometheus_client::metrics::counter::Counter>,
 }
 
 impl WatchMetrics {
@@ -40,7 +43,21 @@ impl WatchMetrics {
             "Events from the Kubernetes registry.",
             m.events.clone(),
         );
+        registry.register(
+            "pilot_k8s_cfg_events",
+            "Events from the Kubernetes config source.",
+            m.config_events.clone(),
+        );
         m
+    }
+
+    pub(crate) fn count_config(&self, kind: &str, event: &str) {
+        self.config_events
+            .get_or_create(&EventLabels {
+                r#type: kind.to_owned(),
+                event: event.to_owned(),
+            })
+            .inc();
     }
 
     fn count(&self, kind: &str, event: &str, n: u64) {

@@ -161,3 +161,53 @@ async fn an_unreachable_api_server_is_a_clear_error() {
         .to_string();
     assert!(missing.contains("/nonexistent/kubeconfig"), "{missing}");
 }
+
+#[tokio::test]
+async fn istio_config_is_read_per_served_version_and_missing_crds_are_skipped() {
+    let api = FakeApiServer::start().await.unwrap();
+    api.apply(
+        json!({"apiVersion": "networking.istio.io/v1beta1", "kind": "VirtualService",
+        "metadata": {"name": "r", "namespace": "default"},
+        "spec": {"hosts": ["r"], "http": [{"route": [{"destination": {"host": "r"}}]}]}}),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    let cfg = client_config(kubeconfig.to_str().unwrap(), |_| None)
+        .await
+        .unwrap()
+        .unwrap();
+    let client = connect(cfg, Duration::from_secs(5)).await.unwrap();
+    let source = kube_registry::crdclient::start(client.clone(), WatchMetrics::default()).await;
+    assert_eq!(source.initial.events.len(), 1);
+    assert_eq!(source.state.borrow().configs.len(), 1);
+
+    drop(client);
+
+    // Without Istio's CRDs: reported and skipped, not retried.
+    let bare = FakeApiServer::start().await.unwrap();
+    bare.uninstall_group("networking.istio.io");
+    bare.write_kubeconfig(&kubeconfig).unwrap();
+    let cfg = client_config(kubeconfig.to_str().unwrap(), |_| None)
+        .await
+        .unwrap()
+        .unwrap();
+    let client = connect(cfg, Duration::from_secs(5)).await.unwrap();
+    let source = tokio::time::timeout(
+        Duration::from_secs(10),
+        kube_registry::crdclient::start(client, WatchMetrics::default()),
+    )
+    .await
+    .expect("start does not wait for CRDs that are not there");
+    assert!(source.initial.events.is_empty());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let requests: Vec<String> = bare
+        .requests()
+        .into_iter()
+        .filter(|r| r.contains("networking.istio.io"))
+        .collect();
+    // One list per kind and version, no watches.
+    assert_eq!(requests.len(), 6 * 3, "{requests:#?}");
+    assert!(requests.iter().all(|r| !r.contains("watch=")), "{requests:#?}");
+}

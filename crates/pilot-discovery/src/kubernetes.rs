@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use environment::Environment;
+use kube::Client;
 use kube_registry::watch::{KINDS, WatchMetrics, client_config, connect, watch_all};
 use kube_registry::{Context, KubeRegistry};
 use model::MeshConfig;
@@ -24,26 +25,30 @@ pub struct Kubernetes {
     diffs: mpsc::UnboundedReceiver<RegistryDiff>,
 }
 
-/// Connects and waits for the initial lists; `None` when Kubernetes is not a registry or no
-/// cluster is configured. An unreachable API server is an error naming it.
-pub async fn start(
-    args: &DiscoveryArgs,
-    mesh: &MeshConfig,
-    metrics: &mut prometheus_client::registry::Registry,
-) -> anyhow::Result<Option<Kubernetes>> {
-    if !args.registries.iter().any(|r| r == "Kubernetes") {
-        tracing::info!(registries = ?args.registries, "Kubernetes is not a registry");
-        return Ok(None);
-    }
+/// A client for the configured cluster (`--kubeconfig`, `KUBECONFIG`, in-cluster), checked by
+/// asking the API server its version; `None` when no cluster is configured. An unreachable API
+/// server is an error naming it.
+pub async fn client(args: &DiscoveryArgs) -> anyhow::Result<Option<Client>> {
     let Some(cfg) = client_config(&args.kubeconfig, |k| std::env::var(k).ok()).await? else {
-        tracing::info!("no --kubeconfig, KUBECONFIG or in-cluster config: running without the Kubernetes registry");
+        tracing::info!("no --kubeconfig, KUBECONFIG or in-cluster config: no Kubernetes cluster");
         return Ok(None);
     };
     let address = cfg.cluster_url.to_string();
     let client = connect(cfg, CONNECT_TIMEOUT).await?;
+    tracing::info!(api_server = %address, "connected to the Kubernetes API server");
+    Ok(Some(client))
+}
+
+/// Starts the registry's watchers and waits for their initial lists.
+pub async fn start(
+    client: Client,
+    args: &DiscoveryArgs,
+    mesh: &MeshConfig,
+    metrics: WatchMetrics,
+) -> anyhow::Result<Kubernetes> {
     let registry = Arc::new(KubeRegistry::new(context(args, mesh)));
     let (tx, diffs) = mpsc::unbounded_channel();
-    let mut synced = watch_all(client, registry.clone(), tx, WatchMetrics::register(metrics));
+    let mut synced = watch_all(client, registry.clone(), tx, metrics);
     let t0 = std::time::Instant::now();
     loop {
         let waited = tokio::time::timeout(Duration::from_secs(5), synced.wait_for(|n| *n == KINDS.len()))
@@ -53,7 +58,6 @@ pub async fn start(
             Ok(true) => break,
             Ok(false) => anyhow::bail!("Kubernetes watchers stopped before their initial lists"),
             Err(_) => tracing::info!(
-                api_server = %address,
                 synced = *synced.borrow(),
                 of = KINDS.len(),
                 "waiting for the initial lists of the Kubernetes API server"
@@ -62,14 +66,13 @@ pub async fn start(
     }
     let snapshot = registry.snapshot();
     tracing::info!(
-        api_server = %address,
         cluster_id = %args.cluster_id,
         services = snapshot.services.len(),
         services_with_endpoints = snapshot.endpoints.len(),
         seconds = t0.elapsed().as_secs_f64(),
         "Kubernetes registry synced"
     );
-    Ok(Some(Kubernetes { registry, diffs }))
+    Ok(Kubernetes { registry, diffs })
 }
 
 /// The conversion context of this cluster's objects (watched, or manifests in --configDir).

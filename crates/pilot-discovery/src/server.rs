@@ -51,29 +51,66 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     let mesh = Arc::new(load_mesh_config(&args.mesh_config)?);
     tracing::info!(?settings, domain = %args.domain, cluster_id = %args.cluster_id, "starting pilot-discovery");
 
-    if args.config_dir.is_empty() {
-        bail!(
-            "--configDir is required: Istio config from the Kubernetes API server is not available yet \
-             (services and endpoints are: --kubeconfig with --configDir)"
-        );
-    }
-
-    if !Path::new(&args.config_dir).is_dir() {
-        bail!("--configDir {}: not a readable directory", args.config_dir);
-    }
-
     let mut registry = Registry::default();
     let pipeline_metrics = PipelineMetrics::register(&mut registry);
-    let mut store = config_sources::FileConfigStore::new(&args.config_dir);
-    store.set_invalid_observer(pipeline_metrics.invalid_observer());
-    let initial_change = store.rescan();
-    for e in store.errors() {
-        tracing::warn!(error = ?e, "config problem");
-    }
-    tracing::info!(configs = initial_change.events.len(), dir = %args.config_dir, "loaded config directory");
-    let dir_watch = config_sources::watch_store(store).context("watching --configDir")?;
+    let watch_metrics = kube_registry::watch::WatchMetrics::register(&mut registry);
+    let kube_is_registry = args.registries.iter().any(|r| r == "Kubernetes");
+    let client = if kube_is_registry || args.config_dir.is_empty() {
+        crate::kubernetes::client(&args).await?
+    } else {
+        tracing::info!(registries = ?args.registries, "Kubernetes is not a registry");
+        None
+    };
 
-    let mut kubernetes = crate::kubernetes::start(&args, &mesh, &mut registry).await?;
+    // Istio config: from --configDir, else from the API server.
+    let (changes_tx, mut changes) = tokio::sync::mpsc::unbounded_channel();
+    let (initial_change, store_state) = if !args.config_dir.is_empty() {
+        if !Path::new(&args.config_dir).is_dir() {
+            bail!("--configDir {}: not a readable directory", args.config_dir);
+        }
+        let mut store = config_sources::FileConfigStore::new(&args.config_dir);
+        store.set_invalid_observer(pipeline_metrics.invalid_observer());
+        let initial_change = store.rescan();
+        for e in store.errors() {
+            tracing::warn!(error = ?e, "config problem");
+        }
+        tracing::info!(configs = initial_change.events.len(), dir = %args.config_dir, "loaded config directory");
+        let dir_watch = config_sources::watch_store(store).context("watching --configDir")?;
+        let mut dir_changes = dir_watch.changes;
+        tokio::spawn(async move {
+            while let Some(c) = dir_changes.recv().await {
+                if changes_tx.send(c).is_err() {
+                    return;
+                }
+            }
+        });
+        (initial_change, dir_watch.state)
+    } else if let Some(c) = &client {
+        let source = kube_registry::crdclient::start(c.clone(), watch_metrics.clone()).await;
+        tracing::info!(
+            configs = source.initial.events.len(),
+            "loaded Istio config from the Kubernetes API server"
+        );
+        let mut kube_changes = source.changes;
+        tokio::spawn(async move {
+            while let Some(c) = kube_changes.recv().await {
+                if changes_tx.send(c).is_err() {
+                    return;
+                }
+            }
+        });
+        (source.initial, source.state)
+    } else {
+        bail!(
+            "no config source: give --configDir, or a Kubernetes cluster to read Istio config from \
+             (--kubeconfig, KUBECONFIG, or in-cluster)"
+        );
+    };
+
+    let mut kubernetes = match (client, kube_is_registry) {
+        (Some(c), true) => Some(crate::kubernetes::start(c, &args, &mesh, watch_metrics).await?),
+        _ => None,
+    };
     // Kubernetes first: a Service takes precedence over a ServiceEntry of the same host and
     // namespace, as in Istio. Manifests of core Kubernetes objects in --configDir have their own
     // registry, fed by config events.
@@ -110,7 +147,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         server: server.clone(),
         environment: environment.clone(),
         registry: Arc::new(registry),
-        store: dir_watch.state.clone(),
+        store: store_state,
         debug_auth: settings.enable_debug_endpoint_auth,
         dumps: AppState::dump_permits(),
     };
@@ -151,7 +188,6 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     }
 
     // Config changes into pushes.
-    let mut changes = dir_watch.changes;
     let env = environment.clone();
     let srv = server.clone();
     tasks.spawn(async move {
@@ -165,7 +201,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
             }
             pipeline_metrics.observe(env.stats());
         }
-        bail!("config directory watch stopped")
+        bail!("the config source stopped")
     });
 
     tokio::select! {
