@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod churn;
+pub mod kube;
 pub mod mesh;
 pub mod proxy;
 pub mod ramp;

@@ -107,9 +107,10 @@ impl Store {
 
     /// Objects of `res` (in `ns` if given), in key order.
     pub fn list(&self, res: Res, ns: Option<&str>) -> Vec<Arc<Value>> {
+        let from = (res, ns.unwrap_or("").to_owned(), String::new());
         self.objects
-            .iter()
-            .filter(|((r, n, _), _)| *r == res && ns.is_none_or(|ns| ns == n))
+            .range(from..)
+            .take_while(|((r, n, _), _)| *r == res && ns.is_none_or(|ns| ns == n))
             .map(|(_, v)| v.clone())
             .collect()
     }

@@ -1,0 +1,213 @@
+//! A Kubernetes-shaped mesh on the fake API server (test-support's): S Services with P Pods each
+//! (one EndpointSlice per Service) in N namespaces. Measures pilot-discovery's start-up to `/ready`
+//! (initial lists, conversion, first push snapshot), and pod churn: at R changes per second, a new
+//! Pod replaces the oldest one of the next Service (the Pod created, the EndpointSlice updated,
+//! the old Pod deleted, as a rolling update does), each timed from the slice update until a sidecar
+//! (a real ADS client) has received EDS holding the new Pod's address.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde_json::{Value, json};
+use test_support::ads::AdsClient;
+use test_support::discovery::{Discovery, DiscoveryOptions};
+use test_support::kube_api::FakeApiServer;
+use xds_api::envoy::config::core::v3::address::Address;
+use xds_api::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use xds_api::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
+use xds_api::type_url;
+
+use crate::report::{cpu_seconds, peak_rss_mb, percentile_ms};
+
+#[derive(Debug, Clone)]
+pub struct KubeOptions {
+    pub services: usize,
+    pub pods_per_service: usize,
+    pub namespaces: usize,
+    /// Pod replacements per second (0: no churn phase).
+    pub churn_rate: f64,
+    pub churn_seconds: f64,
+    pub discovery_bin: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct KubeReport {
+    pub services: usize,
+    pub pods: usize,
+    pub namespaces: usize,
+    /// From starting pilot-discovery to `/ready`.
+    pub ready_seconds: f64,
+    pub rss_mb_at_ready: Option<f64>,
+    pub cpu_seconds_at_ready: Option<f64>,
+    pub churn_changes: usize,
+    pub churn_lag_p50_ms: Option<f64>,
+    pub churn_lag_p99_ms: Option<f64>,
+    pub churn_lag_max_ms: Option<f64>,
+    /// Changes whose address never reached the sidecar within 30 s of the last change.
+    pub churn_missed: usize,
+    pub peak_rss_mb: Option<f64>,
+    pub cpu_seconds: Option<f64>,
+}
+
+fn pod_ip(k: usize) -> String {
+    format!("10.{}.{}.{}", 64 + k / 65536 % 64, k / 256 % 256, k % 256)
+}
+
+fn pod(ns: &str, svc: usize, k: usize) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("svc-{svc}-{k}"), "namespace": ns, "labels": {"app": format!("svc-{svc}"), "version": "v1"}},
+        "spec": {"nodeName": "node-1", "serviceAccountName": format!("svc-{svc}"), "containers": [{"name": "app", "image": "app"}]},
+        "status": {"phase": "Running", "podIP": pod_ip(k), "podIPs": [{"ip": pod_ip(k)}]}})
+}
+
+fn slice(ns: &str, svc: usize, pods: &[usize]) -> Value {
+    let endpoints: Vec<Value> = pods
+        .iter()
+        .map(|k| json!({"addresses": [pod_ip(*k)], "conditions": {"ready": true}, "nodeName": "node-1",
+                         "targetRef": {"kind": "Pod", "name": format!("svc-{svc}-{k}"), "namespace": ns}}))
+        .collect();
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("svc-{svc}-slice"), "namespace": ns, "labels": {"kubernetes.io/service-name": format!("svc-{svc}")}},
+        "addressType": "IPv4", "endpoints": endpoints, "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]})
+}
+
+fn addresses(cla: &ClusterLoadAssignment) -> impl Iterator<Item = &str> {
+    cla.endpoints
+        .iter()
+        .flat_map(|l| &l.lb_endpoints)
+        .filter_map(|e| match &e.host_identifier {
+            Some(HostIdentifier::Endpoint(ep)) => ep.address.as_ref(),
+            _ => None,
+        })
+        .filter_map(|a| match &a.address {
+            Some(Address::SocketAddress(sa)) => Some(sa.address.as_str()),
+            _ => None,
+        })
+}
+
+pub async fn run(opts: &KubeOptions) -> Result<KubeReport> {
+    let api = FakeApiServer::start().await?;
+    let ns_of = |s: usize| format!("ns-{}", s % opts.namespaces.max(1));
+    api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1",
+        "labels": {"topology.kubernetes.io/region": "r1", "topology.kubernetes.io/zone": "z1"}}}))?;
+    for n in 0..opts.namespaces.max(1) {
+        api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": format!("ns-{n}")}}))?;
+    }
+    // Per service, its pods' numbers, oldest first.
+    let mut pods: Vec<std::collections::VecDeque<usize>> = Vec::with_capacity(opts.services);
+    let mut next_pod = 0usize;
+    for s in 0..opts.services {
+        let ns = ns_of(s);
+        api.apply(json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": format!("svc-{s}"), "namespace": ns},
+            "spec": {"clusterIP": format!("10.96.{}.{}", s / 256 % 256, s % 256), "selector": {"app": format!("svc-{s}")},
+                     "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}}))?;
+        let mine: Vec<usize> = (next_pod..next_pod + opts.pods_per_service).collect();
+        next_pod += opts.pods_per_service;
+        for k in &mine {
+            api.apply(pod(&ns, s, *k))?;
+        }
+        api.apply(slice(&ns, s, &mine))?;
+        pods.push(mine.into_iter().collect());
+    }
+
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("config");
+    std::fs::create_dir(&config)?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig)?;
+    let t0 = Instant::now();
+    let discovery = Discovery::start(
+        &config,
+        DiscoveryOptions {
+            args: vec!["--kubeconfig".into(), kubeconfig.display().to_string()],
+            env: vec![("PILOT_DEBOUNCE_AFTER".into(), "100ms".into())],
+            binary: opts.discovery_bin.clone(),
+            ..Default::default()
+        },
+    )
+    .await
+    .context("pilot-discovery on the fake API server")?;
+    let ready = t0.elapsed();
+    let pid = discovery.pid();
+    let mut report = KubeReport {
+        services: opts.services,
+        pods: opts.services * opts.pods_per_service,
+        namespaces: opts.namespaces,
+        ready_seconds: ready.as_secs_f64(),
+        rss_mb_at_ready: pid.and_then(peak_rss_mb),
+        cpu_seconds_at_ready: pid.and_then(cpu_seconds),
+        churn_changes: 0,
+        churn_lag_p50_ms: None,
+        churn_lag_p99_ms: None,
+        churn_lag_max_ms: None,
+        churn_missed: 0,
+        peak_rss_mb: None,
+        cpu_seconds: None,
+    };
+
+    if opts.churn_rate > 0.0 {
+        let metadata = json!({"NAMESPACE": "ns-0", "LABELS": {"app": "client"}, "ISTIO_VERSION": "1.28.0"});
+        let mut client = AdsClient::connect(discovery.grpc_addr, "sidecar~10.1.255.1~client-0.ns-0~ns-0.svc.cluster.local", metadata).await?;
+        client.handshake(None).await?;
+        let mut pending: HashMap<String, Instant> = HashMap::new();
+        let mut lags = Vec::new();
+        let period = Duration::from_secs_f64(1.0 / opts.churn_rate);
+        let end = Instant::now() + Duration::from_secs_f64(opts.churn_seconds);
+        let mut tick = tokio::time::interval(period);
+        let mut i = 0usize;
+        let drain_until = |last: Instant| last + Duration::from_secs(30);
+        let mut last_change = Instant::now();
+        loop {
+            let writing = Instant::now() < end;
+            if !writing && (pending.is_empty() || Instant::now() > drain_until(last_change)) {
+                break;
+            }
+            tokio::select! {
+                _ = tick.tick(), if writing => {
+                    let s = i % opts.services;
+                    i += 1;
+                    let ns = ns_of(s);
+                    let new = next_pod;
+                    next_pod += 1;
+                    api.apply(pod(&ns, s, new))?;
+                    let old = pods[s].pop_front();
+                    pods[s].push_back(new);
+                    let list: Vec<usize> = pods[s].iter().copied().collect();
+                    api.apply(slice(&ns, s, &list))?;
+                    let now = Instant::now();
+                    pending.insert(pod_ip(new), now);
+                    last_change = now;
+                    if let Some(old) = old {
+                        api.delete(&pod(&ns, s, old))?;
+                    }
+                    report.churn_changes += 1;
+                }
+                r = client.recv() => {
+                    let r = r?;
+                    if r.type_url() == type_url::ENDPOINT {
+                        let now = Instant::now();
+                        for cla in r.decode::<ClusterLoadAssignment>()? {
+                            for a in addresses(&cla) {
+                                if let Some(made) = pending.remove(a) {
+                                    lags.push(now - made);
+                                }
+                            }
+                        }
+                    }
+                    client.ack_response(&r)?;
+                }
+                _ = tokio::time::sleep(Duration::from_millis(200)), if !writing => {}
+            }
+        }
+        report.churn_missed = pending.len();
+        report.churn_lag_p50_ms = percentile_ms(&lags, 0.5);
+        report.churn_lag_p99_ms = percentile_ms(&lags, 0.99);
+        report.churn_lag_max_ms = lags.iter().max().map(|d| d.as_secs_f64() * 1000.0);
+    }
+    report.peak_rss_mb = pid.and_then(peak_rss_mb);
+    report.cpu_seconds = pid.and_then(cpu_seconds);
+    Ok(report)
+}
