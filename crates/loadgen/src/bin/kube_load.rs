@@ -10,7 +10,10 @@ use clap::Parser;
 use loadgen::kube::{KubeOptions, run};
 
 #[derive(Debug, Parser)]
-#[command(name = "kube-load", about = "pilot-discovery on a Kubernetes-shaped mesh (fake API server)")]
+#[command(
+    name = "kube-load",
+    about = "pilot-discovery on a Kubernetes-shaped mesh (fake API server)"
+)]
 struct Args {
     #[arg(long, default_value_t = 1000)]
     services: usize,
