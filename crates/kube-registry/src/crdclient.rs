@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use config_sources::{ConfigChange, ConfigEvent, Level, SourceErrorEntry, StoreSnapshot};
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
@@ -46,7 +47,13 @@ pub struct KubeConfigSource {
 
 #[derive(Default)]
 struct State {
+    /// Every valid config read, selected by discoverySelectors or not.
+    all: BTreeMap<ConfigKey, Arc<Config>>,
+    /// What is served: `all` in the namespaces discoverySelectors select.
     configs: BTreeMap<ConfigKey, Arc<Config>>,
+    /// meshConfig `discoverySelectors`, and the namespaces' labels they are matched against.
+    selectors: Vec<model::mesh::LabelSelector>,
+    namespaces: BTreeMap<String, BTreeMap<String, String>>,
     /// Per object (`Kind namespace/name`), its current problem.
     errors: BTreeMap<String, SourceErrorEntry>,
     invalid_counts: BTreeMap<String, u64>,
@@ -54,6 +61,35 @@ struct State {
 }
 
 impl State {
+    fn selected(&self, namespace: &str) -> bool {
+        self.selectors.is_empty()
+            || self
+                .namespaces
+                .get(namespace)
+                .is_some_and(|labels| self.selectors.iter().any(|s| s.matches(labels)))
+    }
+
+    /// Re-derives what is served from `all` and returns the change, counted by kind and event.
+    fn refilter(&mut self, m: &WatchMetrics) -> ConfigChange {
+        let new: BTreeMap<ConfigKey, Arc<Config>> = self
+            .all
+            .iter()
+            .filter(|(k, _)| self.selected(&k.namespace))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let change = config_sources::diff(&self.configs, &new);
+        for e in &change.events {
+            let event = match e {
+                ConfigEvent::Added(_) => "add",
+                ConfigEvent::Updated { .. } => "update",
+                ConfigEvent::Deleted(_) => "delete",
+            };
+            m.count_config(e.key().kind.as_str(), event);
+        }
+        self.configs = new;
+        change
+    }
+
     fn snapshot(&self) -> StoreSnapshot {
         StoreSnapshot {
             configs: Arc::new(self.configs.clone()),
@@ -70,13 +106,39 @@ fn origin(k: &ConfigKey) -> PathBuf {
     PathBuf::from(format!("kubernetes://{}/{}/{}", k.kind, k.namespace, k.name))
 }
 
-/// Finds the served version of each kind, lists them all, and then follows them.
-pub async fn start(client: Client, metrics: WatchMetrics) -> KubeConfigSource {
-    let state = Arc::new(Mutex::new(State::default()));
+/// Finds the served version of each kind, lists them all, and then follows them. With
+/// `discovery_selectors`, only configs in the namespaces they select are served, and namespace
+/// label changes take effect live.
+pub async fn start(
+    client: Client,
+    metrics: WatchMetrics,
+    discovery_selectors: Vec<model::mesh::LabelSelector>,
+) -> KubeConfigSource {
+    let state = Arc::new(Mutex::new(State {
+        selectors: discovery_selectors,
+        ..State::default()
+    }));
     let (state_tx, state_rx) = watch::channel(StoreSnapshot::default());
     let state_tx = Arc::new(state_tx);
     let (tx, changes) = mpsc::unbounded_channel();
     let mut initial = ConfigChange::default();
+    if !state
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .selectors
+        .is_empty()
+    {
+        let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(follow_namespaces(
+            Api::all(client.clone()),
+            state.clone(),
+            state_tx.clone(),
+            tx.clone(),
+            metrics.clone(),
+            first_tx,
+        ));
+        let _ = first_rx.await;
+    }
     for &(kind, plural) in ISTIO_KINDS {
         let Some(api) = served(&client, kind, plural).await else {
             tracing::warn!(
@@ -243,69 +305,95 @@ fn record_error(st: &mut State, kind: ConfigKind, o: &DynamicObject, reason: Str
 }
 
 fn apply(st: &mut State, kind: ConfigKind, o: &DynamicObject, m: &WatchMetrics) -> ConfigChange {
-    let Some(c) = parse(st, kind, o) else {
-        // An invalid update keeps the last valid version, as the file source does.
-        return ConfigChange::default();
-    };
-    let c = Arc::new(c);
-    let event = match st.configs.insert(c.key(), c.clone()) {
-        Some(old) if old == c => return ConfigChange::default(),
-        Some(old) => {
-            m.count_config(kind.as_str(), "update");
-            ConfigEvent::Updated { old, new: c }
-        }
-        None => {
-            m.count_config(kind.as_str(), "add");
-            ConfigEvent::Added(c)
-        }
-    };
-    ConfigChange { events: vec![event] }
+    // An invalid update keeps the last valid version, as the file source does.
+    if let Some(c) = parse(st, kind, o) {
+        st.all.insert(c.key(), Arc::new(c));
+    }
+    st.refilter(m)
 }
 
 fn delete(st: &mut State, kind: ConfigKind, o: &DynamicObject, m: &WatchMetrics) -> ConfigChange {
     st.errors.remove(&name_of(kind, o));
-    let key = ConfigKey {
+    st.all.remove(&ConfigKey {
         kind,
         namespace: o.metadata.namespace.clone().unwrap_or_default(),
         name: o.metadata.name.clone().unwrap_or_default(),
-    };
-    match st.configs.remove(&key) {
-        Some(old) => {
-            m.count_config(kind.as_str(), "delete");
-            ConfigChange {
-                events: vec![ConfigEvent::Deleted(old)],
-            }
-        }
-        None => ConfigChange::default(),
-    }
+    });
+    st.refilter(m)
 }
 
 /// A (re-)list: the kind's configs become exactly the listed valid ones.
 fn replace(st: &mut State, kind: ConfigKind, objects: Vec<DynamicObject>, m: &WatchMetrics) -> ConfigChange {
     st.scans += 1;
     st.errors.retain(|name, _| !name.starts_with(&format!("{kind} ")));
-    let old: BTreeMap<ConfigKey, Arc<Config>> = st
-        .configs
-        .iter()
-        .filter(|(k, _)| k.kind == kind)
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    let mut new = BTreeMap::new();
+    st.all.retain(|k, _| k.kind != kind);
     for o in &objects {
         if let Some(c) = parse(st, kind, o) {
-            new.insert(c.key(), Arc::new(c));
+            st.all.insert(c.key(), Arc::new(c));
         }
     }
-    let change = config_sources::diff(&old, &new);
-    for e in &change.events {
-        let event = match e {
-            ConfigEvent::Added(_) => "add",
-            ConfigEvent::Updated { .. } => "update",
-            ConfigEvent::Deleted(_) => "delete",
+    st.refilter(m)
+}
+
+/// Namespaces, for discoverySelectors: each change re-derives what is served.
+async fn follow_namespaces(
+    api: Api<Namespace>,
+    state: Arc<Mutex<State>>,
+    state_tx: Arc<watch::Sender<StoreSnapshot>>,
+    tx: mpsc::UnboundedSender<ConfigChange>,
+    metrics: WatchMetrics,
+    first: tokio::sync::oneshot::Sender<()>,
+) {
+    let mut first = Some(first);
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    futures::pin_mut!(stream);
+    let mut listed: Vec<Namespace> = Vec::new();
+    let labels = |n: &Namespace| n.metadata.labels.clone().unwrap_or_default();
+    while let Some(event) = stream.next().await {
+        let change = {
+            let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
+            match event {
+                Ok(Event::Init) => {
+                    listed.clear();
+                    continue;
+                }
+                Ok(Event::InitApply(n)) => {
+                    listed.push(n);
+                    continue;
+                }
+                Ok(Event::InitDone) => {
+                    st.namespaces = listed
+                        .drain(..)
+                        .map(|n| (n.metadata.name.clone().unwrap_or_default(), labels(&n)))
+                        .collect();
+                }
+                Ok(Event::Apply(n)) => {
+                    st.namespaces
+                        .insert(n.metadata.name.clone().unwrap_or_default(), labels(&n));
+                }
+                Ok(Event::Delete(n)) => {
+                    st.namespaces.remove(n.metadata.name.as_deref().unwrap_or_default());
+                }
+                Err(e) => {
+                    if let Some(suppressed) = monitoring::throttle::allow("kube_config_watch_error") {
+                        tracing::warn!(
+                            suppressed,
+                            "Kubernetes: namespace watch failed, retrying with backoff: {e}"
+                        );
+                    }
+                    continue;
+                }
+            }
+            st.refilter(&metrics)
         };
-        m.count_config(kind.as_str(), event);
+        if let Some(f) = first.take() {
+            let _ = f.send(());
+            continue;
+        }
+        let snapshot = state.lock().unwrap_or_else(PoisonError::into_inner).snapshot();
+        state_tx.send_replace(snapshot);
+        if !change.is_empty() && tx.send(change).is_err() {
+            return;
+        }
     }
-    st.configs.retain(|k, _| k.kind != kind);
-    st.configs.extend(new);
-    change
 }

@@ -179,7 +179,7 @@ async fn istio_config_is_read_per_served_version_and_missing_crds_are_skipped() 
         .unwrap()
         .unwrap();
     let client = connect(cfg, Duration::from_secs(5)).await.unwrap();
-    let source = kube_registry::crdclient::start(client.clone(), WatchMetrics::default()).await;
+    let source = kube_registry::crdclient::start(client.clone(), WatchMetrics::default(), Vec::new()).await;
     assert_eq!(source.initial.events.len(), 1);
     assert_eq!(source.state.borrow().configs.len(), 1);
 
@@ -196,7 +196,7 @@ async fn istio_config_is_read_per_served_version_and_missing_crds_are_skipped() 
     let client = connect(cfg, Duration::from_secs(5)).await.unwrap();
     let source = tokio::time::timeout(
         Duration::from_secs(10),
-        kube_registry::crdclient::start(client, WatchMetrics::default()),
+        kube_registry::crdclient::start(client, WatchMetrics::default(), Vec::new()),
     )
     .await
     .expect("start does not wait for CRDs that are not there");
@@ -210,4 +210,39 @@ async fn istio_config_is_read_per_served_version_and_missing_crds_are_skipped() 
     // One list per kind and version, no watches.
     assert_eq!(requests.len(), 6 * 3, "{requests:#?}");
     assert!(requests.iter().all(|r| !r.contains("watch=")), "{requests:#?}");
+}
+
+#[tokio::test]
+async fn discovery_selectors_filter_istio_config_from_the_api_server_live() {
+    let api = FakeApiServer::start().await.unwrap();
+    let ns = |name: &str, labels: Value| json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}});
+    api.apply(ns("a", json!({"istio-discovery": "enabled"}))).unwrap();
+    api.apply(ns("b", json!({}))).unwrap();
+    for n in ["a", "b"] {
+        api.apply(json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+            "metadata": {"name": "r", "namespace": n},
+            "spec": {"hosts": ["r"], "http": [{"route": [{"destination": {"host": "r"}}]}]}}))
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    let cfg = client_config(kubeconfig.to_str().unwrap(), |_| None)
+        .await
+        .unwrap()
+        .unwrap();
+    let client = connect(cfg, Duration::from_secs(5)).await.unwrap();
+    let selectors = vec![serde_json::from_value(json!({"matchLabels": {"istio-discovery": "enabled"}})).unwrap()];
+    let mut source = kube_registry::crdclient::start(client, WatchMetrics::default(), selectors).await;
+    let namespaces: Vec<String> = source.initial.events.iter().map(|e| e.key().namespace).collect();
+    assert_eq!(namespaces, ["a"]);
+    // Namespace b gets the label: its VirtualService is served from now on.
+    api.apply(ns("b", json!({"istio-discovery": "enabled"}))).unwrap();
+    let change = tokio::time::timeout(Duration::from_secs(10), source.changes.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let added: Vec<String> = change.events.iter().map(|e| e.key().to_string()).collect();
+    assert_eq!(added, ["VirtualService b/r"]);
+    assert_eq!(source.state.borrow().configs.len(), 2);
 }

@@ -86,7 +86,8 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         });
         (initial_change, dir_watch.state)
     } else if let Some(c) = &client {
-        let source = kube_registry::crdclient::start(c.clone(), watch_metrics.clone()).await;
+        let source =
+            kube_registry::crdclient::start(c.clone(), watch_metrics.clone(), mesh.discovery_selectors.clone()).await;
         tracing::info!(
             configs = source.initial.events.len(),
             "loaded Istio config from the Kubernetes API server"
