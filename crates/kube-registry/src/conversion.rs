@@ -109,6 +109,7 @@ pub fn convert_service(svc: &KubeService, ctx: &Context) -> Option<Service> {
             labels: svc.metadata.labels.clone().unwrap_or_default(),
             export_to,
             label_selectors: spec.selector.clone().unwrap_or_default(),
+            cluster_id: ctx.cluster_id.clone(),
         },
         origin: format!("Service/{namespace}/{name} ({})", ctx.cluster_id),
     })

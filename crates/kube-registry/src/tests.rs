@@ -84,6 +84,8 @@ fn a_service_converts_as_istios() {
         ]
     );
     assert_eq!(s.attributes.service_registry, "Kubernetes");
+    assert_eq!(s.attributes.cluster_id, "Kubernetes");
+    assert_eq!(s.origin, "Service/default/reviews (Kubernetes)");
     assert_eq!(s.attributes.label_selectors["app"], "reviews");
     assert_eq!(s.attributes.export_to.len(), 2);
 

@@ -183,6 +183,8 @@ pub struct ServiceAttributes {
     pub export_to: Vec<Visibility>,
     /// For ServiceEntries with a workloadSelector: the selector labels.
     pub label_selectors: BTreeMap<String, String>,
+    /// The cluster a Kubernetes service was read from (`--clusterID`); empty for ServiceEntries.
+    pub cluster_id: String,
 }
 
 /// A service of the mesh, keyed by hostname.

@@ -140,6 +140,7 @@ pub(crate) fn convert_services(
                 labels: meta.labels.clone(),
                 export_to: export_to.clone(),
                 label_selectors: label_selectors.clone(),
+                cluster_id: String::new(),
             },
             origin: origin.to_owned(),
         })
