@@ -16,13 +16,12 @@ use config_sources::{ConfigChange, ConfigEvent, Level, SourceErrorEntry, StoreSn
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Api, Client};
 use model::{Config, ConfigKey, ConfigKind};
 use tokio::sync::{mpsc, watch};
 
-use crate::watch::WatchMetrics;
+use crate::Change;
+use crate::watch::{WatchMetrics, changes};
 
 /// The Istio kinds read from the API server: `(kind, plural)`.
 pub const ISTIO_KINDS: &[(ConfigKind, &str)] = &[
@@ -203,23 +202,13 @@ async fn follow(
     first: tokio::sync::oneshot::Sender<ConfigChange>,
 ) {
     let mut first = Some(first);
-    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    let stream = changes(api, kind.as_str());
     futures::pin_mut!(stream);
-    let mut listed = Vec::new();
-    while let Some(event) = stream.next().await {
+    while let Some(change) = stream.next().await {
         let change = {
             let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
-            match event {
-                Ok(Event::Init) => {
-                    listed.clear();
-                    continue;
-                }
-                Ok(Event::InitApply(o)) => {
-                    listed.push(o);
-                    continue;
-                }
-                Ok(Event::InitDone) => {
-                    let objects = std::mem::take(&mut listed);
+            match change {
+                Change::Replace(objects) => {
                     tracing::info!(
                         kind = kind.as_str(),
                         objects = objects.len(),
@@ -227,18 +216,8 @@ async fn follow(
                     );
                     replace(&mut st, kind, objects, &metrics)
                 }
-                Ok(Event::Apply(o)) => apply(&mut st, kind, &o, &metrics),
-                Ok(Event::Delete(o)) => delete(&mut st, kind, &o, &metrics),
-                Err(e) => {
-                    if let Some(suppressed) = monitoring::throttle::allow("kube_config_watch_error") {
-                        tracing::warn!(
-                            kind = kind.as_str(),
-                            suppressed,
-                            "Kubernetes: watch failed, retrying with backoff: {e}"
-                        );
-                    }
-                    continue;
-                }
+                Change::Apply(o) => apply(&mut st, kind, &o, &metrics),
+                Change::Delete(o) => delete(&mut st, kind, &o, &metrics),
             }
         };
         let snapshot = state.lock().unwrap_or_else(PoisonError::into_inner).snapshot();
@@ -345,43 +324,25 @@ async fn follow_namespaces(
     first: tokio::sync::oneshot::Sender<()>,
 ) {
     let mut first = Some(first);
-    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    let stream = changes(api, "Namespace");
     futures::pin_mut!(stream);
-    let mut listed: Vec<Namespace> = Vec::new();
     let labels = |n: &Namespace| n.metadata.labels.clone().unwrap_or_default();
-    while let Some(event) = stream.next().await {
+    while let Some(change) = stream.next().await {
         let change = {
             let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
-            match event {
-                Ok(Event::Init) => {
-                    listed.clear();
-                    continue;
-                }
-                Ok(Event::InitApply(n)) => {
-                    listed.push(n);
-                    continue;
-                }
-                Ok(Event::InitDone) => {
+            match change {
+                Change::Replace(listed) => {
                     st.namespaces = listed
-                        .drain(..)
-                        .map(|n| (n.metadata.name.clone().unwrap_or_default(), labels(&n)))
+                        .iter()
+                        .map(|n| (n.metadata.name.clone().unwrap_or_default(), labels(n)))
                         .collect();
                 }
-                Ok(Event::Apply(n)) => {
+                Change::Apply(n) => {
                     st.namespaces
                         .insert(n.metadata.name.clone().unwrap_or_default(), labels(&n));
                 }
-                Ok(Event::Delete(n)) => {
+                Change::Delete(n) => {
                     st.namespaces.remove(n.metadata.name.as_deref().unwrap_or_default());
-                }
-                Err(e) => {
-                    if let Some(suppressed) = monitoring::throttle::allow("kube_config_watch_error") {
-                        tracing::warn!(
-                            suppressed,
-                            "Kubernetes: namespace watch failed, retrying with backoff: {e}"
-                        );
-                    }
-                    continue;
                 }
             }
             st.refilter(&metrics)

@@ -182,6 +182,40 @@ struct Sink {
     metrics: WatchMetrics,
 }
 
+/// A kube-rs watcher (list + watch, re-list on 410, re-watch with backoff) as [`Change`]s: each
+/// (re-)list buffered into one `Replace`, then `Apply` and `Delete`. Watch errors are logged,
+/// rate limited; the watcher retries by itself.
+pub(crate) fn changes<K>(api: Api<K>, kind: &'static str) -> impl futures::Stream<Item = Change<K>> + Send
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let mut listed = Vec::new();
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .filter_map(move |event| {
+            let change = match event {
+                Ok(Event::Init) => {
+                    listed.clear();
+                    None
+                }
+                Ok(Event::InitApply(o)) => {
+                    listed.push(o);
+                    None
+                }
+                Ok(Event::InitDone) => Some(Change::Replace(std::mem::take(&mut listed))),
+                Ok(Event::Apply(o)) => Some(Change::Apply(o)),
+                Ok(Event::Delete(o)) => Some(Change::Delete(o)),
+                Err(e) => {
+                    if let Some(suppressed) = monitoring::throttle::allow("kube_watch_error") {
+                        tracing::warn!(kind, suppressed, "Kubernetes: watch failed, retrying with backoff: {e}");
+                    }
+                    None
+                }
+            };
+            futures::future::ready(change)
+        })
+}
+
 /// `(kind, metric type label)`.
 fn spawn<K>(api: Api<K>, (kind, label): (&'static str, &'static str), wrap: fn(Change<K>) -> KubeEvent, sink: Sink)
 where
@@ -189,24 +223,15 @@ where
     K::DynamicType: Default,
 {
     tokio::spawn(async move {
-        let stream = watcher(api, watcher::Config::default()).default_backoff();
+        let stream = changes(api, kind);
         futures::pin_mut!(stream);
-        let mut listed = Vec::new();
         let mut first = true;
         // What this watcher has seen, to tell an add from an update.
         let mut known = std::collections::HashSet::new();
         let id = |o: &K| (o.meta().namespace.clone(), o.meta().name.clone());
-        while let Some(event) = stream.next().await {
-            let change = match event {
-                Ok(Event::Init) => {
-                    listed.clear();
-                    continue;
-                }
-                Ok(Event::InitApply(o)) => {
-                    listed.push(o);
-                    continue;
-                }
-                Ok(Event::InitDone) => {
+        while let Some(change) = stream.next().await {
+            match &change {
+                Change::Replace(listed) => {
                     let n = listed.len();
                     if first {
                         tracing::info!(kind, objects = n, "Kubernetes: initial list synced");
@@ -218,25 +243,16 @@ where
                     sink.metrics
                         .count(label, "delete", known.difference(&now).count() as u64);
                     known = now;
-                    Change::Replace(std::mem::take(&mut listed))
                 }
-                Ok(Event::Apply(o)) => {
-                    let event = if known.insert(id(&o)) { "add" } else { "update" };
+                Change::Apply(o) => {
+                    let event = if known.insert(id(o)) { "add" } else { "update" };
                     sink.metrics.count(label, event, 1);
-                    Change::Apply(o)
                 }
-                Ok(Event::Delete(o)) => {
-                    known.remove(&id(&o));
+                Change::Delete(o) => {
+                    known.remove(&id(o));
                     sink.metrics.count(label, "delete", 1);
-                    Change::Delete(o)
                 }
-                Err(e) => {
-                    if let Some(suppressed) = monitoring::throttle::allow("kube_watch_error") {
-                        tracing::warn!(kind, suppressed, "Kubernetes: watch failed, retrying with backoff: {e}");
-                    }
-                    continue;
-                }
-            };
+            }
             let initial = matches!(change, Change::Replace(_)) && first;
             let diff = sink.registry.apply(vec![wrap(change)]);
             if !diff.is_empty() && sink.diffs.send(diff).is_err() {
