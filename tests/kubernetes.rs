@@ -258,27 +258,12 @@ async fn the_same_mesh_as_manifests_in_config_dir_gives_the_same_xds() -> anyhow
 
 /// (cluster, sorted endpoint ports) from EDS.
 fn endpoint_ports(clas: &[ClusterLoadAssignment]) -> Vec<(String, Vec<u32>)> {
-    use xds_api::envoy::config::core::v3::address::Address;
-    use xds_api::envoy::config::core::v3::socket_address::PortSpecifier;
-    use xds_api::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
     let mut out: Vec<(String, Vec<u32>)> = clas
         .iter()
         .map(|c| {
-            let mut ports: Vec<u32> = c
-                .endpoints
-                .iter()
-                .flat_map(|l| &l.lb_endpoints)
-                .filter_map(|e| match &e.host_identifier {
-                    Some(HostIdentifier::Endpoint(ep)) => ep.address.as_ref(),
-                    _ => None,
-                })
-                .filter_map(|a| match &a.address {
-                    Some(Address::SocketAddress(sa)) => match sa.port_specifier {
-                        Some(PortSpecifier::PortValue(p)) => Some(p),
-                        _ => None,
-                    },
-                    _ => None,
-                })
+            let mut ports: Vec<u32> = test_support::ads::endpoint_addresses(c)
+                .into_iter()
+                .map(|(_, p)| p)
                 .collect();
             ports.sort();
             (c.cluster_name.clone(), ports)

@@ -10,11 +10,9 @@ use std::time::Duration;
 
 use common::{NODE_ID, gateway_yaml, services_yaml, virtual_service_yaml, workload_entry_yaml};
 use serde_json::json;
-use test_support::ads::{AdsClient, delta::DeltaAdsClient};
+use test_support::ads::{AdsClient, delta::DeltaAdsClient, endpoint_addresses};
 use test_support::discovery::{Discovery, DiscoveryOptions};
-use xds_api::envoy::config::core::v3::address::Address as AddressKind;
 use xds_api::envoy::config::endpoint::v3::ClusterLoadAssignment;
-use xds_api::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
 use xds_api::type_url;
 
 const V1: &str = "outbound|9080|v1|reviews.default.svc.cluster.local";
@@ -44,21 +42,7 @@ fn metadata() -> serde_json::Value {
 
 /// Ports of the endpoints of one ClusterLoadAssignment.
 fn endpoint_ports(cla: &ClusterLoadAssignment) -> Vec<u32> {
-    cla.endpoints
-        .iter()
-        .flat_map(|l| &l.lb_endpoints)
-        .filter_map(|e| match &e.host_identifier {
-            Some(HostIdentifier::Endpoint(ep)) => ep.address.as_ref(),
-            _ => None,
-        })
-        .filter_map(|a| match &a.address {
-            Some(AddressKind::SocketAddress(sa)) => match sa.port_specifier {
-                Some(xds_api::envoy::config::core::v3::socket_address::PortSpecifier::PortValue(p)) => Some(p),
-                _ => None,
-            },
-            _ => None,
-        })
-        .collect()
+    endpoint_addresses(cla).into_iter().map(|(_, p)| p).collect()
 }
 
 #[tokio::test]

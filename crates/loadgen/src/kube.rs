@@ -14,9 +14,7 @@ use serde_json::{Value, json};
 use test_support::ads::AdsClient;
 use test_support::discovery::{Discovery, DiscoveryOptions};
 use test_support::kube_api::FakeApiServer;
-use xds_api::envoy::config::core::v3::address::Address;
 use xds_api::envoy::config::endpoint::v3::ClusterLoadAssignment;
-use xds_api::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
 use xds_api::type_url;
 
 use crate::report::{cpu_seconds, peak_rss_mb, percentile_ms};
@@ -73,20 +71,6 @@ fn slice(ns: &str, svc: usize, pods: &[usize]) -> Value {
     json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"name": format!("svc-{svc}-slice"), "namespace": ns, "labels": {"kubernetes.io/service-name": format!("svc-{svc}")}},
         "addressType": "IPv4", "endpoints": endpoints, "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]})
-}
-
-fn addresses(cla: &ClusterLoadAssignment) -> impl Iterator<Item = &str> {
-    cla.endpoints
-        .iter()
-        .flat_map(|l| &l.lb_endpoints)
-        .filter_map(|e| match &e.host_identifier {
-            Some(HostIdentifier::Endpoint(ep)) => ep.address.as_ref(),
-            _ => None,
-        })
-        .filter_map(|a| match &a.address {
-            Some(Address::SocketAddress(sa)) => Some(sa.address.as_str()),
-            _ => None,
-        })
 }
 
 pub async fn run(opts: &KubeOptions) -> Result<KubeReport> {
@@ -199,8 +183,8 @@ pub async fn run(opts: &KubeOptions) -> Result<KubeReport> {
                     if r.type_url() == type_url::ENDPOINT {
                         let now = Instant::now();
                         for cla in r.decode::<ClusterLoadAssignment>()? {
-                            for a in addresses(&cla) {
-                                if let Some(made) = pending.remove(a) {
+                            for (a, _) in test_support::ads::endpoint_addresses(&cla) {
+                                if let Some(made) = pending.remove(&a) {
                                     lags.push(now - made);
                                 }
                             }

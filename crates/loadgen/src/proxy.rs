@@ -11,8 +11,7 @@ use prost::Message;
 use test_support::ads::delta::{DeltaAdsClient, DeltaResponse};
 use test_support::ads::{AdsClient, eds_cluster_names, rds_route_names};
 use tokio::sync::mpsc;
-use xds_api::envoy::config::core::v3::address;
-use xds_api::envoy::config::endpoint::v3::{ClusterLoadAssignment, lb_endpoint};
+use xds_api::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryResponse, DiscoveryResponse};
 use xds_api::{pbwkt, type_url};
 
@@ -401,17 +400,9 @@ fn is_plain_cluster(name: &str) -> bool {
 
 /// The socket addresses of a ClusterLoadAssignment's endpoints, in order.
 fn addresses(cla: &ClusterLoadAssignment) -> Vec<String> {
-    cla.endpoints
-        .iter()
-        .flat_map(|l| &l.lb_endpoints)
-        .filter_map(|e| match &e.host_identifier {
-            Some(lb_endpoint::HostIdentifier::Endpoint(ep)) => ep.address.as_ref(),
-            _ => None,
-        })
-        .filter_map(|a| match &a.address {
-            Some(address::Address::SocketAddress(s)) => Some(s.address.clone()),
-            _ => None,
-        })
+    test_support::ads::endpoint_addresses(cla)
+        .into_iter()
+        .map(|(a, _)| a)
         .collect()
 }
 
@@ -432,8 +423,8 @@ fn send(events: &mpsc::UnboundedSender<ProxyEvent>, e: ProxyEvent) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use xds_api::envoy::config::core::v3::{Address, SocketAddress};
-    use xds_api::envoy::config::endpoint::v3::{Endpoint, LbEndpoint, LocalityLbEndpoints};
+    use xds_api::envoy::config::core::v3::{Address, SocketAddress, address};
+    use xds_api::envoy::config::endpoint::v3::{Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint};
 
     fn cla(name: &str, ips: &[&str]) -> pbwkt::Any {
         let lb_endpoints = ips

@@ -97,6 +97,31 @@ pub fn resource_name(any: &pbwkt::Any) -> Result<Option<String>> {
 }
 
 /// Names of the EDS clusters among CDS resources (what Envoy asks EDS for).
+/// The socket addresses (address, port) of a ClusterLoadAssignment's endpoints, in order.
+pub fn endpoint_addresses(cla: &ClusterLoadAssignment) -> Vec<(String, u32)> {
+    use xds_api::envoy::config::core::v3::address::Address;
+    use xds_api::envoy::config::core::v3::socket_address::PortSpecifier;
+    use xds_api::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
+    cla.endpoints
+        .iter()
+        .flat_map(|l| &l.lb_endpoints)
+        .filter_map(|e| match &e.host_identifier {
+            Some(HostIdentifier::Endpoint(ep)) => ep.address.as_ref(),
+            _ => None,
+        })
+        .filter_map(|a| match &a.address {
+            Some(Address::SocketAddress(sa)) => {
+                let port = match sa.port_specifier {
+                    Some(PortSpecifier::PortValue(p)) => p,
+                    _ => 0,
+                };
+                Some((sa.address.clone(), port))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
 pub fn eds_cluster_names(clusters: &[pbwkt::Any]) -> Vec<String> {
     let eds = cluster::ClusterDiscoveryType::Type(cluster::DiscoveryType::Eds as i32);
     clusters
