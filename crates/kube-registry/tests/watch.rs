@@ -41,6 +41,19 @@ fn slice(ips: &[&str]) -> Value {
         "addressType": "IPv4", "endpoints": endpoints, "ports": [{"name": "http", "port": 8080}]})
 }
 
+/// A kube-rs client for `api`, through a kubeconfig file as pilot-discovery reads it (the
+/// directory holding it is returned to be kept).
+async fn client_for(api: &FakeApiServer) -> (tempfile::TempDir, kube::Client) {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    let cfg = client_config(kubeconfig.to_str().unwrap(), |_| None)
+        .await
+        .unwrap()
+        .unwrap();
+    (dir, connect(cfg, Duration::from_secs(5)).await.unwrap())
+}
+
 async fn eventually(what: &str, f: impl Fn() -> bool) {
     for _ in 0..200 {
         if f() {
@@ -65,15 +78,7 @@ async fn watchers_sync_then_follow_changes_through_drops_and_410() {
     for o in objects() {
         api.apply(o).unwrap();
     }
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig).unwrap();
-
-    let cfg = client_config(kubeconfig.to_str().unwrap(), |_| None)
-        .await
-        .unwrap()
-        .unwrap();
-    let client = connect(cfg, Duration::from_secs(5)).await.unwrap();
+    let (_dir, client) = client_for(&api).await;
     let registry = Arc::new(KubeRegistry::new(Context {
         domain: "cluster.local".into(),
         trust_domain: "cluster.local".into(),
@@ -171,14 +176,7 @@ async fn istio_config_is_read_per_served_version_and_missing_crds_are_skipped() 
         "spec": {"hosts": ["r"], "http": [{"route": [{"destination": {"host": "r"}}]}]}}),
     )
     .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig).unwrap();
-    let cfg = client_config(kubeconfig.to_str().unwrap(), |_| None)
-        .await
-        .unwrap()
-        .unwrap();
-    let client = connect(cfg, Duration::from_secs(5)).await.unwrap();
+    let (_dir, client) = client_for(&api).await;
     let source = kube_registry::crdclient::start(client.clone(), WatchMetrics::default(), Vec::new()).await;
     assert_eq!(source.initial.events.len(), 1);
     assert_eq!(source.state.borrow().configs.len(), 1);
@@ -188,12 +186,7 @@ async fn istio_config_is_read_per_served_version_and_missing_crds_are_skipped() 
     // Without Istio's CRDs: reported and skipped, not retried.
     let bare = FakeApiServer::start().await.unwrap();
     bare.uninstall_group("networking.istio.io");
-    bare.write_kubeconfig(&kubeconfig).unwrap();
-    let cfg = client_config(kubeconfig.to_str().unwrap(), |_| None)
-        .await
-        .unwrap()
-        .unwrap();
-    let client = connect(cfg, Duration::from_secs(5)).await.unwrap();
+    let (_bare_dir, client) = client_for(&bare).await;
     let source = tokio::time::timeout(
         Duration::from_secs(10),
         kube_registry::crdclient::start(client, WatchMetrics::default(), Vec::new()),
@@ -224,14 +217,7 @@ async fn discovery_selectors_filter_istio_config_from_the_api_server_live() {
             "spec": {"hosts": ["r"], "http": [{"route": [{"destination": {"host": "r"}}]}]}}))
             .unwrap();
     }
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig).unwrap();
-    let cfg = client_config(kubeconfig.to_str().unwrap(), |_| None)
-        .await
-        .unwrap()
-        .unwrap();
-    let client = connect(cfg, Duration::from_secs(5)).await.unwrap();
+    let (_dir, client) = client_for(&api).await;
     let selectors = vec![serde_json::from_value(json!({"matchLabels": {"istio-discovery": "enabled"}})).unwrap()];
     let mut source = kube_registry::crdclient::start(client, WatchMetrics::default(), selectors).await;
     let namespaces: Vec<String> = source.initial.events.iter().map(|e| e.key().namespace).collect();
