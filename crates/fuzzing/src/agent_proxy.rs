@@ -106,12 +106,7 @@ struct Harness {
 fn harness() -> &'static Harness {
     static H: OnceLock<Harness> = OnceLock::new();
     H.get_or_init(|| {
-        crate::abort_on_panic();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("tokio runtime: {e}"));
+        let rt = crate::harness_runtime();
         let script = Arc::new(Mutex::new(Script::default()));
         let (proxy, envoy, dir) = rt.block_on(async {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -38,3 +38,14 @@ pub fn abort_on_panic() {
         }));
     });
 }
+
+/// The runtime a harness keeps for its whole life: one worker, so that its server tasks go on
+/// between inputs; panics abort (see [`abort_on_panic`]).
+pub(crate) fn harness_runtime() -> tokio::runtime::Runtime {
+    abort_on_panic();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("tokio runtime: {e}"))
+}

@@ -35,12 +35,7 @@ struct Harness {
 fn harness() -> &'static Harness {
     static H: OnceLock<Harness> = OnceLock::new();
     H.get_or_init(|| {
-        crate::abort_on_panic();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("tokio runtime: {e}"));
+        let rt = crate::harness_runtime();
         let server = rt.block_on(crate::mesh::discovery_server());
         Harness { rt, server }
     })
