@@ -42,6 +42,16 @@ pub(crate) struct State {
     pub counts: BTreeMap<ConfigKind, usize>,
 }
 
+/// What a change calls for.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Update {
+    /// The push, if any.
+    pub push: Option<PushRequest>,
+    /// IPs of workloads that appeared or whose labels changed: the proxies there are initialised
+    /// again and pushed (Istio's `ProxyUpdate`).
+    pub proxies: BTreeSet<String>,
+}
+
 /// What the gauges show (`pilot_services`, `pilot_virt_services`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EnvironmentStats {
@@ -90,9 +100,9 @@ impl Environment {
     }
 
     /// Applies one batch of config events from a config source; returns the push it calls for.
-    pub fn config_changed(&self, change: &ConfigChange) -> Option<PushRequest> {
+    pub fn config_changed(&self, change: &ConfigChange) -> Update {
         if change.is_empty() {
-            return None;
+            return Update::default();
         }
         let mut configs_changed = BTreeSet::new();
         let mut st = lock(&self.state);
@@ -117,27 +127,47 @@ impl Environment {
         }
         let mut diff = RegistryDiff::default();
         for r in &st.registries {
-            let d = r.config_changed(&change.events);
-            diff.services_changed.extend(d.services_changed);
-            diff.endpoints_changed.extend(d.endpoints_changed);
+            diff.merge(r.config_changed(&change.events));
         }
-        if !diff.is_empty() {
-            st.registry = aggregate(&st.registries);
-        }
+        let diff = registries_changed(&mut st, diff);
         drop(st);
-        push_request(configs_changed, diff)
+        update(configs_changed, diff)
     }
 
     /// A registry changed by itself (e.g. Kubernetes endpoints moved): serve its new snapshot,
-    /// and return the push `diff` calls for.
-    pub fn services_changed(&self, diff: RegistryDiff) -> Option<PushRequest> {
+    /// hand the workloads that changed to the other registries, and return the push `diff` calls
+    /// for.
+    pub fn services_changed(&self, diff: RegistryDiff) -> Update {
         if diff.is_empty() {
-            return None;
+            return Update::default();
         }
         let mut st = lock(&self.state);
-        st.registry = aggregate(&st.registries);
+        let diff = registries_changed(&mut st, diff);
         drop(st);
-        push_request(BTreeSet::new(), diff)
+        update(BTreeSet::new(), diff)
+    }
+}
+
+/// After registries changed by `diff`: the workloads it carries go to every registry (a
+/// ServiceEntry may select them), and the union of the registries is served.
+fn registries_changed(st: &mut State, mut diff: RegistryDiff) -> RegistryDiff {
+    let workloads = std::mem::take(&mut diff.workloads);
+    if !workloads.is_empty() {
+        for r in &st.registries {
+            diff.merge(r.workloads_changed(&workloads));
+        }
+    }
+    if diff.changes_services() {
+        st.registry = aggregate(&st.registries);
+    }
+    diff
+}
+
+fn update(configs: BTreeSet<ConfigKey>, mut diff: RegistryDiff) -> Update {
+    let proxies = std::mem::take(&mut diff.proxies);
+    Update {
+        push: push_request(configs, diff),
+        proxies,
     }
 }
 

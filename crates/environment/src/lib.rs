@@ -6,7 +6,7 @@
 //! config sources ──ConfigChange──► Environment::config_changed ──PushRequest──► xds-server
 //! (directory, Kubernetes)           │ configs, registries          (debounce, then build)
 //! registries ──RegistryDiff──► Environment::services_changed            │
-//! (ServiceEntry, Kubernetes)                                             ▼
+//! (ServiceEntry, Kubernetes)    └─ changed workloads' IPs ─► ProxyUpdate ▼
 //!                          Environment::build (SnapshotBuilder) ──► Push (PushSnapshot)
 //! ```
 //!
@@ -22,7 +22,7 @@ mod registries;
 #[cfg(test)]
 mod tests;
 
-pub use environment::{Environment, EnvironmentStats};
+pub use environment::{Environment, EnvironmentStats, Update};
 pub use model::{Changed, ConfigsUpdated, PushRequest, TriggerReason};
 pub use push::Push;
-pub use registries::{ServiceEntries, ServiceRegistry, Workload};
+pub use registries::{ServiceEntries, ServiceRegistry, Workload, Workloads};

@@ -82,12 +82,10 @@ impl SnapshotBuilder for Environment {
         })
     }
 
-    /// Labels and locality the node metadata lacks, from the first registry that knows the
-    /// workload (by the proxy's IP, else by the pod name and namespace of its ID).
+    /// Istio's `SetWorkloadLabels`: the labels of the proxy's workload as the first registry that
+    /// knows it has them (found by the proxy's IP, else by the pod name and namespace of its ID),
+    /// else the node metadata's; the locality of the node, else the workload's.
     fn init_proxy(&self, proxy: &mut model::Proxy) {
-        if !proxy.labels.is_empty() && !proxy.locality.is_empty() {
-            return;
-        }
         let ip = proxy.ip_addresses.first().map(|i| i.to_string()).unwrap_or_default();
         let name = proxy.id.split('.').next().unwrap_or_default().to_owned();
         let st = lock(&self.state);
@@ -99,9 +97,7 @@ impl SnapshotBuilder for Environment {
             return;
         };
         drop(st);
-        if proxy.labels.is_empty() {
-            proxy.labels = w.labels;
-        }
+        proxy.labels = w.labels;
         if proxy.locality.is_empty() && !w.locality.is_empty() {
             proxy.locality = model::Locality::parse(&w.locality);
         }

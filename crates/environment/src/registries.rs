@@ -16,6 +16,13 @@ pub trait ServiceRegistry: Send + Sync {
     /// apply the events they read and return what changed; others return nothing.
     fn config_changed(&self, events: &[ConfigEvent]) -> RegistryDiff;
 
+    /// Workloads of another registry changed (Kubernetes Pods; see `RegistryDiff::workloads`).
+    /// Registries whose services select workloads (ServiceEntry `workloadSelector`) apply them
+    /// and return what changed; others return nothing.
+    fn workloads_changed(&self, _workloads: &Workloads) -> RegistryDiff {
+        RegistryDiff::default()
+    }
+
     /// The services and endpoints as of the last change.
     fn snapshot(&self) -> Arc<RegistrySnapshot>;
 
@@ -25,6 +32,9 @@ pub trait ServiceRegistry: Send + Sync {
         None
     }
 }
+
+/// Workloads by key, `None` when removed (`RegistryDiff::workloads`).
+pub type Workloads = std::collections::BTreeMap<model::ConfigKey, Option<Arc<model::Config>>>;
 
 /// A workload as a registry knows it, to complete a proxy's node metadata.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -42,6 +52,10 @@ impl<T: ServiceRegistry> ServiceRegistry for Arc<T> {
 
     fn config_changed(&self, events: &[ConfigEvent]) -> RegistryDiff {
         self.as_ref().config_changed(events)
+    }
+
+    fn workloads_changed(&self, workloads: &Workloads) -> RegistryDiff {
+        self.as_ref().workloads_changed(workloads)
     }
 
     fn snapshot(&self) -> Arc<RegistrySnapshot> {
@@ -71,6 +85,14 @@ impl ServiceRegistry for ServiceEntries {
     fn config_changed(&self, events: &[ConfigEvent]) -> RegistryDiff {
         let changes = events.iter().map(|e| (e.key(), e.current()));
         self.0.lock().unwrap_or_else(PoisonError::into_inner).apply(changes)
+    }
+
+    fn workloads_changed(&self, workloads: &Workloads) -> RegistryDiff {
+        let changes = workloads.iter().map(|(k, c)| (k.clone(), c.as_ref()));
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .apply_workloads(changes)
     }
 
     fn snapshot(&self) -> Arc<RegistrySnapshot> {

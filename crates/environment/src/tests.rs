@@ -101,13 +101,13 @@ fn types(p: &Proxy, req: &PushRequest) -> Vec<&'static str> {
 fn an_istio_config_change_is_a_full_push_of_that_config() {
     let e = env();
     let vs = virtual_service("a", "reviews", "reviews.a.svc.cluster.local", &[]);
-    let req = e.config_changed(&added(std::slice::from_ref(&vs))).unwrap();
+    let req = e.config_changed(&added(std::slice::from_ref(&vs))).push.unwrap();
     assert!(req.full);
     assert_eq!(req.configs_updated, only([Changed::Config(vs.key())]));
     assert_eq!(req.reason_string(), "config:1");
     assert_eq!(types(&sidecar("a"), &req), ["cds", "lds", "rds"]);
     assert_eq!(e.stats().virtual_services, 1);
-    e.config_changed(&deleted(&vs)).unwrap();
+    e.config_changed(&deleted(&vs)).push.unwrap();
     assert_eq!(e.stats().virtual_services, 0);
 }
 
@@ -115,14 +115,14 @@ fn an_istio_config_change_is_a_full_push_of_that_config() {
 fn endpoints_that_move_are_an_eds_only_push_of_their_service() {
     let e = env();
     let v1 = static_se("a", "db.example.com", 5432, &["10.0.0.1"]);
-    let req = e.config_changed(&added(std::slice::from_ref(&v1))).unwrap();
+    let req = e.config_changed(&added(std::slice::from_ref(&v1))).push.unwrap();
     assert!(req.full, "a new service");
     assert_eq!(req.configs_updated, only([service("db.example.com", "a")]));
     assert_eq!(req.reason_string(), "service:1");
     assert_eq!(types(&sidecar("a"), &req), ["cds", "eds", "lds", "rds"]);
 
     let v2 = static_se("a", "db.example.com", 5432, &["10.0.0.2"]);
-    let req = e.config_changed(&updated(&v1, &v2)).unwrap();
+    let req = e.config_changed(&updated(&v1, &v2)).push.unwrap();
     assert!(!req.full);
     assert_eq!(req.configs_updated, only([service("db.example.com", "a")]));
     assert_eq!(req.reason_string(), "endpoint:1");
@@ -133,7 +133,7 @@ fn endpoints_that_move_are_an_eds_only_push_of_their_service() {
 
     // A new port changes the service: full push.
     let v3 = static_se("a", "db.example.com", 5433, &["10.0.0.2"]);
-    let req = e.config_changed(&updated(&v2, &v3)).unwrap();
+    let req = e.config_changed(&updated(&v2, &v3)).push.unwrap();
     assert!(req.full);
     assert_eq!(req.configs_updated, only([service("db.example.com", "a")]));
 }
@@ -150,8 +150,8 @@ fn a_dns_service_whose_endpoints_move_is_a_full_push() {
         )
     };
     let (one, two) = (dns("one.internal"), dns("two.internal"));
-    e.config_changed(&added(std::slice::from_ref(&one))).unwrap();
-    let req = e.config_changed(&updated(&one, &two)).unwrap();
+    e.config_changed(&added(std::slice::from_ref(&one))).push.unwrap();
+    let req = e.config_changed(&updated(&one, &two)).push.unwrap();
     assert!(req.full);
     assert_eq!(req.configs_updated, only([service("d.example.com", "a")]));
 }
@@ -172,15 +172,15 @@ fn workload_entries_reach_pushes_as_the_services_they_change() {
             "metadata": {"name": "vm", "namespace": "a"},
             "spec": {"address": "10.0.0.5", "labels": {"app": app}}}))
     };
-    e.config_changed(&added(&[selecting("blue"), selecting("green")]))
+    e.config_changed(&added(&[selecting("blue"), selecting("green")])).push
         .unwrap();
     let blue = vm("blue");
-    let req = e.config_changed(&added(std::slice::from_ref(&blue))).unwrap();
+    let req = e.config_changed(&added(std::slice::from_ref(&blue))).push.unwrap();
     assert!(!req.full);
     assert_eq!(req.configs_updated, only([service("blue.example.com", "a")]));
     // Relabelled: its endpoint moves from blue to green.
     let green = vm("green");
-    let req = e.config_changed(&updated(&blue, &green)).unwrap();
+    let req = e.config_changed(&updated(&blue, &green)).push.unwrap();
     assert!(!req.full);
     assert_eq!(
         req.configs_updated,
@@ -188,9 +188,9 @@ fn workload_entries_reach_pushes_as_the_services_they_change() {
     );
     // Selected by nothing: no push.
     let nobody = vm("nobody");
-    assert_eq!(e.config_changed(&updated(&green, &nobody)).map(|r| r.full), Some(false));
-    assert_eq!(e.config_changed(&deleted(&nobody)), None);
-    assert_eq!(e.config_changed(&ConfigChange::default()), None);
+    assert_eq!(e.config_changed(&updated(&green, &nobody)).push.map(|r| r.full), Some(false));
+    assert_eq!(e.config_changed(&deleted(&nobody)).push, None);
+    assert_eq!(e.config_changed(&ConfigChange::default()).push, None);
 }
 
 #[test]
@@ -198,7 +198,7 @@ fn a_push_concerns_the_proxies_that_see_the_change() {
     let e = env();
     let public = virtual_service("a", "public", "public.a.svc.cluster.local", &[]);
     let private = virtual_service("a", "private", "private.a.svc.cluster.local", &["."]);
-    e.config_changed(&added(&[public.clone(), private.clone()])).unwrap();
+    e.config_changed(&added(&[public.clone(), private.clone()])).push.unwrap();
     let first = e.build(&PushRequest::full(TriggerReason::GlobalUpdate));
 
     let req = PushRequest::configs([private.key()]);
@@ -215,11 +215,11 @@ fn a_push_concerns_the_proxies_that_see_the_change() {
 #[test]
 fn pushes_reuse_the_indexes_a_change_did_not_touch_and_generate_from_the_new_state() {
     let e = env();
-    e.config_changed(&added(&[static_se("a", "db.example.com", 5432, &["10.0.0.1"])]))
+    e.config_changed(&added(&[static_se("a", "db.example.com", 5432, &["10.0.0.1"])])).push
         .unwrap();
     let first = e.build(&PushRequest::full(TriggerReason::GlobalUpdate));
     let vs = virtual_service("a", "db", "db.example.com", &[]);
-    let req = e.config_changed(&added(std::slice::from_ref(&vs))).unwrap();
+    let req = e.config_changed(&added(std::slice::from_ref(&vs))).push.unwrap();
     let second = e.build(&req);
     assert_ne!(first.version(), second.version());
     assert_eq!(second.context().configs().len(), 2);
@@ -293,20 +293,20 @@ fn a_second_registry_plugs_in_beside_service_entries() {
         "cluster.local".into(),
         vec![Box::new(ServiceEntries::new(mesh.clone())), Box::new(k8s.clone())],
     );
-    e.config_changed(&added(&[static_se("a", "db.example.com", 5432, &["10.0.0.1"])]))
+    e.config_changed(&added(&[static_se("a", "db.example.com", 5432, &["10.0.0.1"])])).push
         .unwrap();
     // The other registry learns of a service: it reports the diff, the environment serves both.
     let theirs = registry::build(&[static_se("b", "web.b.svc.cluster.local", 80, &["10.1.0.1"])], &mesh);
     *k8s.0.lock().unwrap() = Arc::new(theirs);
     let diff = RegistryDiff {
         services_changed: BTreeSet::from([ServiceKey::new("web.b.svc.cluster.local", "b")]),
-        endpoints_changed: BTreeSet::new(),
+        ..Default::default()
     };
-    let req = e.services_changed(diff).unwrap();
+    let req = e.services_changed(diff).push.unwrap();
     assert!(req.full);
     assert_eq!(req.configs_updated, only([service("web.b.svc.cluster.local", "b")]));
     let hosts: Vec<String> = e.registry().services.iter().map(|s| s.hostname.clone()).collect();
     assert_eq!(hosts, ["db.example.com", "web.b.svc.cluster.local"]);
     assert_eq!(e.stats().services, 2);
-    assert_eq!(e.services_changed(RegistryDiff::default()), None);
+    assert_eq!(e.services_changed(RegistryDiff::default()).push, None);
 }

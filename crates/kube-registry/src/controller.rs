@@ -1,19 +1,21 @@
 //! The Kubernetes registry's state, as Istio's kube `Controller`: the Services, EndpointSlices,
 //! Pods and Nodes it was told about, the services and endpoints converted from them, and what each
-//! change did to them (a full push for services, EDS for endpoints).
+//! change did to them (a full push for services, EDS for endpoints, workloads for the ServiceEntry
+//! registry, proxy updates for Pods whose labels changed). A change converts only the Services
+//! and Pods it touches (see `objects`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service as KubeService};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::ResourceExt;
-use model::{Endpoint, Service, ServiceKey};
+use model::{Config, ConfigKey, ConfigKind, Endpoint, Service, ServiceKey};
 use registry::{RegistryDiff, RegistrySnapshot};
 
 use crate::conversion::{
-    Context, PodInfo, SERVICE_NAME_LABEL, convert_endpoints, convert_service, external_name_endpoints,
+    Context, PodInfo, convert_endpoints, convert_service, external_name_endpoints, workload_instance,
 };
+use crate::objects::{Affected, NsName, Objects};
 
 /// A change to objects of one kind.
 #[derive(Debug, Clone)]
@@ -36,43 +38,14 @@ pub enum KubeEvent {
     Namespace(Change<Namespace>),
 }
 
-type NsName = (String, String);
-
-fn key<K: ResourceExt>(o: &K) -> NsName {
-    (o.namespace().unwrap_or_default(), o.name_any())
-}
-
-#[derive(Debug, Default)]
-struct Objects {
-    services: BTreeMap<NsName, KubeService>,
-    slices: BTreeMap<NsName, EndpointSlice>,
-    pods: BTreeMap<NsName, Pod>,
-    /// Pod IPs to the Pod, to find a proxy's Pod.
-    pods_by_ip: std::collections::HashMap<String, NsName>,
-    nodes: BTreeMap<String, Node>,
-    namespaces: BTreeMap<String, Namespace>,
-}
-
 #[derive(Debug, Default)]
 struct Inner {
     objects: Objects,
     /// Per Service (namespace, name): what it converts to.
     converted: BTreeMap<NsName, (Arc<Service>, Arc<Vec<Endpoint>>)>,
+    /// Per Pod: the workload it is for the other registries (ready Pods of selected namespaces).
+    workloads: HashMap<NsName, Arc<Config>>,
     snapshot: Arc<RegistrySnapshot>,
-}
-
-/// Which Services a change may affect.
-enum Affected {
-    All,
-    Some(BTreeSet<NsName>),
-}
-
-impl Affected {
-    fn add(&mut self, k: NsName) {
-        if let Affected::Some(s) = self {
-            s.insert(k);
-        }
-    }
 }
 
 /// The Kubernetes service registry.
@@ -80,17 +53,6 @@ impl Affected {
 pub struct KubeRegistry {
     ctx: Context,
     inner: Mutex<Inner>,
-}
-
-/// Replaces a map's contents with `items`, keyed by `key`.
-fn replace_all<K, T>(map: &mut BTreeMap<K, T>, items: Vec<T>, key: impl Fn(&T) -> K)
-where
-    K: Ord,
-{
-    map.clear();
-    for i in items {
-        map.insert(key(&i), i);
-    }
 }
 
 impl KubeRegistry {
@@ -129,27 +91,28 @@ impl KubeRegistry {
         self.lock().objects.nodes.get(name).cloned()
     }
 
-    /// Applies changes and returns what they did to services and endpoints.
+    /// Applies changes and returns what they did: services and endpoints, the Pods that are
+    /// workloads for the other registries, and the IPs of Pods whose labels changed.
     pub fn apply(&self, events: Vec<KubeEvent>) -> RegistryDiff {
         let mut inner = self.lock();
-        let mut affected = Affected::Some(BTreeSet::new());
+        let inner = &mut *inner;
+        let mut affected = Affected::default();
         for e in events {
-            apply_one(&mut inner.objects, e, &mut affected);
+            inner.objects.apply(e, &mut affected);
         }
-        let keys: Vec<NsName> = match affected {
-            Affected::All => inner
-                .objects
-                .services
-                .keys()
-                .chain(inner.converted.keys())
-                .cloned()
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .collect(),
-            Affected::Some(s) => s.into_iter().collect(),
+        let (services, pods): (Vec<NsName>, Vec<NsName>) = if affected.all {
+            let o = &inner.objects;
+            let services: BTreeSet<NsName> = o.services.keys().chain(inner.converted.keys()).cloned().collect();
+            let pods: BTreeSet<NsName> = o.pods.keys().chain(inner.workloads.keys()).cloned().collect();
+            (services.into_iter().collect(), pods.into_iter().collect())
+        } else {
+            (affected.services.into_iter().collect(), affected.pods.into_iter().collect())
         };
-        let mut diff = RegistryDiff::default();
-        for k in keys {
+        let mut diff = RegistryDiff {
+            proxies: affected.proxies,
+            ..Default::default()
+        };
+        for k in services {
             let new = convert(&inner.objects, &k, &self.ctx);
             let old = inner.converted.get(&k).cloned();
             let (service_key, changed_service, changed_endpoints) = match (&old, &new) {
@@ -174,151 +137,33 @@ impl KubeRegistry {
                 }
             }
         }
-        if !diff.is_empty() {
-            let snapshot = build_snapshot(&inner.converted);
-            inner.snapshot = Arc::new(snapshot);
+        for k in pods {
+            let new = workload(&inner.objects, &k, &self.ctx);
+            let old = inner.workloads.get(&k);
+            if old.map(|c| c.as_ref()) == new.as_ref() {
+                continue;
+            }
+            let key = ConfigKey {
+                kind: ConfigKind::Pod,
+                namespace: k.0.clone(),
+                name: k.1.clone(),
+            };
+            match new {
+                Some(c) => {
+                    let c = Arc::new(c);
+                    inner.workloads.insert(k, c.clone());
+                    diff.workloads.insert(key, Some(c));
+                }
+                None => {
+                    inner.workloads.remove(&k);
+                    diff.workloads.insert(key, None);
+                }
+            }
+        }
+        if diff.changes_services() {
+            inner.snapshot = Arc::new(build_snapshot(&inner.converted));
         }
         diff
-    }
-}
-
-fn apply_one(o: &mut Objects, e: KubeEvent, affected: &mut Affected) {
-    match e {
-        KubeEvent::Service(c) => match c {
-            Change::Apply(s) => {
-                let k = key(&s);
-                affected.add(k.clone());
-                o.services.insert(k, s);
-            }
-            Change::Delete(s) => {
-                let k = key(&s);
-                affected.add(k.clone());
-                o.services.remove(&k);
-            }
-            Change::Replace(all) => {
-                *affected = Affected::All;
-                replace_all(&mut o.services, all, key);
-            }
-        },
-        KubeEvent::EndpointSlice(c) => match c {
-            Change::Apply(s) => {
-                let k = key(&s);
-                if let Some(old) = o.slices.get(&k) {
-                    add_slice_service(old, affected);
-                }
-                add_slice_service(&s, affected);
-                o.slices.insert(k, s);
-            }
-            Change::Delete(s) => {
-                add_slice_service(&s, affected);
-                o.slices.remove(&key(&s));
-            }
-            Change::Replace(all) => {
-                *affected = Affected::All;
-                replace_all(&mut o.slices, all, key);
-            }
-        },
-        KubeEvent::Pod(c) => match c {
-            Change::Apply(p) => {
-                add_pod_services(o, &p, affected);
-                let k = key(&p);
-                if let Some(old) = o.pods.get(&k) {
-                    for ip in pod_ips(old) {
-                        o.pods_by_ip.remove(&ip);
-                    }
-                }
-                for ip in pod_ips(&p) {
-                    o.pods_by_ip.insert(ip, k.clone());
-                }
-                o.pods.insert(k, p);
-            }
-            Change::Delete(p) => {
-                add_pod_services(o, &p, affected);
-                let k = key(&p);
-                if let Some(old) = o.pods.remove(&k) {
-                    for ip in pod_ips(&old) {
-                        o.pods_by_ip.remove(&ip);
-                    }
-                }
-            }
-            Change::Replace(all) => {
-                *affected = Affected::All;
-                replace_all(&mut o.pods, all, key);
-                o.pods_by_ip = o
-                    .pods
-                    .iter()
-                    .flat_map(|(k, p)| pod_ips(p).into_iter().map(move |ip| (ip, k.clone())))
-                    .collect();
-            }
-        },
-        // Nodes change rarely; their labels give the locality of every endpoint on them.
-        KubeEvent::Node(c) => {
-            *affected = Affected::All;
-            match c {
-                Change::Apply(n) => {
-                    o.nodes.insert(n.name_any(), n);
-                }
-                Change::Delete(n) => {
-                    o.nodes.remove(&n.name_any());
-                }
-                Change::Replace(all) => replace_all(&mut o.nodes, all, |n| n.name_any()),
-            }
-        }
-        // A namespace's labels decide whether discoverySelectors select it.
-        KubeEvent::Namespace(c) => match c {
-            Change::Apply(n) => {
-                *affected = Affected::All;
-                o.namespaces.insert(n.name_any(), n);
-            }
-            Change::Delete(n) => {
-                *affected = Affected::All;
-                o.namespaces.remove(&n.name_any());
-            }
-            Change::Replace(all) => {
-                *affected = Affected::All;
-                replace_all(&mut o.namespaces, all, |n| n.name_any());
-            }
-        },
-    }
-}
-
-/// A Pod's IPs (`podIPs`, and `podIP` for older objects).
-fn pod_ips(p: &Pod) -> Vec<String> {
-    let Some(status) = p.status.as_ref() else {
-        return Vec::new();
-    };
-    let mut ips: Vec<String> = status.pod_ips.iter().flatten().map(|i| i.ip.clone()).collect();
-    if let Some(ip) = &status.pod_ip
-        && !ips.contains(ip)
-    {
-        ips.push(ip.clone());
-    }
-    ips
-}
-
-/// The Service an EndpointSlice belongs to.
-fn add_slice_service(s: &EndpointSlice, affected: &mut Affected) {
-    if let Some(name) = s.labels().get(SERVICE_NAME_LABEL) {
-        affected.add((s.namespace().unwrap_or_default(), name.clone()));
-    }
-}
-
-/// The Services with an endpoint on this Pod.
-fn add_pod_services(o: &Objects, p: &Pod, affected: &mut Affected) {
-    let (ns, name) = key(p);
-    for s in o
-        .slices
-        .values()
-        .filter(|s| s.namespace().as_deref() == Some(ns.as_str()))
-    {
-        let refers = s.endpoints.iter().any(|e| {
-            e.target_ref
-                .as_ref()
-                .is_some_and(|r| r.kind.as_deref() == Some("Pod") && r.name.as_deref() == Some(name.as_str()))
-        });
-        if refers {
-            add_slice_service(s, affected);
-        }
     }
 }
 
@@ -350,10 +195,7 @@ fn convert(o: &Objects, k: &NsName, ctx: &Context) -> Option<(Arc<Service>, Arc<
         Some(name) => external_name_endpoints(&service, name),
         None => {
             let publish = spec.and_then(|s| s.publish_not_ready_addresses).unwrap_or(false);
-            let slices = o.slices.values().filter(|s| {
-                s.metadata.namespace.as_deref().unwrap_or_default() == k.0
-                    && s.labels().get(SERVICE_NAME_LABEL) == Some(&k.1)
-            });
+            let slices = o.slices_of(k);
             let pod = |name: &str| {
                 let pod = o.pods.get(&(k.0.clone(), name.to_owned()))?;
                 let node = pod
@@ -367,6 +209,20 @@ fn convert(o: &Objects, k: &NsName, ctx: &Context) -> Option<(Arc<Service>, Arc<
         }
     };
     Some((Arc::new(service), Arc::new(endpoints)))
+}
+
+/// The Pod as a workload for the other registries, if it is one.
+fn workload(o: &Objects, k: &NsName, ctx: &Context) -> Option<Config> {
+    if !selected(o, &k.0, ctx) {
+        return None;
+    }
+    let pod = o.pods.get(k)?;
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_ref())
+        .and_then(|n| o.nodes.get(n));
+    workload_instance(pod, node)
 }
 
 fn build_snapshot(converted: &BTreeMap<NsName, (Arc<Service>, Arc<Vec<Endpoint>>)>) -> RegistrySnapshot {

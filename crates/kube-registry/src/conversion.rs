@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod, Service as KubeService, ServicePort};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use model::networking::WorkloadEntry;
 use model::service::{ServiceAttributes, Visibility};
-use model::{Endpoint, Locality, Port, Protocol, Resolution, Service};
+use model::{Config, ConfigKind, ConfigMeta, ConfigSpec, Endpoint, Locality, Port, Protocol, Resolution, Service};
 use registry::{LOCALITY_LABEL, TOPOLOGY_REGION, TOPOLOGY_SUBZONE, TOPOLOGY_ZONE, augment_labels};
 
 /// Istio's provider ID for this registry.
@@ -235,4 +236,71 @@ pub fn external_name_endpoints(svc: &Service, external_name: &str) -> Vec<Endpoi
             origin: svc.origin.clone(),
         })
         .collect()
+}
+
+/// A Pod as the workload a ServiceEntry's `workloadSelector` selects, as Istio's Pod
+/// `WorkloadInstance` (pod.go `notifyWorkloadHandlers`): only a Pod that belongs in endpoints
+/// (not terminal, not terminating, with an IP) and is ready. Shaped as the WorkloadEntry the
+/// ServiceEntry registry selects: its IP, labels, service account, locality, and its named TCP
+/// container ports (Istio's `getPortMap`: the first of a name wins; native sidecar init
+/// containers too), which a ServiceEntry port of the same name targets.
+pub fn workload_instance(pod: &Pod, node: Option<&Node>) -> Option<Config> {
+    let status = pod.status.as_ref()?;
+    if matches!(status.phase.as_deref(), Some("Failed" | "Succeeded")) || pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let ip = status
+        .pod_ip
+        .clone()
+        .filter(|ip| !ip.is_empty())
+        .or_else(|| status.pod_ips.iter().flatten().map(|i| i.ip.clone()).next())?;
+    if !ready {
+        return None;
+    }
+    let spec = pod.spec.as_ref();
+    let mut ports = BTreeMap::new();
+    let containers = spec.map(|s| s.containers.iter()).into_iter().flatten();
+    let sidecars = spec
+        .and_then(|s| s.init_containers.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.restart_policy.as_deref() == Some("Always"));
+    for port in containers.chain(sidecars).flat_map(|c| c.ports.iter().flatten()) {
+        let Some(name) = port.name.as_ref().filter(|n| !n.is_empty()) else {
+            continue;
+        };
+        if port.protocol.as_deref().unwrap_or("TCP") != "TCP" {
+            continue;
+        }
+        if let Ok(number) = u32::try_from(port.container_port) {
+            ports.entry(name.clone()).or_insert(number);
+        }
+    }
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
+    let entry = WorkloadEntry {
+        address: ip,
+        ports,
+        labels: labels.clone(),
+        network: String::new(),
+        locality: locality(Some(pod), node),
+        weight: 0,
+        service_account: spec
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_else(|| "default".into()),
+    };
+    Some(Config {
+        kind: ConfigKind::Pod,
+        meta: ConfigMeta {
+            name: pod.metadata.name.clone()?,
+            namespace: pod.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+            labels,
+            ..Default::default()
+        },
+        spec: ConfigSpec::WorkloadEntry(entry),
+    })
 }

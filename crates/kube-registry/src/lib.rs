@@ -8,10 +8,13 @@ mod controller;
 pub mod conversion;
 pub mod crdclient;
 pub mod manifests;
+mod objects;
 pub mod watch;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod workload_tests;
 
 pub use controller::{Change, KubeEvent, KubeRegistry};
 pub use conversion::{Context, SERVICE_REGISTRY_KUBERNETES};

@@ -11,7 +11,7 @@ use crate::{Change, Context, KubeEvent, KubeRegistry};
 
 const HOST: &str = "reviews.default.svc.cluster.local";
 
-fn ctx() -> Context {
+pub(crate) fn ctx() -> Context {
     Context {
         domain: "cluster.local".into(),
         trust_domain: "cluster.local".into(),
@@ -20,13 +20,13 @@ fn ctx() -> Context {
     }
 }
 
-fn service(spec: Value) -> KubeService {
+pub(crate) fn service(spec: Value) -> KubeService {
     serde_json::from_value(json!({"metadata": {"name": "reviews", "namespace": "default",
         "annotations": {"networking.istio.io/exportTo": "., istio-system"}}, "spec": spec}))
     .unwrap()
 }
 
-fn reviews() -> KubeService {
+pub(crate) fn reviews() -> KubeService {
     service(json!({"clusterIP": "10.96.0.10", "selector": {"app": "reviews"},
         "ports": [{"name": "http", "port": 9080, "targetPort": "web"},
                   {"name": "grpc-api", "port": 9090},
@@ -34,7 +34,7 @@ fn reviews() -> KubeService {
                   {"name": "dns", "port": 53, "protocol": "UDP"}]}))
 }
 
-fn slice(name: &str, endpoints: Value) -> EndpointSlice {
+pub(crate) fn slice(name: &str, endpoints: Value) -> EndpointSlice {
     serde_json::from_value(json!({"metadata": {"name": name, "namespace": "default",
         "labels": {"kubernetes.io/service-name": "reviews"}},
         "addressType": "IPv4", "endpoints": endpoints,
@@ -42,11 +42,11 @@ fn slice(name: &str, endpoints: Value) -> EndpointSlice {
     .unwrap()
 }
 
-fn endpoint(ip: &str, pod: &str, ready: bool) -> Value {
+pub(crate) fn endpoint(ip: &str, pod: &str, ready: bool) -> Value {
     json!({"addresses": [ip], "conditions": {"ready": ready}, "targetRef": {"kind": "Pod", "name": pod, "namespace": "default"}})
 }
 
-fn pod(name: &str, version: &str, node: &str) -> Pod {
+pub(crate) fn pod(name: &str, version: &str, node: &str) -> Pod {
     serde_json::from_value(json!({"metadata": {"name": name, "namespace": "default",
         "labels": {"app": "reviews", "version": version, "security.istio.io/tlsMode": "istio"}},
         "spec": {"serviceAccountName": "bookinfo-reviews", "nodeName": node, "containers": []},
@@ -60,7 +60,7 @@ fn node(name: &str, zone: &str) -> Node {
     .unwrap()
 }
 
-fn key() -> ServiceKey {
+pub(crate) fn key() -> ServiceKey {
     ServiceKey::new(HOST, "default")
 }
 

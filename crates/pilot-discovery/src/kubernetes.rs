@@ -97,9 +97,7 @@ impl Kubernetes {
     pub fn follow(mut self, env: Arc<Environment>, server: Arc<DiscoveryServer<Environment>>) {
         tokio::spawn(async move {
             while let Some(diff) = self.diffs.recv().await {
-                if let Some(req) = env.services_changed(diff) {
-                    server.config_update(req);
-                }
+                crate::server::dispatch(&server, env.services_changed(diff));
             }
         });
     }

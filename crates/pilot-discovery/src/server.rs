@@ -197,9 +197,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
             for e in &change.events {
                 tracing::debug!(config = %e.key(), event = event_name(e), "config changed");
             }
-            if let Some(req) = env.config_changed(&change) {
-                srv.config_update(req);
-            }
+            dispatch(&srv, env.config_changed(&change));
             pipeline_metrics.observe(env.stats());
         }
         bail!("the config source stopped")
@@ -355,5 +353,16 @@ mod tests {
             summarize(&change),
             "ServiceEntry: 2 added, 1 deleted; VirtualService: 1 updated"
         );
+    }
+}
+
+/// Hands what a change calls for to the xDS server: the push to the debouncer, the proxies whose
+/// workload changed to `proxy_update`.
+pub(crate) fn dispatch(server: &DiscoveryServer<Environment>, update: environment::Update) {
+    if let Some(req) = update.push {
+        server.config_update(req);
+    }
+    if !update.proxies.is_empty() {
+        server.proxy_update(&update.proxies);
     }
 }

@@ -69,17 +69,19 @@ impl PushContext {
         f(self.instances.0.get_or_init(|| InstancesByAddress::build(self)))
     }
 
-    /// Whether the proxy runs an instance of the service (`hostname`, `namespace`).
+    /// Whether the proxy runs an instance of the service (`hostname`, `namespace`): one of the
+    /// service's endpoints, on one of its ports, at one of the proxy's IPs. Read from the service's
+    /// own endpoints, so that deciding who an endpoint change concerns (every EDS push asks) costs
+    /// what that service has, not an index of every endpoint of the mesh.
     pub(crate) fn serves(&self, proxy: &Proxy, hostname: &str, namespace: &str) -> bool {
-        let services = &self.registry().services;
-        self.with_instances(|by_address| {
-            proxy
-                .ip_addresses
-                .iter()
-                .filter_map(|ip| by_address.get(ip))
-                .flatten()
-                .filter_map(|((si, _, _), _)| services.get(*si))
-                .any(|s| s.hostname == hostname && s.namespace() == namespace)
+        let Some(service) = self.registry().service(hostname, namespace) else {
+            return false;
+        };
+        self.endpoints(hostname, namespace).iter().any(|e| {
+            service.ports.iter().any(|p| p.name == e.service_port_name)
+                && e.address
+                    .parse::<IpAddr>()
+                    .is_ok_and(|ip| proxy.ip_addresses.contains(&ip))
         })
     }
 

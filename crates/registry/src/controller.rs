@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use model::{Config, ConfigKey, ConfigKind, MeshConfig};
+use model::{Config, ConfigKey, ConfigKind, ConfigSpec, MeshConfig};
 
 use crate::{RegistryDiff, RegistrySnapshot, build, diff};
 
@@ -48,11 +48,38 @@ impl ServiceEntryRegistry {
         &mut self,
         changes: impl IntoIterator<Item = (ConfigKey, Option<&'a Arc<Config>>)>,
     ) -> RegistryDiff {
+        let changes = changes.into_iter().filter(|(key, _)| Self::reads(key.kind));
+        let touched = self.store(changes);
+        self.rebuild(touched)
+    }
+
+    /// Applies workloads of another registry (Kubernetes Pods, as WorkloadEntry-shaped configs
+    /// keyed by the Pod), which ServiceEntries select by `workloadSelector` as they select
+    /// WorkloadEntries (Istio's `WorkloadInstanceHandler`). Only namespaces with a selecting
+    /// ServiceEntry are rebuilt: elsewhere a Pod changes nothing here.
+    pub fn apply_workloads<'a>(
+        &mut self,
+        changes: impl IntoIterator<Item = (ConfigKey, Option<&'a Arc<Config>>)>,
+    ) -> RegistryDiff {
+        let changes = changes
+            .into_iter()
+            .filter(|(_, c)| c.is_none_or(|c| matches!(c.spec, ConfigSpec::WorkloadEntry(_))));
+        let mut touched = self.store(changes);
+        touched.retain(|ns| {
+            self.configs.get(ns).is_some_and(|configs| {
+                configs.values().any(|c| match &c.spec {
+                    ConfigSpec::ServiceEntry(se) => se.workload_selector.is_some(),
+                    _ => false,
+                })
+            })
+        });
+        self.rebuild(touched)
+    }
+
+    /// Stores configs; returns the namespaces they are in.
+    fn store<'a>(&mut self, changes: impl Iterator<Item = (ConfigKey, Option<&'a Arc<Config>>)>) -> BTreeSet<String> {
         let mut touched = BTreeSet::new();
         for (key, config) in changes {
-            if !Self::reads(key.kind) {
-                continue;
-            }
             touched.insert(key.namespace.clone());
             let namespace = self.configs.entry(key.namespace.clone()).or_default();
             match config {
@@ -64,24 +91,26 @@ impl ServiceEntryRegistry {
                 }
             }
         }
-        let mut out = RegistryDiff::default();
-        if touched.is_empty() {
-            return out;
+        for ns in &touched {
+            if self.configs.get(ns).is_some_and(BTreeMap::is_empty) {
+                self.configs.remove(ns);
+            }
         }
+        touched
+    }
+
+    /// Rebuilds these namespaces; returns what changed there.
+    fn rebuild(&mut self, touched: BTreeSet<String>) -> RegistryDiff {
+        let mut out = RegistryDiff::default();
         for ns in touched {
             let configs: Vec<Arc<Config>> = self
                 .configs
                 .get(&ns)
                 .map(|c| c.values().cloned().collect())
                 .unwrap_or_default();
-            if configs.is_empty() {
-                self.configs.remove(&ns);
-            }
             let new = build(&configs, &self.mesh);
             let old = self.namespaces.remove(&ns).unwrap_or_default();
-            let changed = diff(&old, &new);
-            out.services_changed.extend(changed.services_changed);
-            out.endpoints_changed.extend(changed.endpoints_changed);
+            out.merge(diff(&old, &new));
             if !new.services.is_empty() || !new.endpoints.is_empty() {
                 self.namespaces.insert(ns, new);
             }

@@ -1,16 +1,18 @@
 //! What changed between two registry snapshots, as Istio's `serviceEntryHandler` and
 //! `workloadEntryHandler` decide between a full push and an EDS-only push.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use model::Service;
+use model::{Config, ConfigKey, Service};
 
 use crate::conversion::is_dns;
 use crate::{RegistrySnapshot, ServiceKey};
 
-/// The services whose change needs a full push, and those whose endpoints changed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// The services whose change needs a full push, and those whose endpoints changed; from a
+/// registry of workloads (Kubernetes), also the workloads that changed, for the other registries
+/// and for the proxies that run them.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct RegistryDiff {
     /// Added, removed or changed in shape (ports, addresses, resolution, exportTo, labels, ...), and
     /// DNS-resolved services whose endpoints changed: their endpoints live in CDS (STRICT_DNS /
@@ -18,11 +20,32 @@ pub struct RegistryDiff {
     pub services_changed: BTreeSet<ServiceKey>,
     /// Services whose endpoint list differs (a missing list counts as empty), whatever the reason.
     pub endpoints_changed: BTreeSet<ServiceKey>,
+    /// Workloads (Pods) added, changed or removed, as Istio's `WorkloadInstance` handlers see
+    /// them: shaped as the WorkloadEntry a ServiceEntry's `workloadSelector` selects, keyed by the
+    /// Pod (`None`: no longer a workload: deleted, not ready, or out of scope).
+    pub workloads: BTreeMap<ConfigKey, Option<Arc<Config>>>,
+    /// IPs of workloads that appeared or whose labels changed: the proxies there are initialised
+    /// again from the registry and pushed, as Istio's `ProxyUpdate`.
+    pub proxies: BTreeSet<String>,
 }
 
 impl RegistryDiff {
+    /// Nothing changed at all.
     pub fn is_empty(&self) -> bool {
-        self.services_changed.is_empty() && self.endpoints_changed.is_empty()
+        !self.changes_services() && self.workloads.is_empty() && self.proxies.is_empty()
+    }
+
+    /// Services or endpoints changed: the registry's snapshot is a new one.
+    pub fn changes_services(&self) -> bool {
+        !self.services_changed.is_empty() || !self.endpoints_changed.is_empty()
+    }
+
+    /// Adds `other`'s changes.
+    pub fn merge(&mut self, other: RegistryDiff) {
+        self.services_changed.extend(other.services_changed);
+        self.endpoints_changed.extend(other.endpoints_changed);
+        self.workloads.extend(other.workloads);
+        self.proxies.extend(other.proxies);
     }
 
     /// Whether a full push is needed; otherwise an EDS push of `endpoints_changed` is enough.

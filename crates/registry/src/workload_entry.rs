@@ -1,6 +1,7 @@
 //! WorkloadEntries selected by ServiceEntries, as Istio's `workloadEntryHandler` and
 //! `getWorkloadServiceEntries`: a ServiceEntry's `workloadSelector` picks the WorkloadEntries of
-//! its own namespace whose labels contain every selector label.
+//! its own namespace whose labels contain every selector label. Kubernetes Pods reach it shaped as
+//! WorkloadEntries (Istio's `WorkloadInstance`s of kind Pod) and are selected the same way.
 
 use std::collections::BTreeMap;
 
@@ -33,7 +34,8 @@ impl<'a> WorkloadEntryIndex<'a> {
             let workload = Workload {
                 entry,
                 labels: merged_labels(entry, &cfg.meta.labels),
-                origin: format!("WorkloadEntry/{}/{}", cfg.meta.namespace, cfg.meta.name),
+                // `WorkloadEntry/ns/name`, or `Pod/ns/name` for a Kubernetes workload.
+                origin: format!("{}/{}/{}", cfg.kind, cfg.meta.namespace, cfg.meta.name),
             };
             let dns_only = AddressKind::of(&entry.address) != AddressKind::Ip;
             by_namespace

@@ -26,7 +26,11 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Connection<S> {
     /// `<proxy id>-<counter>`, as Istio's `connectionID`.
     pub id: String,
-    pub proxy: Arc<Proxy>,
+    /// The proxy as its node described it, before the registries completed it.
+    pub node: Proxy,
+    /// The proxy config is generated for: `node` completed by the registries (labels and
+    /// locality of its workload), replaced when they change (`DiscoveryServer::proxy_update`).
+    proxy: Mutex<Arc<Proxy>>,
     pub peer: String,
     pub connected_at: SystemTime,
     pub delta: bool,
@@ -40,10 +44,11 @@ pub(crate) struct Connection<S> {
 }
 
 impl<S> Connection<S> {
-    pub fn new(id: String, proxy: Proxy, peer: String, delta: bool) -> Connection<S> {
+    pub fn new(id: String, node: Proxy, proxy: Proxy, peer: String, delta: bool) -> Connection<S> {
         Connection {
             id,
-            proxy: Arc::new(proxy),
+            node,
+            proxy: Mutex::new(Arc::new(proxy)),
             peer,
             connected_at: SystemTime::now(),
             delta,
@@ -53,6 +58,20 @@ impl<S> Connection<S> {
             pending: Mutex::default(),
             notify: Notify::new(),
         }
+    }
+
+    pub fn proxy(&self) -> Arc<Proxy> {
+        lock(&self.proxy).clone()
+    }
+
+    /// Replaces the proxy; whether it differs from the one it replaces.
+    pub fn replace_proxy(&self, proxy: Proxy) -> bool {
+        let mut current = lock(&self.proxy);
+        if **current == proxy {
+            return false;
+        }
+        *current = Arc::new(proxy);
+        true
     }
 
     /// Marks a push pending, merged with any push not yet started. Never blocks on the peer.
@@ -80,10 +99,10 @@ impl<S> Connection<S> {
         let watched = lock(&self.watched);
         ConnectionStatus {
             connection_id: self.id.clone(),
-            node_id: self.proxy.node_id.clone(),
+            node_id: self.node.node_id.clone(),
             peer_address: self.peer.clone(),
             connected_at: rfc3339(self.connected_at),
-            proxy_version: self.proxy.metadata.istio_version.clone().unwrap_or_default(),
+            proxy_version: self.node.metadata.istio_version.clone().unwrap_or_default(),
             delta: self.delta,
             watched: watched.iter().map(|(t, w)| (t.clone(), w.into())).collect(),
         }
@@ -98,7 +117,7 @@ impl<S> Connection<S> {
             .filter(|w| {
                 let t = w.resource.type_url.as_str();
                 if req.full {
-                    crate::type_filter::type_needs_push(t, self.proxy.node_type, req)
+                    crate::type_filter::type_needs_push(t, self.node.node_type, req)
                 } else {
                     t == type_url::ENDPOINT
                 }
@@ -145,10 +164,7 @@ pub(crate) async fn accept<B: SnapshotBuilder, Req: prost::Message + Default, Re
         None => return None,
     };
     match parse_node(node(&first)) {
-        Ok(mut proxy) => {
-            server.builder().init_proxy(&mut proxy);
-            Some((first, server.register(proxy, peer, delta)))
-        }
+        Ok(node) => Some((first, server.register(node, peer, delta))),
         Err(status) => {
             if let Some(suppressed) = monitoring::throttle::allow("ads_refused_node") {
                 tracing::warn!(suppressed, "ADS: {peer} refused: {}", status.message());
@@ -376,7 +392,8 @@ mod tests {
 
     #[tokio::test]
     async fn pending_pushes_merge_into_one_slot() {
-        let c = Connection::<()>::new("a-1".into(), parse_node(Some(&node())).unwrap(), "p".into(), false);
+        let p = parse_node(Some(&node())).unwrap();
+        let c = Connection::<()>::new("a-1".into(), p.clone(), p, "p".into(), false);
         c.enqueue(&PushRequest::all_endpoints());
         c.enqueue(&PushRequest::full(model::TriggerReason::ConfigUpdate));
         let req = c.next_push().await;

@@ -57,7 +57,8 @@ pub trait SnapshotBuilder: Send + Sync + 'static {
     /// request).
     fn build(&self, req: &PushRequest) -> Arc<Self::Snapshot>;
 
-    /// Completes a newly connected proxy from what the registries know of its workload (Istio's
-    /// `SetWorkloadLabels` and locality from the Pod and Node, when the node metadata lacks them).
+    /// Completes a proxy as its node described it from what the registries know of its workload
+    /// (Istio's `SetWorkloadLabels`, and the locality of its Pod's Node when the node has none).
+    /// Called when it connects and again on `DiscoveryServer::proxy_update`.
     fn init_proxy(&self, _proxy: &mut Proxy) {}
 }

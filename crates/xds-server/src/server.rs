@@ -135,6 +135,30 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
         }
     }
 
+    /// Istio's `ProxyUpdate`: what the registries know of the workloads at `ips` changed (a Pod
+    /// appeared, or its labels changed). Their proxies are completed again from the registries
+    /// and, when that changed them (labels select other Sidecars, DestinationRule subsets, ...),
+    /// pushed in full at once, without waiting for the debounce.
+    pub fn proxy_update(&self, ips: &std::collections::BTreeSet<String>) {
+        let ips: Vec<std::net::IpAddr> = ips.iter().filter_map(|ip| ip.parse().ok()).collect();
+        if ips.is_empty() {
+            return;
+        }
+        let conns: Vec<Arc<Connection<B::Snapshot>>> = lock(&self.connections)
+            .values()
+            .filter(|c| c.node.ip_addresses.first().is_some_and(|ip| ips.contains(ip)))
+            .cloned()
+            .collect();
+        for c in conns {
+            let mut proxy = c.node.clone();
+            self.builder.init_proxy(&mut proxy);
+            if c.replace_proxy(proxy) {
+                tracing::info!("ADS: proxy update for {}: its workload changed", c.id);
+                c.enqueue(&PushRequest::full(TriggerReason::ProxyUpdate));
+            }
+        }
+    }
+
     /// Whether the initial snapshot is built (connections are refused until then).
     pub fn ready(&self) -> bool {
         *self.ready.borrow()
@@ -162,9 +186,9 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
     pub fn find_proxy(&self, id: &str) -> Option<(Arc<Proxy>, ConnectionStatus)> {
         let conn = lock(&self.connections)
             .values()
-            .find(|c| c.id == id || c.proxy.node_id == id || c.proxy.id == id)
+            .find(|c| c.id == id || c.node.node_id == id || c.node.id == id)
             .cloned()?;
-        Some((conn.proxy.clone(), conn.status()))
+        Some((conn.proxy(), conn.status()))
     }
 
     pub fn current_snapshot(&self) -> Option<Arc<B::Snapshot>> {
@@ -201,14 +225,17 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
         Some(snapshot)
     }
 
-    pub(crate) fn register(self: &Arc<Self>, proxy: Proxy, peer: String, delta: bool) -> Registration<B> {
+    /// Registers a connection for the proxy its node describes, completed by the registries.
+    pub(crate) fn register(self: &Arc<Self>, node: Proxy, peer: String, delta: bool) -> Registration<B> {
         let n = self.counter.fetch_add(1, Ordering::Relaxed) + 1;
-        let id = format!("{}-{n}", proxy.id);
-        let conn = Arc::new(Connection::new(id.clone(), proxy, peer, delta));
+        let id = format!("{}-{n}", node.id);
+        let mut proxy = node.clone();
+        self.builder.init_proxy(&mut proxy);
+        let conn = Arc::new(Connection::new(id.clone(), node, proxy, peer, delta));
         lock(&self.connections).insert(id, conn.clone());
         self.metrics
             .xds_clients
-            .get_or_create(&version_label(&conn.proxy))
+            .get_or_create(&version_label(&conn.node))
             .inc();
         tracing::info!(
             "ADS: new {}connection for node:{} from {}",
@@ -226,10 +253,10 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
         lock(&self.connections).remove(&conn.id);
         self.metrics
             .xds_clients
-            .get_or_create(&version_label(&conn.proxy))
+            .get_or_create(&version_label(&conn.node))
             .dec();
         for (t, code) in lock(&conn.rejects).iter() {
-            self.metrics.forget_rejects(t, &conn.proxy.id, *code);
+            self.metrics.forget_rejects(t, &conn.node.id, *code);
         }
     }
 
@@ -245,10 +272,6 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
 
     pub(crate) fn max_recv_msg_size(&self) -> usize {
         self.opts.max_recv_msg_size
-    }
-
-    pub(crate) fn builder(&self) -> &B {
-        &self.builder
     }
 
     pub(crate) fn max_resource_names(&self) -> usize {
@@ -291,7 +314,7 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
                         message.escape_debug()
                     );
                 }
-                self.metrics.record_reject(t, &conn.proxy.id, *code);
+                self.metrics.record_reject(t, &conn.node.id, *code);
                 lock(&conn.rejects).insert((t.to_owned(), *code));
             }
             Outcome::ExpiredNonce { sent } => {

@@ -166,7 +166,7 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
         // Answers take a throttle slot as pushes do: a thousand proxies connecting at once must
         // not hold a thousand full responses in memory.
         let mut slot = Slot::new(self.server.throttle().await, self.server.stall_time());
-        for g in generate(snapshot.clone(), self.conn.proxy.clone(), vec![target], F::DELTA).await {
+        for g in generate(snapshot.clone(), self.conn.proxy(), vec![target], F::DELTA).await {
             self.send(snapshot.as_ref(), g, Cause::Request, &mut slot).await?;
         }
         slot.release().await;
@@ -178,7 +178,8 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
             return Ok(());
         };
         let last_pushed = lock(&self.conn.last_pushed).clone();
-        if !snapshot.needs_push(&self.conn.proxy, &req, last_pushed.as_deref()) {
+        let proxy = self.conn.proxy();
+        if !snapshot.needs_push(&proxy, &req, last_pushed.as_deref()) {
             tracing::debug!("Skipping {}push to {}, no updates required", F::LOG, self.conn.id);
             return Ok(());
         }
@@ -188,7 +189,7 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
         }
         // The slot is held from generation until the responses have left (see `outbound`).
         let mut slot = Slot::new(self.server.throttle().await, self.server.stall_time());
-        let generated = generate(snapshot.clone(), self.conn.proxy.clone(), targets, F::DELTA).await;
+        let generated = generate(snapshot.clone(), proxy, targets, F::DELTA).await;
         if req.full {
             *lock(&self.conn.last_pushed) = Some(snapshot.clone());
         }

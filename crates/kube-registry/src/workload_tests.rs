@@ -1,0 +1,162 @@
+//! Pods as workloads: selected by ServiceEntries (Istio's Pod `WorkloadInstance`s), proxy updates
+//! when a Pod's labels change, and changes that convert only what they touch.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use config_sources::{ConfigChange, ConfigEvent};
+use environment::{Environment, ServiceEntries};
+use k8s_openapi::api::core::v1::Pod;
+use model::{MeshConfig, ServiceKey};
+use serde_json::{Value, json};
+
+use crate::tests::{ctx, endpoint, key, reviews, service, slice};
+use crate::{Change, KubeEvent, KubeRegistry};
+
+const LEGACY: &str = "legacy.example.com";
+
+/// A running Pod: ready unless said otherwise, with a named container port.
+fn ready_pod(name: &str, ip: &str, labels: Value, ready: bool) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default", "labels": labels},
+        "spec": {"serviceAccountName": "legacy", "containers": [
+            {"name": "app", "ports": [{"name": "http", "containerPort": 9080},
+                                       {"name": "dns", "containerPort": 53, "protocol": "UDP"}]}]},
+        "status": {"phase": "Running", "podIP": ip,
+                   "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}}))
+    .unwrap()
+}
+
+fn selecting_service_entry() -> Arc<model::Config> {
+    let v = json!({"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
+        "metadata": {"name": "legacy", "namespace": "default"},
+        "spec": {"hosts": [LEGACY], "location": "MESH_INTERNAL", "resolution": "STATIC",
+                 "ports": [{"number": 80, "name": "http", "targetPort": 8080},
+                           {"number": 81, "name": "admin", "targetPort": 8081}],
+                 "workloadSelector": {"labels": {"app": "legacy"}}}});
+    model::testing::config(v)
+}
+
+fn setup() -> (Arc<KubeRegistry>, Environment) {
+    let kube = Arc::new(KubeRegistry::new(ctx()));
+    let mesh = Arc::new(MeshConfig::default());
+    let env = Environment::new(
+        mesh.clone(),
+        "cluster.local".into(),
+        vec![Box::new(kube.clone()), Box::new(ServiceEntries::new(mesh))],
+    );
+    let se = ConfigChange {
+        events: vec![ConfigEvent::Added(selecting_service_entry())],
+    };
+    env.config_changed(&se);
+    (kube, env)
+}
+
+fn legacy_endpoints(env: &Environment) -> Vec<(String, u16, String)> {
+    env.registry()
+        .endpoints_of(&ServiceKey::new(LEGACY, "default"))
+        .iter()
+        .map(|e| (e.address.clone(), e.endpoint_port, e.origin.clone()))
+        .collect()
+}
+
+#[test]
+fn a_service_entry_selects_ready_pods_by_its_workload_selector() {
+    let (kube, env) = setup();
+    let pod = ready_pod("legacy-1", "10.2.0.1", json!({"app": "legacy"}), true);
+    let u = env.services_changed(kube.apply(vec![KubeEvent::Pod(Change::Apply(pod))]));
+    // The Pod's named container port `http` wins over the ServiceEntry's targetPort; `admin` has
+    // no container port of its name and takes the targetPort.
+    let origin = "Pod/default/legacy-1".to_owned();
+    assert_eq!(
+        legacy_endpoints(&env),
+        [
+            ("10.2.0.1".to_owned(), 8081, origin.clone()),
+            ("10.2.0.1".to_owned(), 9080, origin.clone())
+        ]
+    );
+    let registry = env.registry();
+    let e = &registry.endpoints_of(&ServiceKey::new(LEGACY, "default"))[0];
+    assert_eq!(e.service_account, "spiffe://cluster.local/ns/default/sa/legacy");
+    // Endpoints of a STATIC ServiceEntry moved: EDS only, for that host.
+    let push = u.push.unwrap();
+    assert!(!push.full);
+    assert_eq!(u.proxies, BTreeSet::from(["10.2.0.1".to_owned()]));
+
+    // Not ready any more: no longer an endpoint. Its labels did not change: no proxy update.
+    let pod = ready_pod("legacy-1", "10.2.0.1", json!({"app": "legacy"}), false);
+    let u = env.services_changed(kube.apply(vec![KubeEvent::Pod(Change::Apply(pod))]));
+    assert!(legacy_endpoints(&env).is_empty());
+    assert!(u.push.is_some() && u.proxies.is_empty());
+
+    // Ready again, then relabelled out of the selector.
+    let pod = ready_pod("legacy-1", "10.2.0.1", json!({"app": "legacy"}), true);
+    env.services_changed(kube.apply(vec![KubeEvent::Pod(Change::Apply(pod))]));
+    assert_eq!(legacy_endpoints(&env).len(), 2);
+    let pod = ready_pod("legacy-1", "10.2.0.1", json!({"app": "other"}), true);
+    let u = env.services_changed(kube.apply(vec![KubeEvent::Pod(Change::Apply(pod.clone()))]));
+    assert!(legacy_endpoints(&env).is_empty());
+    assert_eq!(u.proxies, BTreeSet::from(["10.2.0.1".to_owned()]));
+
+    // Deleted: nothing left, and nothing to do.
+    let u = env.services_changed(kube.apply(vec![KubeEvent::Pod(Change::Delete(pod))]));
+    assert!(u.push.is_none() && u.proxies.is_empty(), "{u:?}");
+}
+
+#[test]
+fn a_pod_in_a_namespace_without_selecting_service_entries_changes_nothing_there() {
+    let (kube, env) = setup();
+    let mut pod = ready_pod("web-1", "10.3.0.1", json!({"app": "legacy"}), true);
+    pod.metadata.namespace = Some("other".into());
+    let u = env.services_changed(kube.apply(vec![KubeEvent::Pod(Change::Apply(pod))]));
+    assert!(u.push.is_none());
+    assert!(legacy_endpoints(&env).is_empty(), "a ServiceEntry selects Pods of its own namespace");
+}
+
+#[test]
+fn a_change_converts_only_the_services_it_touches() {
+    let kube = KubeRegistry::new(ctx());
+    let ratings = service(json!({"clusterIP": "10.96.0.11", "ports": [{"name": "http", "port": 9080}]}));
+    let mut ratings = ratings;
+    ratings.metadata.name = Some("ratings".into());
+    let mut ratings_slice = slice("ratings-1", json!([endpoint("10.1.0.9", "ratings-v1", true)]));
+    ratings_slice
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("kubernetes.io/service-name".into(), "ratings".into());
+    kube.apply(vec![
+        KubeEvent::Service(Change::Apply(reviews())),
+        KubeEvent::Service(Change::Apply(ratings)),
+        KubeEvent::EndpointSlice(Change::Apply(slice("reviews-1", json!([endpoint("10.1.0.1", "reviews-v1", true)])))),
+        KubeEvent::EndpointSlice(Change::Apply(ratings_slice)),
+    ]);
+    let ratings_key = ServiceKey::new("ratings.default.svc.cluster.local", "default");
+    let before = kube.snapshot();
+
+    // A Pod named by the ratings slice only: ratings' endpoints are converted again (its labels
+    // moved), reviews' are the same objects as before.
+    let pod = ready_pod("ratings-v1", "10.1.0.9", json!({"app": "ratings"}), true);
+    let d = kube.apply(vec![KubeEvent::Pod(Change::Apply(pod))]);
+    assert_eq!(d.endpoints_changed, BTreeSet::from([ratings_key.clone()]));
+    let after = kube.snapshot();
+    assert!(Arc::ptr_eq(
+        before.endpoints.get(&key()).unwrap(),
+        after.endpoints.get(&key()).unwrap()
+    ));
+
+    // A slice moving from one Service to the other changes both.
+    let mut moved = slice("reviews-1", json!([endpoint("10.1.0.1", "reviews-v1", true)]));
+    moved
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("kubernetes.io/service-name".into(), "ratings".into());
+    let d = kube.apply(vec![KubeEvent::EndpointSlice(Change::Apply(moved))]);
+    assert_eq!(d.endpoints_changed, BTreeSet::from([key(), ratings_key.clone()]));
+    assert!(kube.snapshot().endpoints_of(&key()).is_empty());
+    assert_eq!(kube.snapshot().endpoints_of(&ratings_key).len(), 2);
+}
