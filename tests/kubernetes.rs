@@ -384,3 +384,98 @@ async fn without_config_dir_istio_config_comes_from_the_api_server() -> anyhow::
     );
     Ok(())
 }
+
+/// A ready Pod at 127.0.0.1.
+fn ready_pod(name: &str, namespace: &str, labels: Value, http_port: u16) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {"serviceAccountName": name, "containers": [{"name": "app", "image": "app",
+                 "ports": [{"name": "http", "containerPort": http_port}]}]},
+        "status": {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+                   "conditions": [{"type": "Ready", "status": "True"}]}})
+}
+
+/// Istio's Pod workloads: a ServiceEntry selects a Pod by its labels (its named container port
+/// is the endpoint port), and the gateway's own Pod labels decide which Gateway configures it; a
+/// label change through the API re-labels the connected Envoy and pushes it at once.
+#[tokio::test]
+async fn pod_labels_select_service_entry_endpoints_and_relabel_the_gateway() -> anyhow::Result<()> {
+    let legacy = Backend::start("legacy").await?;
+    let (port_a, port_b) = (free_port(), free_port());
+    let api = FakeApiServer::start().await?;
+    let gateway_pod = |istio: &str| {
+        ready_pod(
+            "istio-ingressgateway-e2e",
+            "istio-system",
+            json!({"istio": istio}),
+            8080,
+        )
+    };
+    let gateway = |name: &str, selects: &str, port: u16| {
+        istio(
+            "Gateway",
+            name,
+            json!({"selector": {"istio": selects},
+            "servers": [{"port": {"number": port, "name": "http", "protocol": "HTTP"}, "hosts": [HOST]}]}),
+        )
+    };
+    for o in [
+        ready_pod("legacy-1", "default", json!({"app": "legacy"}), legacy.addr().port()),
+        gateway_pod("ingressgateway"),
+        gateway("gateway-a", "ingressgateway", port_a),
+        gateway("gateway-b", "canary", port_b),
+        istio(
+            "ServiceEntry",
+            "legacy",
+            json!({"hosts": ["legacy.example.com"], "location": "MESH_INTERNAL",
+            "resolution": "STATIC", "ports": [{"number": 80, "name": "http", "protocol": "HTTP"}],
+            "workloadSelector": {"labels": {"app": "legacy"}}}),
+        ),
+        istio(
+            "VirtualService",
+            "legacy",
+            json!({"hosts": [HOST], "gateways": ["gateway-a", "gateway-b"],
+            "http": [{"route": [{"destination": {"host": "legacy.example.com", "port": {"number": 80}}}]}]}),
+        ),
+    ] {
+        api.apply(o)?;
+    }
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig)?;
+    let opts = DiscoveryOptions {
+        args: vec!["--kubeconfig".into(), kubeconfig.display().to_string()],
+        ..Default::default()
+    };
+    let discovery = Discovery::start(std::path::Path::new(""), opts).await?;
+    let envoy = start_gateway_envoy(&discovery, Ads::Sotw).await?;
+    // The ServiceEntry's endpoint is the Pod, on its container port named `http`.
+    answered_by(port_a, "legacy", &discovery).await?;
+
+    // The gateway's Pod is relabelled: gateway-b selects it now, gateway-a no longer does.
+    api.apply(gateway_pod("canary"))?;
+    answered_by(port_b, "legacy", &discovery).await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http_get(&format!("http://127.0.0.1:{port_a}/"), &[("host", HOST)])
+        .await
+        .is_ok()
+    {
+        if Instant::now() > deadline {
+            bail!("gateway-a's listener is still there\n{}", discovery.logs());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        discovery
+            .logs()
+            .contains("proxy update for istio-ingressgateway-e2e.istio-system")
+    );
+
+    let stats = envoy.stats().await?;
+    let rejected: Vec<_> = stats
+        .iter()
+        .filter(|(k, v)| k.contains("update_rejected") && **v != 0)
+        .collect();
+    assert!(rejected.is_empty(), "Envoy NACKed: {rejected:?}");
+    Ok(())
+}

@@ -83,16 +83,15 @@ impl SnapshotBuilder for Environment {
     }
 
     /// Istio's `SetWorkloadLabels`: the labels of the proxy's workload as the first registry that
-    /// knows it has them (found by the proxy's IP, else by the pod name and namespace of its ID),
-    /// else the node metadata's; the locality of the node, else the workload's.
+    /// knows it has them (Kubernetes: the Pod its ID names, else the Pod at its IP), else the
+    /// node metadata's; the locality of the node, else the workload's.
     fn init_proxy(&self, proxy: &mut model::Proxy) {
         let ip = proxy.ip_addresses.first().map(|i| i.to_string()).unwrap_or_default();
-        let name = proxy.id.split('.').next().unwrap_or_default().to_owned();
         let st = lock(&self.state);
         let Some(w) = st
             .registries
             .iter()
-            .find_map(|r| r.workload(&ip, &name, &proxy.config_namespace))
+            .find_map(|r| r.workload(&ip, &proxy.id, &proxy.config_namespace))
         else {
             return;
         };

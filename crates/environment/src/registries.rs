@@ -26,9 +26,9 @@ pub trait ServiceRegistry: Send + Sync {
     /// The services and endpoints as of the last change.
     fn snapshot(&self) -> Arc<RegistrySnapshot>;
 
-    /// What the registry knows of the workload at `ip` (else named `name` in `namespace`): its
-    /// labels and locality (Kubernetes: the Pod's labels, its Node's topology).
-    fn workload(&self, _ip: &str, _name: &str, _namespace: &str) -> Option<Workload> {
+    /// What the registry knows of the workload of a proxy (its IP, its ID `pod.namespace`, its
+    /// namespace): its labels and locality (Kubernetes: the Pod's labels, its Node's topology).
+    fn workload(&self, _ip: &str, _id: &str, _namespace: &str) -> Option<Workload> {
         None
     }
 }
@@ -62,8 +62,8 @@ impl<T: ServiceRegistry> ServiceRegistry for Arc<T> {
         self.as_ref().snapshot()
     }
 
-    fn workload(&self, ip: &str, name: &str, namespace: &str) -> Option<Workload> {
-        self.as_ref().workload(ip, name, namespace)
+    fn workload(&self, ip: &str, id: &str, namespace: &str) -> Option<Workload> {
+        self.as_ref().workload(ip, id, namespace)
     }
 }
 

@@ -172,7 +172,8 @@ fn workload_entries_reach_pushes_as_the_services_they_change() {
             "metadata": {"name": "vm", "namespace": "a"},
             "spec": {"address": "10.0.0.5", "labels": {"app": app}}}))
     };
-    e.config_changed(&added(&[selecting("blue"), selecting("green")])).push
+    e.config_changed(&added(&[selecting("blue"), selecting("green")]))
+        .push
         .unwrap();
     let blue = vm("blue");
     let req = e.config_changed(&added(std::slice::from_ref(&blue))).push.unwrap();
@@ -188,7 +189,10 @@ fn workload_entries_reach_pushes_as_the_services_they_change() {
     );
     // Selected by nothing: no push.
     let nobody = vm("nobody");
-    assert_eq!(e.config_changed(&updated(&green, &nobody)).push.map(|r| r.full), Some(false));
+    assert_eq!(
+        e.config_changed(&updated(&green, &nobody)).push.map(|r| r.full),
+        Some(false)
+    );
     assert_eq!(e.config_changed(&deleted(&nobody)).push, None);
     assert_eq!(e.config_changed(&ConfigChange::default()).push, None);
 }
@@ -198,7 +202,9 @@ fn a_push_concerns_the_proxies_that_see_the_change() {
     let e = env();
     let public = virtual_service("a", "public", "public.a.svc.cluster.local", &[]);
     let private = virtual_service("a", "private", "private.a.svc.cluster.local", &["."]);
-    e.config_changed(&added(&[public.clone(), private.clone()])).push.unwrap();
+    e.config_changed(&added(&[public.clone(), private.clone()]))
+        .push
+        .unwrap();
     let first = e.build(&PushRequest::full(TriggerReason::GlobalUpdate));
 
     let req = PushRequest::configs([private.key()]);
@@ -215,7 +221,8 @@ fn a_push_concerns_the_proxies_that_see_the_change() {
 #[test]
 fn pushes_reuse_the_indexes_a_change_did_not_touch_and_generate_from_the_new_state() {
     let e = env();
-    e.config_changed(&added(&[static_se("a", "db.example.com", 5432, &["10.0.0.1"])])).push
+    e.config_changed(&added(&[static_se("a", "db.example.com", 5432, &["10.0.0.1"])]))
+        .push
         .unwrap();
     let first = e.build(&PushRequest::full(TriggerReason::GlobalUpdate));
     let vs = virtual_service("a", "db", "db.example.com", &[]);
@@ -293,7 +300,8 @@ fn a_second_registry_plugs_in_beside_service_entries() {
         "cluster.local".into(),
         vec![Box::new(ServiceEntries::new(mesh.clone())), Box::new(k8s.clone())],
     );
-    e.config_changed(&added(&[static_se("a", "db.example.com", 5432, &["10.0.0.1"])])).push
+    e.config_changed(&added(&[static_se("a", "db.example.com", 5432, &["10.0.0.1"])]))
+        .push
         .unwrap();
     // The other registry learns of a service: it reports the diff, the environment serves both.
     let theirs = registry::build(&[static_se("b", "web.b.svc.cluster.local", 80, &["10.1.0.1"])], &mesh);

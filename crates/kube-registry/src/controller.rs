@@ -75,15 +75,9 @@ impl KubeRegistry {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The Pod of a proxy: by IP, else by `name.namespace`.
-    pub fn find_pod(&self, ip: &str, pod_name: &str, namespace: &str) -> Option<Pod> {
-        let inner = self.lock();
-        let o = &inner.objects;
-        o.pods_by_ip
-            .get(ip)
-            .and_then(|k| o.pods.get(k))
-            .or_else(|| o.pods.get(&(namespace.to_owned(), pod_name.to_owned())))
-            .cloned()
+    /// The Pod of a proxy (see `Objects::pod_of_proxy`): `id` is the proxy's ID (`pod.namespace`).
+    pub fn find_pod(&self, ip: &str, id: &str, namespace: &str) -> Option<Pod> {
+        self.lock().objects.pod_of_proxy(ip, id, namespace).cloned()
     }
 
     /// The Node a Pod runs on.
@@ -106,7 +100,10 @@ impl KubeRegistry {
             let pods: BTreeSet<NsName> = o.pods.keys().chain(inner.workloads.keys()).cloned().collect();
             (services.into_iter().collect(), pods.into_iter().collect())
         } else {
-            (affected.services.into_iter().collect(), affected.pods.into_iter().collect())
+            (
+                affected.services.into_iter().collect(),
+                affected.pods.into_iter().collect(),
+            )
         };
         let mut diff = RegistryDiff {
             proxies: affected.proxies,

@@ -15,6 +15,8 @@ use registry::{LOCALITY_LABEL, TOPOLOGY_REGION, TOPOLOGY_SUBZONE, TOPOLOGY_ZONE,
 pub const SERVICE_REGISTRY_KUBERNETES: &str = "Kubernetes";
 /// The annotation that exports a Service (`networking.istio.io/exportTo: ".,istio-system"`).
 pub const EXPORT_TO_ANNOTATION: &str = "networking.istio.io/exportTo";
+/// The label Istio puts on a workload for its cluster (`AugmentLabels`).
+pub const CLUSTER_LABEL: &str = "topology.istio.io/cluster";
 /// The label an EndpointSlice names its Service by.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 

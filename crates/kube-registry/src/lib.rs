@@ -40,17 +40,18 @@ impl environment::ServiceRegistry for KubeRegistry {
         KubeRegistry::snapshot(self)
     }
 
-    /// The Pod's labels, and its locality (`istio-locality` label, else its Node's topology).
-    fn workload(&self, ip: &str, name: &str, namespace: &str) -> Option<environment::Workload> {
-        let pod = self.find_pod(ip, name, namespace)?;
+    /// The Pod's labels with its cluster and locality labels (Istio's `GetProxyWorkloadLabels`:
+    /// `AugmentLabels`), and its locality (`istio-locality` label, else its Node's topology).
+    fn workload(&self, ip: &str, id: &str, namespace: &str) -> Option<environment::Workload> {
+        let pod = self.find_pod(ip, id, namespace)?;
         let node = pod
             .spec
             .as_ref()
             .and_then(|s| s.node_name.as_deref())
             .and_then(|n| self.node(n));
-        Some(environment::Workload {
-            labels: pod.metadata.labels.clone().unwrap_or_default(),
-            locality: conversion::locality(Some(&pod), node.as_ref()),
-        })
+        let locality = conversion::locality(Some(&pod), node.as_ref());
+        let mut labels = registry::augment_labels(&pod.metadata.labels.clone().unwrap_or_default(), &locality, "");
+        labels.insert(conversion::CLUSTER_LABEL.to_owned(), self.context().cluster_id.clone());
+        Some(environment::Workload { labels, locality })
     }
 }

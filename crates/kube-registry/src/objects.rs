@@ -28,8 +28,8 @@ pub(crate) struct Objects {
     /// EndpointSlices by the Pods their endpoints refer to (`targetRef` of kind Pod).
     slices_by_pod: HashMap<NsName, BTreeSet<NsName>>,
     pub pods: BTreeMap<NsName, Pod>,
-    /// Pod IPs to the Pod, to find a proxy's Pod.
-    pub pods_by_ip: HashMap<String, NsName>,
+    /// Pod IPs to the Pods with that IP (several for hostNetwork Pods), to find a proxy's Pod.
+    pods_by_ip: HashMap<String, BTreeSet<NsName>>,
     pub nodes: BTreeMap<String, Node>,
     pub namespaces: BTreeMap<String, Namespace>,
 }
@@ -53,6 +53,23 @@ impl Objects {
             .into_iter()
             .flatten()
             .filter_map(|k| self.slices.get(k))
+    }
+
+    /// A proxy's Pod, as istiod's `getPodByProxy`: the Pod its ID names (`<pod>.<namespace>`,
+    /// in the proxy's namespace), else the Pod of its IP in the proxy's namespace (several Pods
+    /// share an IP on the host network; one of another namespace is never taken for the proxy's).
+    pub fn pod_of_proxy(&self, ip: &str, id: &str, namespace: &str) -> Option<&Pod> {
+        if let Some((name, ns)) = id.split_once('.')
+            && ns == namespace
+            && let Some(p) = self.pods.get(&(ns.to_owned(), name.to_owned()))
+        {
+            return Some(p);
+        }
+        self.pods_by_ip
+            .get(ip)?
+            .iter()
+            .find(|(ns, _)| ns == namespace)
+            .and_then(|k| self.pods.get(k))
     }
 
     pub fn apply(&mut self, e: KubeEvent, affected: &mut Affected) {
@@ -100,11 +117,11 @@ impl Objects {
                     }
                     if let Some(old) = old {
                         for ip in pod_ips(old) {
-                            self.pods_by_ip.remove(&ip);
+                            remove_from(&mut self.pods_by_ip, &ip, &k);
                         }
                     }
                     for ip in pod_ips(&p) {
-                        self.pods_by_ip.insert(ip, k.clone());
+                        self.pods_by_ip.entry(ip).or_default().insert(k.clone());
                     }
                     self.pods.insert(k, p);
                 }
@@ -113,7 +130,7 @@ impl Objects {
                     self.pod_affects(&k, affected);
                     if let Some(old) = self.pods.remove(&k) {
                         for ip in pod_ips(&old) {
-                            self.pods_by_ip.remove(&ip);
+                            remove_from(&mut self.pods_by_ip, &ip, &k);
                         }
                     }
                 }
@@ -127,11 +144,12 @@ impl Objects {
                         }
                         self.pods.insert(k, p);
                     }
-                    self.pods_by_ip = self
-                        .pods
-                        .iter()
-                        .flat_map(|(k, p)| pod_ips(p).into_iter().map(move |ip| (ip, k.clone())))
-                        .collect();
+                    self.pods_by_ip.clear();
+                    for (k, p) in &self.pods {
+                        for ip in pod_ips(p) {
+                            self.pods_by_ip.entry(ip).or_default().insert(k.clone());
+                        }
+                    }
                 }
             },
             // Nodes change rarely; their labels give the locality of every endpoint on them.
@@ -198,7 +216,7 @@ impl Objects {
     }
 }
 
-fn remove_from(index: &mut HashMap<NsName, BTreeSet<NsName>>, at: &NsName, k: &NsName) {
+fn remove_from<A: std::hash::Hash + Eq>(index: &mut HashMap<A, BTreeSet<NsName>>, at: &A, k: &NsName) {
     if let Some(set) = index.get_mut(at) {
         set.remove(k);
         if set.is_empty() {

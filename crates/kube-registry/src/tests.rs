@@ -197,14 +197,23 @@ fn a_proxy_without_labels_gets_its_pods_labels_and_its_nodes_locality() {
         KubeEvent::Node(Change::Apply(node("n1", "us-east1-b"))),
         KubeEvent::Pod(Change::Apply(pod("reviews-v1", "v1", "n1"))),
     ]);
-    let w = r.workload("10.1.0.1", "other", "default").expect("by IP");
+    let w = r.workload("10.1.0.1", "other.default", "default").expect("by IP");
     assert_eq!(w.labels["version"], "v1");
+    // Istio's AugmentLabels: the cluster and the locality as labels too.
+    assert_eq!(w.labels["topology.istio.io/cluster"], "Kubernetes");
+    assert_eq!(w.labels["topology.kubernetes.io/zone"], "us-east1-b");
     assert_eq!(w.locality, "us-east1/us-east1-b/");
     assert!(
-        r.workload("10.9.9.9", "reviews-v1", "default").is_some(),
-        "by name.namespace"
+        r.workload("10.9.9.9", "reviews-v1.default", "default").is_some(),
+        "by the Pod its ID names"
     );
-    assert!(r.workload("10.9.9.9", "nobody", "default").is_none());
+    assert!(r.workload("10.9.9.9", "nobody.default", "default").is_none());
+    // A Pod at the proxy's IP but in another namespace is not the proxy's (host network).
+    assert!(r.workload("10.1.0.1", "gw.istio-system", "istio-system").is_none());
+    // The ID wins over the IP: another Pod sharing the IP (host network) is not taken.
+    r.apply(vec![KubeEvent::Pod(Change::Apply(pod("reviews-v2", "v2", "n1")))]);
+    let w = r.workload("10.1.0.1", "reviews-v1.default", "default").unwrap();
+    assert_eq!(w.labels["version"], "v1");
 
     // Through the environment, as a proxy connects.
     let mesh = std::sync::Arc::new(model::MeshConfig::default());
@@ -216,8 +225,11 @@ fn a_proxy_without_labels_gets_its_pods_labels_and_its_nodes_locality() {
     assert_eq!(proxy.labels["app"], "reviews");
     assert_eq!(proxy.locality.zone, "us-east1-b");
     // The Pod is deleted: nothing found any more.
-    r.apply(vec![KubeEvent::Pod(Change::Delete(pod("reviews-v1", "v1", "n1")))]);
-    assert!(r.workload("10.1.0.1", "x", "default").is_none());
+    r.apply(vec![
+        KubeEvent::Pod(Change::Delete(pod("reviews-v1", "v1", "n1"))),
+        KubeEvent::Pod(Change::Delete(pod("reviews-v2", "v2", "n1"))),
+    ]);
+    assert!(r.workload("10.1.0.1", "x.default", "default").is_none());
 }
 
 #[test]

@@ -111,7 +111,10 @@ fn a_pod_in_a_namespace_without_selecting_service_entries_changes_nothing_there(
     pod.metadata.namespace = Some("other".into());
     let u = env.services_changed(kube.apply(vec![KubeEvent::Pod(Change::Apply(pod))]));
     assert!(u.push.is_none());
-    assert!(legacy_endpoints(&env).is_empty(), "a ServiceEntry selects Pods of its own namespace");
+    assert!(
+        legacy_endpoints(&env).is_empty(),
+        "a ServiceEntry selects Pods of its own namespace"
+    );
 }
 
 #[test]
@@ -130,7 +133,10 @@ fn a_change_converts_only_the_services_it_touches() {
     kube.apply(vec![
         KubeEvent::Service(Change::Apply(reviews())),
         KubeEvent::Service(Change::Apply(ratings)),
-        KubeEvent::EndpointSlice(Change::Apply(slice("reviews-1", json!([endpoint("10.1.0.1", "reviews-v1", true)])))),
+        KubeEvent::EndpointSlice(Change::Apply(slice(
+            "reviews-1",
+            json!([endpoint("10.1.0.1", "reviews-v1", true)]),
+        ))),
         KubeEvent::EndpointSlice(Change::Apply(ratings_slice)),
     ]);
     let ratings_key = ServiceKey::new("ratings.default.svc.cluster.local", "default");

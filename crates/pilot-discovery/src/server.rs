@@ -321,6 +321,17 @@ async fn shutdown_signal() {
     }
 }
 
+/// Hands what a change calls for to the xDS server: the push to the debouncer, the proxies whose
+/// workload changed to `proxy_update`.
+pub(crate) fn dispatch(server: &DiscoveryServer<Environment>, update: environment::Update) {
+    if let Some(req) = update.push {
+        server.config_update(req);
+    }
+    if !update.proxies.is_empty() {
+        server.proxy_update(&update.proxies);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -353,16 +364,5 @@ mod tests {
             summarize(&change),
             "ServiceEntry: 2 added, 1 deleted; VirtualService: 1 updated"
         );
-    }
-}
-
-/// Hands what a change calls for to the xDS server: the push to the debouncer, the proxies whose
-/// workload changed to `proxy_update`.
-pub(crate) fn dispatch(server: &DiscoveryServer<Environment>, update: environment::Update) {
-    if let Some(req) = update.push {
-        server.config_update(req);
-    }
-    if !update.proxies.is_empty() {
-        server.proxy_update(&update.proxies);
     }
 }

@@ -233,10 +233,7 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
         self.builder.init_proxy(&mut proxy);
         let conn = Arc::new(Connection::new(id.clone(), node, proxy, peer, delta));
         lock(&self.connections).insert(id, conn.clone());
-        self.metrics
-            .xds_clients
-            .get_or_create(&version_label(&conn.node))
-            .inc();
+        self.metrics.xds_clients.get_or_create(&version_label(&conn.node)).inc();
         tracing::info!(
             "ADS: new {}connection for node:{} from {}",
             if delta { "delta " } else { "" },
@@ -251,10 +248,7 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
 
     pub(crate) fn unregister(&self, conn: &Connection<B::Snapshot>) {
         lock(&self.connections).remove(&conn.id);
-        self.metrics
-            .xds_clients
-            .get_or_create(&version_label(&conn.node))
-            .dec();
+        self.metrics.xds_clients.get_or_create(&version_label(&conn.node)).dec();
         for (t, code) in lock(&conn.rejects).iter() {
             self.metrics.forget_rejects(t, &conn.node.id, *code);
         }
