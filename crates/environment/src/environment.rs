@@ -20,7 +20,7 @@ use model::{Changed, Config, ConfigKey, ConfigKind, ConfigsUpdated, MeshConfig, 
 use push_index::PushContext;
 use registry::{RegistryDiff, RegistrySnapshot};
 
-use crate::registries::{ServiceRegistry, aggregate};
+use crate::registries::{ServiceRegistry, aggregate, aggregate_changed};
 
 /// The control plane's view of the mesh.
 pub struct Environment {
@@ -158,7 +158,7 @@ fn registries_changed(st: &mut State, mut diff: RegistryDiff) -> RegistryDiff {
         }
     }
     if diff.changes_services() {
-        st.registry = aggregate(&st.registries);
+        st.registry = aggregate_changed(&st.registry, &st.registries, &diff);
     }
     diff
 }

@@ -4,7 +4,11 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
+use std::collections::BTreeSet;
+
 use config_sources::ConfigEvent;
+use model::service::Endpoints;
+use model::{Service, ServiceKey};
 use registry::{RegistryDiff, RegistrySnapshot, ServiceEntryRegistry};
 
 /// One service registry.
@@ -103,35 +107,68 @@ impl ServiceRegistry for ServiceEntries {
 /// The union of the registries' snapshots. A (hostname, namespace) that several registries
 /// define keeps the first registry's service, and the endpoints of all of them.
 pub(crate) fn aggregate(registries: &[Box<dyn ServiceRegistry>]) -> Arc<RegistrySnapshot> {
-    let mut snapshots = registries.iter().map(|r| r.snapshot());
-    let Some(first) = snapshots.next() else {
-        return Arc::default();
-    };
-    let rest: Vec<_> = snapshots.collect();
-    if rest.is_empty() {
-        return first;
-    }
-    let mut services = first.services.clone();
-    let mut keys: std::collections::BTreeSet<model::ServiceKey> =
-        services.iter().map(|s| model::ServiceKey::of(s)).collect();
-    let mut endpoints = first.endpoints.clone();
-    for s in rest {
-        for service in &s.services {
-            if keys.insert(model::ServiceKey::of(service)) {
-                services.push(service.clone());
-            }
-        }
-        for (key, eps) in &s.endpoints {
-            endpoints
-                .entry(key.clone())
-                .and_modify(|e| {
-                    let mut all = e.as_ref().clone();
-                    all.extend(eps.iter().cloned());
-                    *e = Arc::new(all);
-                })
-                .or_insert_with(|| eps.clone());
+    let snapshots: Vec<Arc<RegistrySnapshot>> = registries.iter().map(|r| r.snapshot()).collect();
+    match snapshots.as_slice() {
+        [] => Arc::default(),
+        [one] => one.clone(),
+        all => {
+            let keys: BTreeSet<&ServiceKey> = all.iter().flat_map(|s| s.endpoints.keys()).collect();
+            let endpoints = keys
+                .into_iter()
+                .filter_map(|k| merged_endpoints(all, k).map(|e| (k.clone(), e)))
+                .collect();
+            Arc::new(RegistrySnapshot {
+                services: merged_services(all),
+                endpoints,
+            })
         }
     }
+}
+
+/// The union after `diff`, from the union before it: the services merged again only when some
+/// changed (a full push follows anyway), and the endpoints of the changed services only; the rest
+/// is shared with `previous`. Equal to [`aggregate`].
+pub(crate) fn aggregate_changed(
+    previous: &RegistrySnapshot,
+    registries: &[Box<dyn ServiceRegistry>],
+    diff: &RegistryDiff,
+) -> Arc<RegistrySnapshot> {
+    let snapshots: Vec<Arc<RegistrySnapshot>> = registries.iter().map(|r| r.snapshot()).collect();
+    if let [one] = snapshots.as_slice() {
+        return one.clone();
+    }
+    let changed = diff.endpoints_changed.iter().chain(&diff.services_changed);
+    let mut next = previous.with_endpoints(changed.map(|k| (k.clone(), merged_endpoints(&snapshots, k))));
+    if !diff.services_changed.is_empty() {
+        next.services = merged_services(&snapshots);
+    }
+    Arc::new(next)
+}
+
+/// One service per (hostname, namespace), the first registry's, sorted.
+fn merged_services(snapshots: &[Arc<RegistrySnapshot>]) -> Arc<Vec<Arc<Service>>> {
+    let mut keys = BTreeSet::new();
+    let mut services: Vec<Arc<Service>> = snapshots
+        .iter()
+        .flat_map(|s| s.services.iter())
+        .filter(|s| keys.insert(ServiceKey::of(s)))
+        .cloned()
+        .collect();
     services.sort_by(|a, b| (&a.hostname, a.namespace()).cmp(&(&b.hostname, b.namespace())));
-    Arc::new(RegistrySnapshot { services, endpoints })
+    Arc::new(services)
+}
+
+/// The endpoints every registry has for `key`, in registry order.
+fn merged_endpoints(snapshots: &[Arc<RegistrySnapshot>], key: &ServiceKey) -> Option<Endpoints> {
+    let mut found = snapshots.iter().filter_map(|s| s.endpoints.get(key));
+    let first = found.next()?;
+    let rest: Vec<&Endpoints> = found.collect();
+    if rest.is_empty() {
+        return Some(first.clone());
+    }
+    let mut all = first.as_ref().clone();
+    for e in rest {
+        all.extend(e.iter().cloned());
+    }
+    Some(Arc::new(all))
 }

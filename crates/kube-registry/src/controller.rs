@@ -109,6 +109,7 @@ impl KubeRegistry {
             proxies: affected.proxies,
             ..Default::default()
         };
+        let mut endpoint_updates = Vec::new();
         for k in services {
             let new = convert(&inner.objects, &k, &self.ctx);
             let old = inner.converted.get(&k).cloned();
@@ -122,6 +123,8 @@ impl KubeRegistry {
                 diff.services_changed.insert(service_key.clone());
             }
             if changed_endpoints {
+                let eps = new.as_ref().map(|(_, e)| e.clone());
+                endpoint_updates.push((service_key.clone(), eps));
                 diff.endpoints_changed.insert(service_key);
             }
             match new {
@@ -157,8 +160,13 @@ impl KubeRegistry {
                 }
             }
         }
+        // The next snapshot shares what did not change with the last one.
         if diff.changes_services() {
-            inner.snapshot = Arc::new(build_snapshot(&inner.converted));
+            let mut next = inner.snapshot.with_endpoints(endpoint_updates);
+            if !diff.services_changed.is_empty() {
+                next.services = Arc::new(sorted_services(&inner.converted));
+            }
+            inner.snapshot = Arc::new(next);
         }
         diff
     }
@@ -222,13 +230,8 @@ fn workload(o: &Objects, k: &NsName, ctx: &Context) -> Option<Config> {
     workload_instance(pod, node)
 }
 
-fn build_snapshot(converted: &BTreeMap<NsName, (Arc<Service>, Arc<Vec<Endpoint>>)>) -> RegistrySnapshot {
+fn sorted_services(converted: &BTreeMap<NsName, (Arc<Service>, Arc<Vec<Endpoint>>)>) -> Vec<Arc<Service>> {
     let mut services: Vec<Arc<Service>> = converted.values().map(|(s, _)| s.clone()).collect();
     services.sort_by(|a, b| (a.hostname.as_str(), a.namespace()).cmp(&(b.hostname.as_str(), b.namespace())));
-    let endpoints = converted
-        .values()
-        .filter(|(_, e)| !e.is_empty())
-        .map(|(s, e)| (ServiceKey::of(s), e.clone()))
-        .collect();
-    RegistrySnapshot { services, endpoints }
+    services
 }

@@ -166,3 +166,58 @@ fn a_change_converts_only_the_services_it_touches() {
     assert!(kube.snapshot().endpoints_of(&key()).is_empty());
     assert_eq!(kube.snapshot().endpoints_of(&ratings_key).len(), 2);
 }
+
+/// Snapshots made change by change (the registry's, and the environment's union with the
+/// ServiceEntry registry) equal the ones built from the final objects at once.
+#[test]
+fn incremental_snapshots_equal_a_rebuild() {
+    let (kube, env) = setup();
+    let svc = |name: &str, ip: &str| {
+        let mut s = service(json!({"clusterIP": ip, "ports": [{"name": "http", "port": 9080}]}));
+        s.metadata.name = Some(name.into());
+        s
+    };
+    let slice_of = |name: &str, service: &str, ips: &[&str]| {
+        let eps: Vec<Value> = ips.iter().map(|ip| endpoint(ip, &format!("p-{ip}"), true)).collect();
+        let mut s = slice(name, Value::Array(eps));
+        let labels = s.metadata.labels.as_mut().unwrap();
+        labels.insert("kubernetes.io/service-name".into(), service.into());
+        s
+    };
+    let steps = vec![
+        KubeEvent::Service(Change::Apply(svc("a", "10.96.0.1"))),
+        KubeEvent::Service(Change::Apply(svc("b", "10.96.0.2"))),
+        KubeEvent::EndpointSlice(Change::Apply(slice_of("a-1", "a", &["10.1.0.1", "10.1.0.2"]))),
+        KubeEvent::EndpointSlice(Change::Apply(slice_of("b-1", "b", &["10.1.0.3"]))),
+        KubeEvent::Pod(Change::Apply(ready_pod(
+            "legacy-1",
+            "10.2.0.1",
+            json!({"app": "legacy"}),
+            true,
+        ))),
+        KubeEvent::EndpointSlice(Change::Apply(slice_of("a-1", "a", &["10.1.0.2"]))),
+        KubeEvent::Service(Change::Apply(svc("c", "10.96.0.3"))),
+        KubeEvent::EndpointSlice(Change::Apply(slice_of("c-1", "c", &["10.1.0.9"]))),
+        KubeEvent::Service(Change::Delete(svc("b", "10.96.0.2"))),
+        KubeEvent::EndpointSlice(Change::Delete(slice_of("a-1", "a", &[]))),
+        KubeEvent::Pod(Change::Apply(ready_pod(
+            "legacy-2",
+            "10.2.0.2",
+            json!({"app": "legacy"}),
+            true,
+        ))),
+    ];
+    for e in steps.clone() {
+        env.services_changed(kube.apply(vec![e]));
+    }
+    let (fresh, fresh_env) = setup();
+    fresh_env.services_changed(fresh.apply(steps));
+    assert_eq!(*kube.snapshot(), *fresh.snapshot());
+    assert_eq!(*env.registry(), *fresh_env.registry());
+    assert_eq!(legacy_endpoints(&env).len(), 4, "two Pods, two ports");
+    let hosts: Vec<String> = env.registry().services.iter().map(|s| s.hostname.clone()).collect();
+    assert_eq!(
+        hosts,
+        ["a.default.svc.cluster.local", "c.default.svc.cluster.local", LEGACY]
+    );
+}

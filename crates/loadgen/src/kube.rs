@@ -3,7 +3,9 @@
 //! (initial lists, conversion, first push snapshot), and pod churn: at R changes per second, a new
 //! Pod replaces the oldest one of the next Service (the Pod created, the EndpointSlice updated,
 //! the old Pod deleted, as a rolling update does), each timed from the slice update until a sidecar
-//! (a real ADS client) has received EDS holding the new Pod's address.
+//! (a real ADS client) has received EDS holding the new Pod's address, while `--proxies` - 1 more
+//! sidecars (real ADS clients too, spread over the namespaces, ACKing everything) are pushed the
+//! same changes.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -27,6 +29,8 @@ pub struct KubeOptions {
     /// Pod replacements per second (0: no churn phase).
     pub churn_rate: f64,
     pub churn_seconds: f64,
+    /// Sidecars connected during the churn phase (the measuring one included).
+    pub proxies: usize,
     pub discovery_bin: Option<PathBuf>,
 }
 
@@ -35,6 +39,7 @@ pub struct KubeReport {
     pub services: usize,
     pub pods: usize,
     pub namespaces: usize,
+    pub proxies: usize,
     /// From starting pilot-discovery to `/ready`.
     pub ready_seconds: f64,
     pub rss_mb_at_ready: Option<f64>,
@@ -57,7 +62,8 @@ fn pod(ns: &str, svc: usize, k: usize) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": format!("svc-{svc}-{k}"), "namespace": ns, "labels": {"app": format!("svc-{svc}"), "version": "v1"}},
         "spec": {"nodeName": "node-1", "serviceAccountName": format!("svc-{svc}"), "containers": [{"name": "app", "image": "app"}]},
-        "status": {"phase": "Running", "podIP": pod_ip(k), "podIPs": [{"ip": pod_ip(k)}]}})
+        "status": {"phase": "Running", "podIP": pod_ip(k), "podIPs": [{"ip": pod_ip(k)}],
+                   "conditions": [{"type": "Ready", "status": "True"}]}})
 }
 
 fn slice(ns: &str, svc: usize, pods: &[usize]) -> Value {
@@ -124,6 +130,7 @@ pub async fn run(opts: &KubeOptions) -> Result<KubeReport> {
         services: opts.services,
         pods: opts.services * opts.pods_per_service,
         namespaces: opts.namespaces,
+        proxies: opts.proxies.max(1),
         ready_seconds: ready.as_secs_f64(),
         rss_mb_at_ready: pid.and_then(peak_rss_mb),
         cpu_seconds_at_ready: pid.and_then(cpu_seconds),
@@ -145,6 +152,7 @@ pub async fn run(opts: &KubeOptions) -> Result<KubeReport> {
         )
         .await?;
         client.handshake(None).await?;
+        let mut others = start_other_sidecars(&discovery, opts).await?;
         let mut pending: HashMap<String, Instant> = HashMap::new();
         let mut lags = Vec::new();
         let period = Duration::from_secs_f64(1.0 / opts.churn_rate);
@@ -195,6 +203,7 @@ pub async fn run(opts: &KubeOptions) -> Result<KubeReport> {
                 _ = tokio::time::sleep(Duration::from_millis(200)), if !writing => {}
             }
         }
+        others.abort_all();
         report.churn_missed = pending.len();
         report.churn_lag_p50_ms = percentile_ms(&lags, 0.5);
         report.churn_lag_p99_ms = percentile_ms(&lags, 0.99);
@@ -203,6 +212,31 @@ pub async fn run(opts: &KubeOptions) -> Result<KubeReport> {
     report.peak_rss_mb = pid.and_then(peak_rss_mb);
     report.cpu_seconds = pid.and_then(cpu_seconds);
     Ok(report)
+}
+
+/// The sidecars besides the measuring one: connected and synced before the churn starts, then
+/// ACKing whatever they are pushed until aborted.
+async fn start_other_sidecars(discovery: &Discovery, opts: &KubeOptions) -> Result<tokio::task::JoinSet<()>> {
+    let mut set = tokio::task::JoinSet::new();
+    for i in 1..opts.proxies.max(1) {
+        let ns = format!("ns-{}", i % opts.namespaces.max(1));
+        let id = format!(
+            "sidecar~10.2.{}.{}~client-{i}.{ns}~{ns}.svc.cluster.local",
+            i / 256 % 256,
+            i % 256
+        );
+        let metadata = json!({"NAMESPACE": ns, "LABELS": {"app": "client"}, "ISTIO_VERSION": "1.28.0"});
+        let mut client = AdsClient::connect(discovery.grpc_addr, &id, metadata).await?;
+        client.handshake(None).await?;
+        set.spawn(async move {
+            while let Ok(r) = client.recv().await {
+                if client.ack_response(&r).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    Ok(set)
 }
 
 #[cfg(test)]
@@ -219,6 +253,7 @@ mod tests {
             namespaces: 3,
             churn_rate: 10.0,
             churn_seconds: 1.0,
+            proxies: 3,
             discovery_bin: None,
         })
         .await?;

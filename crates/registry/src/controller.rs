@@ -134,7 +134,10 @@ impl ServiceEntryRegistry {
             .values()
             .flat_map(|n| n.endpoints.iter().map(|(k, e)| (k.clone(), e.clone())))
             .collect();
-        RegistrySnapshot { services, endpoints }
+        RegistrySnapshot {
+            services: Arc::new(services),
+            endpoints,
+        }
     }
 }
 

@@ -29,13 +29,20 @@ pub use diff::{RegistryDiff, diff};
 use conversion::{Workload, convert_endpoint, convert_services, host_endpoint, is_dns, resolution, valid_ports};
 use workload_entry::WorkloadEntryIndex;
 
-/// Everything the ServiceEntry registry knows at one moment. Immutable; rebuild and swap whole.
+/// Endpoints per service: a persistent map, so that a snapshot made for one service's endpoints
+/// shares everything else with the snapshot before it (copying it costs nothing; changing a key
+/// costs a path of the tree).
+pub type EndpointMap = imbl::OrdMap<ServiceKey, Endpoints>;
+
+/// Everything a registry knows at one moment. Immutable: a change makes a new snapshot that shares
+/// what did not change with the previous one.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RegistrySnapshot {
-    /// One service per (hostname, namespace), sorted by hostname then namespace.
-    pub services: Vec<Arc<Service>>,
+    /// One service per (hostname, namespace), sorted by hostname then namespace; shared by the
+    /// snapshots of changes that moved endpoints only.
+    pub services: Arc<Vec<Arc<Service>>>,
     /// Endpoints per service, sorted; services without endpoints have no entry.
-    pub endpoints: BTreeMap<ServiceKey, Endpoints>,
+    pub endpoints: EndpointMap,
 }
 
 impl RegistrySnapshot {
@@ -45,6 +52,29 @@ impl RegistrySnapshot {
             .binary_search_by(|s| (s.hostname.as_str(), s.namespace()).cmp(&(hostname, namespace)))
             .ok()
             .map(|i| &self.services[i])
+    }
+
+    /// A snapshot with the same services and these endpoints changed (`None` or empty: the
+    /// service has none).
+    pub fn with_endpoints(
+        &self,
+        changes: impl IntoIterator<Item = (ServiceKey, Option<Endpoints>)>,
+    ) -> RegistrySnapshot {
+        let mut endpoints = self.endpoints.clone();
+        for (key, eps) in changes {
+            match eps.filter(|e| !e.is_empty()) {
+                Some(e) => {
+                    endpoints.insert(key, e);
+                }
+                None => {
+                    endpoints.remove(&key);
+                }
+            }
+        }
+        RegistrySnapshot {
+            services: self.services.clone(),
+            endpoints,
+        }
     }
 
     /// The endpoints of a service (empty when it has none or does not exist).
@@ -130,7 +160,7 @@ pub fn build(configs: &[Arc<Config>], mesh: &MeshConfig) -> RegistrySnapshot {
         .collect();
     // BTreeMap order is (hostname, namespace): the services are sorted as documented.
     RegistrySnapshot {
-        services: services.into_values().collect(),
+        services: Arc::new(services.into_values().collect()),
         endpoints,
     }
 }

@@ -1,7 +1,6 @@
 //! Behaviour tests of `build` and `diff` on small ServiceEntries and WorkloadEntries.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use model::config::{ConfigMeta, parse_config};
@@ -469,11 +468,5 @@ fn ignores_other_kinds() {
         .unwrap(),
     );
     let s = snapshot(&[vs]);
-    assert_eq!(
-        s,
-        RegistrySnapshot {
-            services: Vec::new(),
-            endpoints: BTreeMap::new()
-        }
-    );
+    assert_eq!(s, RegistrySnapshot::default());
 }

@@ -26,6 +26,9 @@ struct Args {
     churn_rate: f64,
     #[arg(long, default_value_t = 30.0)]
     churn_seconds: f64,
+    /// Sidecars (real ADS clients) connected during the churn, the measuring one included.
+    #[arg(long, default_value_t = 1)]
+    proxies: usize,
     #[arg(long)]
     discovery_bin: Option<PathBuf>,
 }
@@ -43,6 +46,7 @@ fn main() -> Result<()> {
         namespaces: a.namespaces,
         churn_rate: a.churn_rate,
         churn_seconds: a.churn_seconds,
+        proxies: a.proxies,
         discovery_bin,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
