@@ -135,7 +135,7 @@ impl Environment {
     }
 
     /// A registry changed by itself (e.g. Kubernetes endpoints moved): serve its new snapshot,
-    /// hand the workloads that changed to the other registries, and return the push `diff` calls
+    /// tell the other registries where workloads changed, and return the push `diff` calls
     /// for.
     pub fn services_changed(&self, diff: RegistryDiff) -> Update {
         if diff.is_empty() {
@@ -148,13 +148,13 @@ impl Environment {
     }
 }
 
-/// After registries changed by `diff`: the workloads it carries go to every registry (a
-/// ServiceEntry may select them), and the union of the registries is served.
+/// After registries changed by `diff`: every registry hears of the namespaces where workloads
+/// changed (a ServiceEntry may select them), and the union of the registries is served.
 fn registries_changed(st: &mut State, mut diff: RegistryDiff) -> RegistryDiff {
-    let workloads = std::mem::take(&mut diff.workloads);
-    if !workloads.is_empty() {
+    let namespaces = std::mem::take(&mut diff.workload_namespaces);
+    if !namespaces.is_empty() {
         for r in &st.registries {
-            diff.merge(r.workloads_changed(&workloads));
+            diff.merge(r.workloads_changed(&namespaces));
         }
     }
     if diff.changes_services() {

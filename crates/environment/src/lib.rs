@@ -25,4 +25,4 @@ mod tests;
 pub use environment::{Environment, EnvironmentStats, Update};
 pub use model::{Changed, ConfigsUpdated, PushRequest, TriggerReason};
 pub use push::Push;
-pub use registries::{ServiceEntries, ServiceRegistry, Workload, Workloads};
+pub use registries::{ServiceEntries, ServiceRegistry, Workload};

@@ -20,11 +20,18 @@ pub trait ServiceRegistry: Send + Sync {
     /// apply the events they read and return what changed; others return nothing.
     fn config_changed(&self, events: &[ConfigEvent]) -> RegistryDiff;
 
-    /// Workloads of another registry changed (Kubernetes Pods; see `RegistryDiff::workloads`).
-    /// Registries whose services select workloads (ServiceEntry `workloadSelector`) apply them
-    /// and return what changed; others return nothing.
-    fn workloads_changed(&self, _workloads: &Workloads) -> RegistryDiff {
+    /// Workloads of another registry may have changed in these namespaces (Kubernetes Pods; see
+    /// `RegistryDiff::workload_namespaces`). Registries whose services select workloads
+    /// (ServiceEntry `workloadSelector`) select again and return what changed; others return
+    /// nothing.
+    fn workloads_changed(&self, _namespaces: &BTreeSet<String>) -> RegistryDiff {
         RegistryDiff::default()
+    }
+
+    /// The workloads of a namespace that other registries' services may select (Kubernetes: its
+    /// ready Pods, shaped as WorkloadEntries, keyed as Pods).
+    fn workload_instances(&self, _namespace: &str) -> Vec<Arc<model::Config>> {
+        Vec::new()
     }
 
     /// The services and endpoints as of the last change.
@@ -37,9 +44,6 @@ pub trait ServiceRegistry: Send + Sync {
     }
 }
 
-/// Workloads by key, `None` when removed (`RegistryDiff::workloads`).
-pub type Workloads = std::collections::BTreeMap<model::ConfigKey, Option<Arc<model::Config>>>;
-
 /// A workload as a registry knows it, to complete a proxy's node metadata.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Workload {
@@ -49,7 +53,7 @@ pub struct Workload {
 }
 
 /// A registry shared with whatever keeps it up to date (e.g. its watcher).
-impl<T: ServiceRegistry> ServiceRegistry for Arc<T> {
+impl<T: ServiceRegistry + ?Sized> ServiceRegistry for Arc<T> {
     fn provider(&self) -> &str {
         self.as_ref().provider()
     }
@@ -58,8 +62,12 @@ impl<T: ServiceRegistry> ServiceRegistry for Arc<T> {
         self.as_ref().config_changed(events)
     }
 
-    fn workloads_changed(&self, workloads: &Workloads) -> RegistryDiff {
-        self.as_ref().workloads_changed(workloads)
+    fn workloads_changed(&self, namespaces: &BTreeSet<String>) -> RegistryDiff {
+        self.as_ref().workloads_changed(namespaces)
+    }
+
+    fn workload_instances(&self, namespace: &str) -> Vec<Arc<model::Config>> {
+        self.as_ref().workload_instances(namespace)
     }
 
     fn snapshot(&self) -> Arc<RegistrySnapshot> {
@@ -79,6 +87,15 @@ impl ServiceEntries {
     pub fn new(mesh: Arc<model::MeshConfig>) -> ServiceEntries {
         ServiceEntries(Mutex::new(ServiceEntryRegistry::new(mesh)))
     }
+
+    /// ServiceEntries that also select the workloads of these registries (Kubernetes Pods), as
+    /// Istio's ServiceEntry controller selects Pods. Each change of theirs reaches this registry
+    /// through the environment (`RegistryDiff::workload_namespaces`).
+    pub fn with_workloads(mesh: Arc<model::MeshConfig>, sources: Vec<Arc<dyn ServiceRegistry>>) -> ServiceEntries {
+        let source: registry::WorkloadSource =
+            Arc::new(move |ns: &str| sources.iter().flat_map(|r| r.workload_instances(ns)).collect());
+        ServiceEntries(Mutex::new(ServiceEntryRegistry::new(mesh).with_workloads(source)))
+    }
 }
 
 impl ServiceRegistry for ServiceEntries {
@@ -91,12 +108,11 @@ impl ServiceRegistry for ServiceEntries {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).apply(changes)
     }
 
-    fn workloads_changed(&self, workloads: &Workloads) -> RegistryDiff {
-        let changes = workloads.iter().map(|(k, c)| (k.clone(), c.as_ref()));
+    fn workloads_changed(&self, namespaces: &BTreeSet<String>) -> RegistryDiff {
         self.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .apply_workloads(changes)
+            .workloads_changed(namespaces)
     }
 
     fn snapshot(&self) -> Arc<RegistrySnapshot> {

@@ -4,12 +4,12 @@
 //! registry, proxy updates for Pods whose labels changed). A change converts only the Services
 //! and Pods it touches (see `objects`).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service as KubeService};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use model::{Config, ConfigKey, ConfigKind, Endpoint, Service, ServiceKey};
+use model::{Config, Endpoint, Service, ServiceKey};
 use registry::{RegistryDiff, RegistrySnapshot};
 
 use crate::conversion::{
@@ -43,8 +43,6 @@ struct Inner {
     objects: Objects,
     /// Per Service (namespace, name): what it converts to.
     converted: BTreeMap<NsName, (Arc<Service>, Arc<Vec<Endpoint>>)>,
-    /// Per Pod: the workload it is for the other registries (ready Pods of selected namespaces).
-    workloads: HashMap<NsName, Arc<Config>>,
     snapshot: Arc<RegistrySnapshot>,
 }
 
@@ -80,13 +78,24 @@ impl KubeRegistry {
         self.lock().objects.pod_of_proxy(ip, id, namespace).cloned()
     }
 
+    /// The ready Pods of a namespace as workloads for other registries' services (Istio's Pod
+    /// `WorkloadInstance`s; see `conversion::workload_instance`), built when asked.
+    pub fn workload_instances(&self, namespace: &str) -> Vec<Arc<Config>> {
+        let inner = self.lock();
+        let o = &inner.objects;
+        o.pods_in(namespace)
+            .filter_map(|(k, _)| workload(o, k, &self.ctx))
+            .map(Arc::new)
+            .collect()
+    }
+
     /// The Node a Pod runs on.
     pub fn node(&self, name: &str) -> Option<Node> {
         self.lock().objects.nodes.get(name).cloned()
     }
 
-    /// Applies changes and returns what they did: services and endpoints, the Pods that are
-    /// workloads for the other registries, and the IPs of Pods whose labels changed.
+    /// Applies changes and returns what they did: services and endpoints, the namespaces where
+    /// Pods (workloads for the other registries) changed, and the IPs of Pods whose labels changed.
     pub fn apply(&self, events: Vec<KubeEvent>) -> RegistryDiff {
         let mut inner = self.lock();
         let inner = &mut *inner;
@@ -94,19 +103,16 @@ impl KubeRegistry {
         for e in events {
             inner.objects.apply(e, &mut affected);
         }
-        let (services, pods): (Vec<NsName>, Vec<NsName>) = if affected.all {
+        let services: Vec<NsName> = if affected.all {
             let o = &inner.objects;
-            let services: BTreeSet<NsName> = o.services.keys().chain(inner.converted.keys()).cloned().collect();
-            let pods: BTreeSet<NsName> = o.pods.keys().chain(inner.workloads.keys()).cloned().collect();
-            (services.into_iter().collect(), pods.into_iter().collect())
+            let all: BTreeSet<NsName> = o.services.keys().chain(inner.converted.keys()).cloned().collect();
+            all.into_iter().collect()
         } else {
-            (
-                affected.services.into_iter().collect(),
-                affected.pods.into_iter().collect(),
-            )
+            affected.services.into_iter().collect()
         };
         let mut diff = RegistryDiff {
             proxies: affected.proxies,
+            workload_namespaces: affected.pod_namespaces,
             ..Default::default()
         };
         let mut endpoint_updates = Vec::new();
@@ -134,29 +140,6 @@ impl KubeRegistry {
                 Some(_) => {}
                 None => {
                     inner.converted.remove(&k);
-                }
-            }
-        }
-        for k in pods {
-            let new = workload(&inner.objects, &k, &self.ctx);
-            let old = inner.workloads.get(&k);
-            if old.map(|c| c.as_ref()) == new.as_ref() {
-                continue;
-            }
-            let key = ConfigKey {
-                kind: ConfigKind::Pod,
-                namespace: k.0.clone(),
-                name: k.1.clone(),
-            };
-            match new {
-                Some(c) => {
-                    let c = Arc::new(c);
-                    inner.workloads.insert(k, c.clone());
-                    diff.workloads.insert(key, Some(c));
-                }
-                None => {
-                    inner.workloads.remove(&k);
-                    diff.workloads.insert(key, None);
                 }
             }
         }

@@ -36,6 +36,10 @@ impl environment::ServiceRegistry for KubeRegistry {
         self.apply(kube_events)
     }
 
+    fn workload_instances(&self, namespace: &str) -> Vec<std::sync::Arc<model::Config>> {
+        KubeRegistry::workload_instances(self, namespace)
+    }
+
     fn snapshot(&self) -> std::sync::Arc<registry::RegistrySnapshot> {
         KubeRegistry::snapshot(self)
     }

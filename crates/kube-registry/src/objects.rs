@@ -24,12 +24,12 @@ pub(crate) struct Objects {
     pub services: BTreeMap<NsName, KubeService>,
     pub slices: BTreeMap<NsName, EndpointSlice>,
     /// EndpointSlices by the Service they belong to (`kubernetes.io/service-name`).
-    slices_by_service: HashMap<NsName, BTreeSet<NsName>>,
+    slices_by_service: Index<NsName>,
     /// EndpointSlices by the Pods their endpoints refer to (`targetRef` of kind Pod).
-    slices_by_pod: HashMap<NsName, BTreeSet<NsName>>,
+    slices_by_pod: Index<NsName>,
     pub pods: BTreeMap<NsName, Pod>,
     /// Pod IPs to the Pods with that IP (several for hostNetwork Pods), to find a proxy's Pod.
-    pods_by_ip: HashMap<String, BTreeSet<NsName>>,
+    pods_by_ip: Index<String>,
     pub nodes: BTreeMap<String, Node>,
     pub namespaces: BTreeMap<String, Namespace>,
 }
@@ -40,12 +40,37 @@ pub(crate) struct Affected {
     /// Everything may have changed (a re-list, a Node or a Namespace): convert all again.
     pub all: bool,
     pub services: BTreeSet<NsName>,
-    pub pods: BTreeSet<NsName>,
+    /// Namespaces where a Pod changed, or whose Pods may be workloads differently (a Node's
+    /// locality, a namespace's selection).
+    pub pod_namespaces: BTreeSet<String>,
     /// IPs of Pods that appeared or whose labels changed (Istio's `ProxyUpdate`).
     pub proxies: BTreeSet<String>,
 }
 
 impl Objects {
+    /// The Pods of a namespace.
+    pub fn pods_in<'a>(&'a self, namespace: &str) -> impl Iterator<Item = (&'a NsName, &'a Pod)> {
+        let from = (namespace.to_owned(), String::new());
+        let ns = namespace.to_owned();
+        self.pods.range(from..).take_while(move |((n, _), _)| *n == ns)
+    }
+
+    /// The namespaces that have Pods.
+    fn pod_namespaces(&self) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        let mut next = self.pods.keys().next().map(|(ns, _)| ns.clone());
+        while let Some(ns) = next {
+            // Skip to the first Pod of the next namespace.
+            next = self
+                .pods
+                .range((ns.clone(), String::new())..)
+                .find(|((n, _), _)| *n != ns)
+                .map(|((n, _), _)| n.clone());
+            out.insert(ns);
+        }
+        out
+    }
+
     /// The EndpointSlices of a Service.
     pub fn slices_of(&self, service: &NsName) -> impl Iterator<Item = &EndpointSlice> {
         self.slices_by_service
@@ -108,7 +133,8 @@ impl Objects {
                 }
             },
             KubeEvent::Pod(c) => match c {
-                Change::Apply(p) => {
+                Change::Apply(mut p) => {
+                    strip_pod(&mut p);
                     let k = key(&p);
                     self.pod_affects(&k, affected);
                     let old = self.pods.get(&k);
@@ -121,7 +147,7 @@ impl Objects {
                         }
                     }
                     for ip in pod_ips(&p) {
-                        self.pods_by_ip.entry(ip).or_default().insert(k.clone());
+                        add_to(&mut self.pods_by_ip, ip, &k);
                     }
                     self.pods.insert(k, p);
                 }
@@ -136,18 +162,21 @@ impl Objects {
                 }
                 Change::Replace(all) => {
                     affected.all = true;
+                    affected.pod_namespaces.extend(self.pod_namespaces());
                     let mut old = std::mem::take(&mut self.pods);
-                    for p in all {
+                    for mut p in all {
+                        strip_pod(&mut p);
                         let k = key(&p);
                         if old.remove(&k).is_none_or(|o| o.metadata.labels != p.metadata.labels) {
                             affected.proxies.extend(pod_ips(&p));
                         }
                         self.pods.insert(k, p);
                     }
+                    affected.pod_namespaces.extend(self.pod_namespaces());
                     self.pods_by_ip.clear();
                     for (k, p) in &self.pods {
                         for ip in pod_ips(p) {
-                            self.pods_by_ip.entry(ip).or_default().insert(k.clone());
+                            add_to(&mut self.pods_by_ip, ip, k);
                         }
                     }
                 }
@@ -155,6 +184,7 @@ impl Objects {
             // Nodes change rarely; their labels give the locality of every endpoint on them.
             KubeEvent::Node(c) => {
                 affected.all = true;
+                affected.pod_namespaces.extend(self.pod_namespaces());
                 match c {
                     Change::Apply(n) => {
                         self.nodes.insert(n.name_any(), n);
@@ -170,12 +200,17 @@ impl Objects {
                 affected.all = true;
                 match c {
                     Change::Apply(n) => {
+                        affected.pod_namespaces.insert(n.name_any());
                         self.namespaces.insert(n.name_any(), n);
                     }
                     Change::Delete(n) => {
+                        affected.pod_namespaces.insert(n.name_any());
                         self.namespaces.remove(&n.name_any());
                     }
-                    Change::Replace(all) => replace_all(&mut self.namespaces, all, |n| n.name_any()),
+                    Change::Replace(all) => {
+                        affected.pod_namespaces.extend(self.pod_namespaces());
+                        replace_all(&mut self.namespaces, all, |n| n.name_any());
+                    }
                 }
             }
         }
@@ -183,7 +218,7 @@ impl Objects {
 
     /// A Pod changed: the Services with an endpoint on it, and the Pod as a workload.
     fn pod_affects(&self, pod: &NsName, affected: &mut Affected) {
-        affected.pods.insert(pod.clone());
+        affected.pod_namespaces.insert(pod.0.clone());
         for s in self.slices_by_pod.get(pod).into_iter().flatten() {
             if let Some(service) = self.slices.get(s).and_then(slice_service) {
                 affected.services.insert(service);
@@ -194,10 +229,10 @@ impl Objects {
     fn insert_slice(&mut self, k: NsName, s: EndpointSlice, affected: &mut Affected) {
         if let Some(service) = slice_service(&s) {
             affected.services.insert(service.clone());
-            self.slices_by_service.entry(service).or_default().insert(k.clone());
+            add_to(&mut self.slices_by_service, service, &k);
         }
         for pod in slice_pods(&s) {
-            self.slices_by_pod.entry(pod).or_default().insert(k.clone());
+            add_to(&mut self.slices_by_pod, pod, &k);
         }
         self.slices.insert(k, s);
     }
@@ -216,10 +251,21 @@ impl Objects {
     }
 }
 
-fn remove_from<A: std::hash::Hash + Eq>(index: &mut HashMap<A, BTreeSet<NsName>>, at: &A, k: &NsName) {
-    if let Some(set) = index.get_mut(at) {
-        set.remove(k);
-        if set.is_empty() {
+/// Objects by something they have: almost always one each (a Pod per IP, a slice per Pod), so a
+/// short list rather than a set (a one-element BTreeSet allocates room for eleven).
+type Index<A> = HashMap<A, Vec<NsName>>;
+
+fn add_to<A: std::hash::Hash + Eq>(index: &mut Index<A>, at: A, k: &NsName) {
+    let list = index.entry(at).or_default();
+    if !list.contains(k) {
+        list.push(k.clone());
+    }
+}
+
+fn remove_from<A: std::hash::Hash + Eq>(index: &mut Index<A>, at: &A, k: &NsName) {
+    if let Some(list) = index.get_mut(at) {
+        list.retain(|x| x != k);
+        if list.is_empty() {
             index.remove(at);
         }
     }
@@ -230,6 +276,47 @@ fn replace_all<K: Ord, T>(map: &mut BTreeMap<K, T>, items: Vec<T>, key: impl Fn(
     map.clear();
     for i in items {
         map.insert(key(&i), i);
+    }
+}
+
+/// Drops what the registry never reads from a Pod it keeps, as istiod's `StripPodUnusedFields`:
+/// managed fields, the proxy-config annotation, containers other than their ports (and native
+/// sidecar init containers with ports), container statuses. A cluster's Pods are mostly that.
+fn strip_pod(p: &mut Pod) {
+    p.metadata.managed_fields = None;
+    if let Some(a) = p.metadata.annotations.as_mut() {
+        a.remove("proxy.istio.io/config");
+    }
+    if let Some(spec) = p.spec.take() {
+        let ports_only = |c: k8s_openapi::api::core::v1::Container| k8s_openapi::api::core::v1::Container {
+            name: c.name,
+            ports: c.ports,
+            restart_policy: c.restart_policy,
+            ..Default::default()
+        };
+        let has_ports = |c: &k8s_openapi::api::core::v1::Container| c.ports.as_ref().is_some_and(|p| !p.is_empty());
+        let init: Vec<_> = spec
+            .init_containers
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c.restart_policy.as_deref() == Some("Always") && has_ports(c))
+            .map(ports_only)
+            .collect();
+        p.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            containers: spec.containers.into_iter().filter(has_ports).map(ports_only).collect(),
+            init_containers: (!init.is_empty()).then_some(init),
+            service_account_name: spec.service_account_name,
+            node_name: spec.node_name,
+            host_network: spec.host_network,
+            hostname: spec.hostname,
+            subdomain: spec.subdomain,
+            ..Default::default()
+        });
+    }
+    if let Some(status) = p.status.as_mut() {
+        status.container_statuses = None;
+        status.init_container_statuses = None;
+        status.ephemeral_container_statuses = None;
     }
 }
 
@@ -263,4 +350,49 @@ fn slice_pods(s: &EndpointSlice) -> BTreeSet<NsName> {
         .filter_map(|r| r.name.clone())
         .map(|name| (ns.clone(), name))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn kept_pods_lose_what_the_registry_never_reads() {
+        let mut p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "default", "labels": {"app": "a"},
+                "annotations": {"proxy.istio.io/config": "{}", "keep": "me"},
+                "managedFields": [{"manager": "kubectl", "operation": "Apply"}]},
+            "spec": {"serviceAccountName": "sa", "nodeName": "n1",
+                "containers": [{"name": "app", "image": "app", "env": [{"name": "A", "value": "b"}],
+                                "ports": [{"name": "http", "containerPort": 8080}]},
+                               {"name": "noports", "image": "x"}],
+                "initContainers": [{"name": "init", "image": "x"},
+                                   {"name": "native", "image": "x", "restartPolicy": "Always",
+                                    "ports": [{"name": "admin", "containerPort": 9000}]}],
+                "volumes": [{"name": "v", "emptyDir": {}}]},
+            "status": {"podIP": "10.0.0.1", "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": [{"name": "app", "image": "app", "imageID": "", "ready": true, "restartCount": 0}]}
+        }))
+        .unwrap();
+        strip_pod(&mut p);
+        assert!(p.metadata.managed_fields.is_none());
+        let annotations = p.metadata.annotations.as_ref().unwrap();
+        assert!(!annotations.contains_key("proxy.istio.io/config") && annotations.contains_key("keep"));
+        let spec = p.spec.as_ref().unwrap();
+        assert_eq!(spec.service_account_name.as_deref(), Some("sa"));
+        assert_eq!(spec.node_name.as_deref(), Some("n1"));
+        assert_eq!(spec.containers.len(), 1);
+        assert!(spec.containers[0].env.is_none() && spec.containers[0].image.is_none());
+        assert_eq!(spec.containers[0].ports.as_ref().unwrap()[0].container_port, 8080);
+        let init = spec.init_containers.as_ref().unwrap();
+        assert_eq!(init.len(), 1);
+        assert_eq!(init[0].restart_policy.as_deref(), Some("Always"));
+        assert!(spec.volumes.is_none());
+        let status = p.status.as_ref().unwrap();
+        assert!(status.container_statuses.is_none());
+        assert_eq!(status.pod_ip.as_deref(), Some("10.0.0.1"));
+        assert_eq!(status.conditions.as_ref().unwrap().len(), 1);
+    }
 }

@@ -41,10 +41,14 @@ fn selecting_service_entry() -> Arc<model::Config> {
 fn setup() -> (Arc<KubeRegistry>, Environment) {
     let kube = Arc::new(KubeRegistry::new(ctx()));
     let mesh = Arc::new(MeshConfig::default());
+    let source: Arc<dyn environment::ServiceRegistry> = kube.clone();
     let env = Environment::new(
         mesh.clone(),
         "cluster.local".into(),
-        vec![Box::new(kube.clone()), Box::new(ServiceEntries::new(mesh))],
+        vec![
+            Box::new(kube.clone()),
+            Box::new(ServiceEntries::with_workloads(mesh, vec![source])),
+        ],
     );
     let se = ConfigChange {
         events: vec![ConfigEvent::Added(selecting_service_entry())],
@@ -220,4 +224,27 @@ fn incremental_snapshots_equal_a_rebuild() {
         hosts,
         ["a.default.svc.cluster.local", "c.default.svc.cluster.local", LEGACY]
     );
+}
+
+/// A ServiceEntry created after its Pods selects them at once: Pods are asked for, not copied.
+#[test]
+fn a_service_entry_added_later_selects_the_pods_already_there() {
+    let kube = Arc::new(KubeRegistry::new(ctx()));
+    let mesh = Arc::new(MeshConfig::default());
+    let source: Arc<dyn environment::ServiceRegistry> = kube.clone();
+    let env = Environment::new(
+        mesh.clone(),
+        "cluster.local".into(),
+        vec![
+            Box::new(kube.clone()),
+            Box::new(ServiceEntries::with_workloads(mesh, vec![source])),
+        ],
+    );
+    let pod = ready_pod("legacy-1", "10.2.0.1", json!({"app": "legacy"}), true);
+    env.services_changed(kube.apply(vec![KubeEvent::Pod(Change::Apply(pod))]));
+    let u = env.config_changed(&ConfigChange {
+        events: vec![ConfigEvent::Added(selecting_service_entry())],
+    });
+    assert!(u.push.is_some_and(|p| p.full));
+    assert_eq!(legacy_endpoints(&env).len(), 2);
 }

@@ -115,14 +115,19 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     // Kubernetes first: a Service takes precedence over a ServiceEntry of the same host and
     // namespace, as in Istio. Manifests of core Kubernetes objects in --configDir have their own
     // registry, fed by config events.
-    let mut registries: Vec<Box<dyn environment::ServiceRegistry>> = Vec::new();
+    // ServiceEntries select the Pods of both by workloadSelector.
+    let mut kube: Vec<Arc<dyn environment::ServiceRegistry>> = Vec::new();
     if let Some(k) = &kubernetes {
-        registries.push(Box::new(k.registry.clone()));
+        kube.push(k.registry.clone());
     }
-    registries.push(Box::new(kube_registry::KubeRegistry::new(crate::kubernetes::context(
+    kube.push(Arc::new(kube_registry::KubeRegistry::new(crate::kubernetes::context(
         &args, &mesh,
     ))));
-    registries.push(Box::new(ServiceEntries::new(mesh.clone())));
+    let mut registries: Vec<Box<dyn environment::ServiceRegistry>> = kube
+        .iter()
+        .map(|r| Box::new(r.clone()) as Box<dyn environment::ServiceRegistry>)
+        .collect();
+    registries.push(Box::new(ServiceEntries::with_workloads(mesh.clone(), kube)));
     let environment = Arc::new(Environment::new(mesh.clone(), args.domain.clone(), registries));
     // The initial state; the server's first push covers everything.
     let _ = environment.config_changed(&initial_change);

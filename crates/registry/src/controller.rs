@@ -11,10 +11,16 @@ use model::{Config, ConfigKey, ConfigKind, ConfigSpec, MeshConfig};
 
 use crate::{RegistryDiff, RegistrySnapshot, build, diff};
 
+/// Workloads of other registries in a namespace (Kubernetes: its ready Pods), shaped as the
+/// WorkloadEntries a ServiceEntry's `workloadSelector` selects (Istio's `WorkloadInstance`s).
+pub type WorkloadSource = Arc<dyn Fn(&str) -> Vec<Arc<Config>> + Send + Sync>;
+
 /// The ServiceEntry registry's state.
-#[derive(Debug)]
 pub struct ServiceEntryRegistry {
     mesh: Arc<MeshConfig>,
+    /// Where Pods come from; asked only for namespaces with a ServiceEntry selecting workloads, so
+    /// that no copy of every Pod is kept here.
+    workloads: Option<WorkloadSource>,
     /// ServiceEntries and WorkloadEntries by namespace, then key.
     configs: BTreeMap<String, BTreeMap<ConfigKey, Arc<Config>>>,
     /// Services and endpoints built per namespace.
@@ -22,14 +28,31 @@ pub struct ServiceEntryRegistry {
     snapshot: Arc<RegistrySnapshot>,
 }
 
+impl std::fmt::Debug for ServiceEntryRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceEntryRegistry")
+            .field("namespaces", &self.configs.len())
+            .field("services", &self.snapshot.services.len())
+            .field("workloads", &self.workloads.is_some())
+            .finish()
+    }
+}
+
 impl ServiceEntryRegistry {
     pub fn new(mesh: Arc<MeshConfig>) -> ServiceEntryRegistry {
         ServiceEntryRegistry {
             mesh,
+            workloads: None,
             configs: BTreeMap::new(),
             namespaces: BTreeMap::new(),
             snapshot: Arc::default(),
         }
+    }
+
+    /// ServiceEntries select the workloads of `source` as well as WorkloadEntries.
+    pub fn with_workloads(mut self, source: WorkloadSource) -> ServiceEntryRegistry {
+        self.workloads = Some(source);
+        self
     }
 
     /// Whether configs of this kind shape the registry.
@@ -53,27 +76,26 @@ impl ServiceEntryRegistry {
         self.rebuild(touched)
     }
 
-    /// Applies workloads of another registry (Kubernetes Pods, as WorkloadEntry-shaped configs
-    /// keyed by the Pod), which ServiceEntries select by `workloadSelector` as they select
-    /// WorkloadEntries (Istio's `WorkloadInstanceHandler`). Only namespaces with a selecting
-    /// ServiceEntry are rebuilt: elsewhere a Pod changes nothing here.
-    pub fn apply_workloads<'a>(
-        &mut self,
-        changes: impl IntoIterator<Item = (ConfigKey, Option<&'a Arc<Config>>)>,
-    ) -> RegistryDiff {
-        let changes = changes
-            .into_iter()
-            .filter(|(_, c)| c.is_none_or(|c| matches!(c.spec, ConfigSpec::WorkloadEntry(_))));
-        let mut touched = self.store(changes);
-        touched.retain(|ns| {
-            self.configs.get(ns).is_some_and(|configs| {
-                configs.values().any(|c| match &c.spec {
-                    ConfigSpec::ServiceEntry(se) => se.workload_selector.is_some(),
-                    _ => false,
-                })
-            })
-        });
+    /// Workloads of another registry may have changed in these namespaces (Istio's
+    /// `WorkloadInstanceHandler`): the namespaces with a ServiceEntry selecting workloads are
+    /// rebuilt; elsewhere a Pod changes nothing here.
+    pub fn workloads_changed(&mut self, namespaces: &BTreeSet<String>) -> RegistryDiff {
+        let touched = namespaces
+            .iter()
+            .filter(|ns| self.selects_workloads(ns))
+            .cloned()
+            .collect();
         self.rebuild(touched)
+    }
+
+    /// Whether a ServiceEntry of the namespace has a `workloadSelector`.
+    fn selects_workloads(&self, namespace: &str) -> bool {
+        self.configs.get(namespace).is_some_and(|configs| {
+            configs.values().any(|c| match &c.spec {
+                ConfigSpec::ServiceEntry(se) => se.workload_selector.is_some(),
+                _ => false,
+            })
+        })
     }
 
     /// Stores configs; returns the namespaces they are in.
@@ -103,11 +125,14 @@ impl ServiceEntryRegistry {
     fn rebuild(&mut self, touched: BTreeSet<String>) -> RegistryDiff {
         let mut out = RegistryDiff::default();
         for ns in touched {
-            let configs: Vec<Arc<Config>> = self
+            let mut configs: Vec<Arc<Config>> = self
                 .configs
                 .get(&ns)
                 .map(|c| c.values().cloned().collect())
                 .unwrap_or_default();
+            if let Some(source) = self.workloads.as_ref().filter(|_| self.selects_workloads(&ns)) {
+                configs.extend(source(&ns));
+            }
             let new = build(&configs, &self.mesh);
             let old = self.namespaces.remove(&ns).unwrap_or_default();
             out.merge(diff(&old, &new));

@@ -1,10 +1,10 @@
 //! What changed between two registry snapshots, as Istio's `serviceEntryHandler` and
 //! `workloadEntryHandler` decide between a full push and an EDS-only push.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use model::{Config, ConfigKey, Service};
+use model::Service;
 
 use crate::conversion::is_dns;
 use crate::{RegistrySnapshot, ServiceKey};
@@ -20,10 +20,10 @@ pub struct RegistryDiff {
     pub services_changed: BTreeSet<ServiceKey>,
     /// Services whose endpoint list differs (a missing list counts as empty), whatever the reason.
     pub endpoints_changed: BTreeSet<ServiceKey>,
-    /// Workloads (Pods) added, changed or removed, as Istio's `WorkloadInstance` handlers see
-    /// them: shaped as the WorkloadEntry a ServiceEntry's `workloadSelector` selects, keyed by the
-    /// Pod (`None`: no longer a workload: deleted, not ready, or out of scope).
-    pub workloads: BTreeMap<ConfigKey, Option<Arc<Config>>>,
+    /// Namespaces where workloads (Pods) may have been added, changed or removed, as Istio's
+    /// `WorkloadInstance` handlers hear of them: a ServiceEntry there selecting workloads asks the
+    /// registries for them again (see `ServiceEntryRegistry::with_workloads`).
+    pub workload_namespaces: BTreeSet<String>,
     /// IPs of workloads that appeared or whose labels changed: the proxies there are initialised
     /// again from the registry and pushed, as Istio's `ProxyUpdate`.
     pub proxies: BTreeSet<String>,
@@ -32,7 +32,7 @@ pub struct RegistryDiff {
 impl RegistryDiff {
     /// Nothing changed at all.
     pub fn is_empty(&self) -> bool {
-        !self.changes_services() && self.workloads.is_empty() && self.proxies.is_empty()
+        !self.changes_services() && self.workload_namespaces.is_empty() && self.proxies.is_empty()
     }
 
     /// Services or endpoints changed: the registry's snapshot is a new one.
@@ -44,7 +44,7 @@ impl RegistryDiff {
     pub fn merge(&mut self, other: RegistryDiff) {
         self.services_changed.extend(other.services_changed);
         self.endpoints_changed.extend(other.endpoints_changed);
-        self.workloads.extend(other.workloads);
+        self.workload_namespaces.extend(other.workload_namespaces);
         self.proxies.extend(other.proxies);
     }
 

@@ -19,7 +19,7 @@ pub use model::ServiceKey;
 use model::service::Endpoints;
 use model::{Config, ConfigSpec, Endpoint, MeshConfig, Service};
 
-pub use controller::ServiceEntryRegistry;
+pub use controller::{ServiceEntryRegistry, WorkloadSource};
 pub use conversion::{
     LOCALITY_LABEL, SERVICE_REGISTRY_EXTERNAL, TLS_MODE_LABEL, TOPOLOGY_NETWORK, TOPOLOGY_REGION, TOPOLOGY_SUBZONE,
     TOPOLOGY_ZONE, UNIX_ADDRESS_PREFIX, augment_labels, tls_mode, visible_from,
