@@ -129,7 +129,8 @@ pub(crate) fn build_sidecar_outbound_http_route_config<P: SidecarPushView>(
                 plain_hosts.push(h);
             }
             for s in matching {
-                if owners.owner(&s.hostname) == Some(vs_index) && services_with_vs.insert(s.hostname.as_str()) {
+                if owners.owner(&s.hostname) == Some(vs_index) && !own_services.iter().any(|o| o.hostname == s.hostname)
+                {
                     own_services.push(s);
                 }
             }
@@ -141,10 +142,14 @@ pub(crate) fn build_sidecar_outbound_http_route_config<P: SidecarPushView>(
         let gateway_names = [MESH_GATEWAY.to_owned()];
         let ctx = RouteContext::new(push, proxy, vs_config, u32::from(port), &gateway_names, false);
         let routes = route::build_http_routes_for_virtual_service(&ctx);
+        // A VirtualService with no routes here (its matches name other source labels or another
+        // port) leaves its services their default route, as Istio's
+        // `buildSidecarVirtualHostsForVirtualService` returning no virtual host.
         if routes.is_empty() {
             tracing::debug!(vs = %vs_config.key(), route = route_name, "no routes of this VirtualService for the port");
             continue;
         }
+        services_with_vs.extend(own_services.iter().map(|s| s.hostname.as_str()));
         for h in plain_hosts {
             vhosts.push(domain_name(h, port), vec![h.to_owned()], &routes);
         }

@@ -438,3 +438,40 @@ fn match_naming_mesh_applies_to_sidecars_and_one_naming_a_gateway_does_not() {
         ],
     );
 }
+
+/// A VirtualService that produces no route for this proxy or port (its rules match other source
+/// labels, or another port) leaves the service its default route, as Istio: `reviews:9080`
+/// from `app=ratings` reaches `outbound|9080||reviews...`, not PassthroughCluster (or 502).
+#[test]
+fn a_virtual_service_without_routes_for_the_proxy_keeps_the_default_route() {
+    let docs = |http: Value| {
+        vec![
+            svc("reviews", "default", 9080, "10.96.0.10", &[]),
+            config(
+                "VirtualService",
+                "reviews",
+                "default",
+                json!({"hosts": ["reviews"], "http": http}),
+            ),
+        ]
+    };
+    let by_source = docs(json!([{"match": [{"sourceLabels": {"app": "productpage"}}],
+        "route": [{"destination": {"host": "reviews", "subset": "v2"}}]}]));
+    let other_port = docs(json!([{"match": [{"port": 9999}],
+        "route": [{"destination": {"host": "reviews", "subset": "v2"}}]}]));
+    let routes = |docs: Vec<Value>, app: &str, mesh: MeshConfig| {
+        let push = push_with_mesh(mesh, docs);
+        let p = proxy("sidecar", "default", json!({"app": app}));
+        build_route_configs(&p, &push, &["9080".to_owned()]).remove(0)
+    };
+    let registry_only = MeshConfig::from_value(json!({"outboundTrafficPolicy": {"mode": "REGISTRY_ONLY"}})).unwrap();
+    for mesh in [MeshConfig::default(), registry_only] {
+        let from_ratings = routes(by_source.clone(), "ratings", mesh.clone());
+        assert_table(&from_ratings, &[(Request::get("reviews", "/"), cluster(REVIEWS))]);
+        let from_productpage = routes(by_source.clone(), "productpage", mesh.clone());
+        let v2 = Outcome::Cluster(format!("outbound|9080|v2|{REVIEWS}"));
+        assert_table(&from_productpage, &[(Request::get("reviews", "/"), v2)]);
+        let on_9080 = routes(other_port.clone(), "ratings", mesh);
+        assert_table(&on_9080, &[(Request::get("reviews:9080", "/"), cluster(REVIEWS))]);
+    }
+}
