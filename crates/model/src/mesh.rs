@@ -39,6 +39,10 @@ pub struct MeshConfig {
     pub tcp_keepalive: Option<Value>,
     /// Namespaces the Kubernetes registry serves: those matching any selector (all when empty).
     pub discovery_selectors: Vec<LabelSelector>,
+    /// Retries of outbound HTTP routes that set none (a VirtualService's, and default routes).
+    pub default_http_retry_policy: Option<crate::networking::HttpRetry>,
+    /// Retries of sidecars' inbound HTTP routes (only attempts, retryOn and backoff apply there).
+    pub default_inbound_http_retry_policy: Option<crate::networking::HttpRetry>,
     /// Everything else from the file, kept as written.
     #[serde(flatten)]
     pub extra: BTreeMap<String, Value>,
@@ -149,6 +153,8 @@ impl Default for MeshConfig {
             default_providers: None,
             tcp_keepalive: None,
             discovery_selectors: Vec::new(),
+            default_http_retry_policy: None,
+            default_inbound_http_retry_policy: None,
             extra: BTreeMap::new(),
         }
     }

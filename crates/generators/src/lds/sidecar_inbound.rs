@@ -15,7 +15,8 @@ use push_index::{PushContext, ServiceInstance, SidecarScope};
 use xds_api::envoy::config::core::v3::TrafficDirection;
 use xds_api::envoy::config::listener::v3::{FilterChain, FilterChainMatch, Listener};
 use xds_api::envoy::config::route::v3::{
-    Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route, route_action, route_match,
+    Decorator, RetryPolicy, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route, route_action,
+    route_match,
 };
 use xds_api::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, http_connection_manager as hcm,
@@ -40,6 +41,9 @@ pub(crate) struct InboundChain {
     /// The address of a listener of its own (ingress capture mode `NONE`); `None` for a chain of
     /// `virtualInbound`.
     pub(crate) bind: Option<String>,
+    /// The tracing decorator of its route, Istio's `TraceOperation(InstanceHostname, port)`:
+    /// `<service host>:<service port>/*`, `<sidecar>.<namespace>:<port>/*` for Sidecar ingress.
+    pub(crate) operation: String,
 }
 
 /// `virtualInbound` with the proxy's application chains, then a listener per bound ingress listener.
@@ -74,6 +78,7 @@ pub(crate) fn instance_chains(instances: &[ServiceInstance]) -> Vec<InboundChain
             port,
             protocol: instance.service_port.protocol,
             bind: None,
+            operation: format!("{}:{}/*", instance.service.hostname, instance.service_port.port),
         });
     }
     out
@@ -99,7 +104,17 @@ fn ingress_chains(scope: &SidecarScope, default_bind: Option<IpAddr>) -> Vec<Inb
             "" => default_bind.map_or_else(|| WILDCARD_ADDRESS.to_owned(), |ip| ip.to_string()),
             bind => bind.to_owned(),
         });
-        out.push(InboundChain { port, protocol, bind });
+        // Istio: "Sidecar config doesn't have a real hostname", so `<sidecar>.<namespace>`.
+        let host = scope
+            .sidecar()
+            .map(|k| format!("{}.{}", k.name, k.namespace))
+            .unwrap_or_default();
+        out.push(InboundChain {
+            port,
+            protocol,
+            bind,
+            operation: format!("{host}:{port}/*"),
+        });
     }
     out.sort_by_key(|c| c.port);
     out
@@ -148,12 +163,14 @@ pub(crate) fn virtual_inbound_listener_for(mesh: &MeshConfig, proxy: &Proxy, app
             application_protocols: http_alpns(),
             ..Default::default()
         }),
+        // Istio's passthrough chains: port 0, hence the decorator `:0/*`.
         filters: vec![hcm_filter(&inbound_hcm(
             mesh,
             proxy,
             0,
             Protocol::Unsupported,
             passthrough,
+            ":0/*",
         ))],
         ..Default::default()
     });
@@ -197,7 +214,12 @@ fn bound_inbound_listener(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain
 
 /// The filter chains of one application port: HTTP (HCM), TCP (tcp_proxy), or both when sniffed.
 fn filter_chains(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain) -> Vec<FilterChain> {
-    let InboundChain { port, protocol, .. } = *chain;
+    let InboundChain {
+        port,
+        protocol,
+        ref operation,
+        ..
+    } = *chain;
     let cluster = inbound_cluster_name(port);
     let http = || FilterChain {
         name: cluster.clone(),
@@ -209,7 +231,9 @@ fn filter_chains(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain) -> Vec<
             },
             ..destination_port_match(u32::from(port))
         }),
-        filters: vec![hcm_filter(&inbound_hcm(mesh, proxy, port, protocol, &cluster))],
+        filters: vec![hcm_filter(&inbound_hcm(
+            mesh, proxy, port, protocol, &cluster, operation,
+        ))],
         ..Default::default()
     };
     let tcp = || FilterChain {
@@ -238,6 +262,7 @@ fn inbound_hcm(
     port: u16,
     protocol: Protocol,
     cluster: &str,
+    operation: &str,
 ) -> HttpConnectionManager {
     // the passthrough chain (port 0) names its route after the passthrough cluster
     let route_name = if port == 0 {
@@ -256,16 +281,41 @@ fn inbound_hcm(
     if protocol.is_http2() {
         h.http2_protocol_options = Some(Default::default());
     }
-    h.route_specifier = Some(hcm::RouteSpecifier::RouteConfig(inbound_route_config(
-        &route_name,
+    let route = InboundRoute {
+        name: &route_name,
         port,
         cluster,
-    )));
+        operation,
+        // Istio: "reset-before-request" does not work well for gRPC streams, so no inbound
+        // retries on gRPC ports.
+        retries: if matches!(protocol, Protocol::Grpc | Protocol::GrpcWeb) {
+            None
+        } else {
+            crate::route::policy::inbound_retry_policy(mesh.default_inbound_http_retry_policy.as_ref())
+        },
+    };
+    h.route_specifier = Some(hcm::RouteSpecifier::RouteConfig(inbound_route_config(&route)));
     h
 }
 
-/// `inbound|<port>||` with one virtual host `inbound|http|<port>` matching everything.
-fn inbound_route_config(name: &str, port: u16, cluster: &str) -> RouteConfiguration {
+struct InboundRoute<'a> {
+    name: &'a str,
+    port: u16,
+    cluster: &'a str,
+    operation: &'a str,
+    retries: Option<RetryPolicy>,
+}
+
+/// `inbound|<port>||` with one virtual host `inbound|http|<port>` matching everything, as Istio's
+/// `BuildDefaultHTTPInboundRoute`: no timeouts, the inbound retry policy, a tracing decorator.
+fn inbound_route_config(r: &InboundRoute<'_>) -> RouteConfiguration {
+    let InboundRoute {
+        name,
+        port,
+        cluster,
+        operation,
+        ..
+    } = *r;
     let no_timeout = Duration { seconds: 0, nanos: 0 };
     RouteConfiguration {
         name: name.to_owned(),
@@ -287,8 +337,13 @@ fn inbound_route_config(name: &str, port: u16, cluster: &str) -> RouteConfigurat
                         grpc_timeout_header_max: Some(no_timeout),
                         ..Default::default()
                     }),
+                    retry_policy: r.retries.clone(),
                     ..Default::default()
                 })),
+                decorator: Some(Decorator {
+                    operation: operation.to_owned(),
+                    propagate: None,
+                }),
                 ..Default::default()
             }],
             ..Default::default()

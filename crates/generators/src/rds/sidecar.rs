@@ -364,7 +364,9 @@ fn default_route<P: PushView>(proxy: &Proxy, push: &P, service: &Service, port: 
         ))),
         timeout: Some(no_timeout),
         max_grpc_timeout: Some(no_timeout),
-        retry_policy: policy::retry_policy(None, !hash_policy.is_empty()),
+        // Istio's `BuildDefaultHTTPOutboundRoute`: the mesh's default retries, previous hosts
+        // avoided even when the DestinationRule hashes (its `hashPolicy` argument is false here).
+        retry_policy: policy::retry_policy(push.mesh().default_http_retry_policy.as_ref(), false),
         hash_policy,
         ..Default::default()
     };

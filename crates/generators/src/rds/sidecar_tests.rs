@@ -380,8 +380,13 @@ fn envoy_accepts_sidecar_route_configs() {
     let mut docs = mesh_docs();
     docs.push(svc("web", "default", 80, "10.96.0.80", &[]));
     let allow = push_with_mesh(MeshConfig::default(), docs.clone());
+    // The registry-only mesh also sets default retries with Istio 1.26+'s back-off and
+    // previous-hosts fields, so that Envoy checks their translation too.
     let block = push_with_mesh(
-        MeshConfig::from_value(json!({"outboundTrafficPolicy": {"mode": "REGISTRY_ONLY"}})).unwrap(),
+        MeshConfig::from_value(json!({"outboundTrafficPolicy": {"mode": "REGISTRY_ONLY"},
+            "defaultHttpRetryPolicy": {"attempts": 3, "backoff": "25ms", "retryIgnorePreviousHosts": true,
+                                       "retryOn": "reset,503"}}))
+        .unwrap(),
         docs,
     );
     let me = proxy("sidecar", "default", json!({}));
@@ -474,4 +479,47 @@ fn a_virtual_service_without_routes_for_the_proxy_keeps_the_default_route() {
         let on_9080 = routes(other_port.clone(), "ratings", mesh);
         assert_table(&on_9080, &[(Request::get("reviews:9080", "/"), cluster(REVIEWS))]);
     }
+}
+
+/// The default route takes `meshConfig.defaultHttpRetryPolicy` (a mesh that disables retries gets
+/// none), and keeps the previous-hosts predicate even when a DestinationRule hashes, as Istio's
+/// `BuildDefaultHTTPOutboundRoute`.
+#[test]
+fn default_route_retries_follow_the_mesh_default() {
+    let retry = |mesh: MeshConfig, docs: Vec<Value>| {
+        let rc = routes_for(mesh, docs, "default", "9080");
+        let (_, r) = evaluate(&rc, &Request::get("ratings.other", "/"));
+        match r.and_then(|r| r.action.as_ref()) {
+            Some(route::Action::Route(a)) => (a.retry_policy.clone(), a.hash_policy.len()),
+            other => panic!("not a route: {other:?}"),
+        }
+    };
+    let (p, _) = retry(MeshConfig::default(), mesh_docs());
+    assert_eq!(p.map(|p| p.num_retries.map(|n| n.value)), Some(Some(2)));
+
+    let disabled = MeshConfig::from_value(json!({"defaultHttpRetryPolicy": {"attempts": 0}})).unwrap();
+    assert_eq!(retry(disabled, mesh_docs()).0, None, "retries disabled mesh-wide");
+
+    let custom =
+        MeshConfig::from_value(json!({"defaultHttpRetryPolicy": {"attempts": 4, "retryOn": "gateway-error"}})).unwrap();
+    let p = retry(custom, mesh_docs()).0.unwrap();
+    assert_eq!(
+        (p.num_retries.unwrap().value, p.retry_on.as_str()),
+        (4, "gateway-error")
+    );
+
+    let mut hashed = mesh_docs();
+    hashed.push(config(
+        "DestinationRule",
+        "ratings",
+        "other",
+        json!({"host": "ratings", "trafficPolicy": {"loadBalancer": {"consistentHash": {"httpHeaderName": "x-user"}}}}),
+    ));
+    let (p, hashes) = retry(MeshConfig::default(), hashed);
+    assert_eq!(hashes, 1);
+    let p = p.unwrap();
+    assert_eq!(
+        p.retry_host_predicate[0].name,
+        "envoy.retry_host_predicates.previous_hosts"
+    );
 }

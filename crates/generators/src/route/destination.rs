@@ -1,8 +1,8 @@
 //! Route actions of an Istio `HTTPRoute`: forwarding to destinations (`applyHTTPRouteDestination`,
 //! `GetDestinationCluster`), redirects (`ApplyRedirect`) and direct responses (`ApplyDirectResponse`).
 
-use model::networking::{Destination, HttpBody, HttpDirectResponse, HttpRedirect, HttpRetry, HttpRoute};
-use model::{MeshConfig, Service};
+use model::Service;
+use model::networking::{Destination, HttpBody, HttpDirectResponse, HttpRedirect, HttpRoute};
 use xds_api::envoy::config::core::v3::{DataSource, data_source};
 use xds_api::envoy::config::route::v3::{
     DirectResponseAction, RedirectAction, Route, RouteAction, WeightedCluster, redirect_action, route_action,
@@ -39,14 +39,6 @@ pub(crate) fn destination_cluster(
         host,
         u16::try_from(port).unwrap_or(0),
     )
-}
-
-/// The mesh-wide default retry policy (`meshConfig.defaultHttpRetryPolicy`), if one is set.
-fn mesh_default_retry(mesh: &MeshConfig) -> Option<HttpRetry> {
-    let v = mesh.extra.get("defaultHttpRetryPolicy")?;
-    serde_json::from_value(v.clone())
-        .inspect_err(|e| tracing::warn!("meshConfig.defaultHttpRetryPolicy ignored: {e}"))
-        .ok()
 }
 
 /// `applyHTTPRouteDestination`: cluster or weighted clusters, timeout, rewrite, mirrors, retries
@@ -174,14 +166,10 @@ pub(crate) fn route_action<P: PushView>(
             }));
         }
     }
-    let mesh_default;
-    let retries = match &http.retries {
-        Some(r) => Some(r),
-        None => {
-            mesh_default = mesh_default_retry(ctx.push.mesh());
-            mesh_default.as_ref()
-        }
-    };
+    let retries = http
+        .retries
+        .as_ref()
+        .or(ctx.push.mesh().default_http_retry_policy.as_ref());
     action.retry_policy = policy::retry_policy(retries, consistent_hash);
     Some(action)
 }

@@ -21,6 +21,9 @@ use super::matching::string_matcher;
 /// non-idempotent requests; `retriable-status-codes` stays so user codes work).
 pub(crate) const DEFAULT_RETRY_ON: &str = "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes";
 const DEFAULT_NUM_RETRIES: u32 = 2;
+/// Istio's `defaultInboundRetryOn`: a request reset before it reached the application was never
+/// processed, so retrying it is safe for any method.
+const DEFAULT_INBOUND_RETRY_ON: &str = "reset-before-request";
 const HOST_SELECTION_RETRY_MAX_ATTEMPTS: i64 = 5;
 
 /// Protobuf duration from std.
@@ -37,7 +40,8 @@ pub(crate) fn parse_duration(s: Option<&str>) -> Option<xds_api::pbwkt::Duration
 }
 
 /// `retry.ConvertPolicy`: `None` input is Istio's default policy; `attempts <= 0` disables retries.
-/// With consistent hashing the previous-hosts predicate is left out, so retries stay on the hashed host.
+/// With consistent hashing the previous-hosts predicate is left out, so retries stay on the hashed
+/// host, unless `retryIgnorePreviousHosts` says otherwise.
 pub(crate) fn retry_policy(retries: Option<&HttpRetry>, consistent_hash: bool) -> Option<RetryPolicy> {
     let mut out = RetryPolicy {
         num_retries: Some(UInt32Value {
@@ -62,18 +66,17 @@ pub(crate) fn retry_policy(retries: Option<&HttpRetry>, consistent_hash: bool) -
         value: retries.attempts as u32,
     });
     if !retries.retry_on.is_empty() {
-        let (retry_on, codes) = parse_retry_on(&retries.retry_on);
-        out.retry_on = retry_on;
-        if !codes.is_empty() && !out.retry_on.contains("retriable-status-codes") {
-            if !out.retry_on.is_empty() {
-                out.retry_on.push(',');
-            }
-            out.retry_on.push_str("retriable-status-codes");
-        }
-        out.retriable_status_codes = codes;
+        (out.retry_on, out.retriable_status_codes) = retry_on(&retries.retry_on);
     }
     if let Some(d) = parse_duration(retries.per_try_timeout.as_deref()) {
         out.per_try_timeout = Some(d);
+    }
+    if let Some(ignore) = retries.retry_ignore_previous_hosts {
+        out.retry_host_predicate = if ignore {
+            vec![previous_hosts_predicate()]
+        } else {
+            Vec::new()
+        };
     }
     if retries.retry_remote_localities == Some(true) {
         out.retry_priority = Some(retry_policy::RetryPriority {
@@ -83,7 +86,57 @@ pub(crate) fn retry_policy(retries: Option<&HttpRetry>, consistent_hash: bool) -
             ))),
         });
     }
+    out.retry_back_off = back_off(retries);
     Some(out)
+}
+
+/// `retry.ConvertInboundPolicy`, for a sidecar's inbound routes (`meshConfig.
+/// defaultInboundHttpRetryPolicy`): by default two retries of requests reset before they reached
+/// the application (safe for any method); only `attempts`, `retryOn` and `backoff` apply, as the
+/// route has one local destination.
+pub(crate) fn inbound_retry_policy(retries: Option<&HttpRetry>) -> Option<RetryPolicy> {
+    let mut out = RetryPolicy {
+        num_retries: Some(UInt32Value {
+            value: DEFAULT_NUM_RETRIES,
+        }),
+        retry_on: DEFAULT_INBOUND_RETRY_ON.into(),
+        ..Default::default()
+    };
+    let Some(retries) = retries else {
+        return Some(out);
+    };
+    if retries.attempts <= 0 {
+        return None;
+    }
+    out.num_retries = Some(UInt32Value {
+        value: retries.attempts as u32,
+    });
+    if !retries.retry_on.is_empty() {
+        (out.retry_on, out.retriable_status_codes) = retry_on(&retries.retry_on);
+    }
+    out.retry_back_off = back_off(retries);
+    Some(out)
+}
+
+/// `retryOn` as Envoy's policies and status codes, `retriable-status-codes` added for codes.
+fn retry_on(text: &str) -> (String, Vec<u32>) {
+    let (mut retry_on, codes) = parse_retry_on(text);
+    if !codes.is_empty() && !retry_on.contains("retriable-status-codes") {
+        if !retry_on.is_empty() {
+            retry_on.push(',');
+        }
+        retry_on.push_str("retriable-status-codes");
+    }
+    (retry_on, codes)
+}
+
+/// `backoff`: the base interval of Envoy's exponential back-off.
+fn back_off(retries: &HttpRetry) -> Option<retry_policy::RetryBackOff> {
+    let base_interval = parse_duration(retries.backoff.as_deref())?;
+    Some(retry_policy::RetryBackOff {
+        base_interval: Some(base_interval),
+        ..Default::default()
+    })
 }
 
 fn previous_hosts_predicate() -> retry_policy::RetryHostPredicate {
@@ -311,6 +364,7 @@ mod tests {
             per_try_timeout: Some("2s".into()),
             retry_on: "gateway-error, 503,connect-failure,425".into(),
             retry_remote_localities: Some(true),
+            ..Default::default()
         };
         let p = retry_policy(Some(&r), false).unwrap();
         assert_eq!(p.num_retries, Some(UInt32Value { value: 3 }));
@@ -331,6 +385,47 @@ mod tests {
             ),
             None
         );
+    }
+
+    /// Istio 1.26+'s `retryIgnorePreviousHosts` and `backoff`, and the inbound policy.
+    #[test]
+    fn previous_hosts_back_off_and_inbound_retries() {
+        let r = |v: serde_json::Value| serde_json::from_value::<HttpRetry>(v).unwrap();
+        let keep = r(serde_json::json!({"attempts": 2, "retryIgnorePreviousHosts": true, "backoff": "25ms"}));
+        let p = retry_policy(Some(&keep), true).unwrap();
+        assert_eq!(
+            p.retry_host_predicate.len(),
+            1,
+            "asked for, even with consistent hashing"
+        );
+        assert_eq!(
+            p.retry_back_off.unwrap().base_interval,
+            Some(xds_api::pbwkt::Duration {
+                seconds: 0,
+                nanos: 25_000_000
+            })
+        );
+        let drop = r(serde_json::json!({"attempts": 2, "retryIgnorePreviousHosts": false}));
+        assert!(
+            retry_policy(Some(&drop), false)
+                .unwrap()
+                .retry_host_predicate
+                .is_empty()
+        );
+
+        let inbound = inbound_retry_policy(None).unwrap();
+        assert_eq!(inbound.retry_on, "reset-before-request");
+        assert_eq!(inbound.num_retries, Some(UInt32Value { value: 2 }));
+        assert!(inbound.retry_host_predicate.is_empty() && inbound.host_selection_retry_max_attempts == 0);
+        let custom = r(serde_json::json!({"attempts": 4, "retryOn": "reset,503", "perTryTimeout": "1s"}));
+        let p = inbound_retry_policy(Some(&custom)).unwrap();
+        assert_eq!(
+            (p.num_retries.unwrap().value, p.retry_on.as_str()),
+            (4, "reset,retriable-status-codes")
+        );
+        assert_eq!(p.retriable_status_codes, [503]);
+        assert!(p.per_try_timeout.is_none(), "not for inbound routes");
+        assert!(inbound_retry_policy(Some(&r(serde_json::json!({"attempts": 0})))).is_none());
     }
 
     #[test]

@@ -113,10 +113,8 @@ fn consistent_hash_from_the_destination_rule_drops_the_previous_hosts_predicate(
 #[test]
 fn mesh_default_retry_policy_applies_when_the_route_has_none() {
     let mut push = FakePush::with_configs(&[vs_doc(json!([{"route": [{"destination": {"host": "a"}}]}]))]);
-    push.mesh.extra.insert(
-        "defaultHttpRetryPolicy".into(),
-        json!({"attempts": 5, "retryOn": "5xx"}),
-    );
+    push.mesh.default_http_retry_policy =
+        Some(serde_json::from_value(json!({"attempts": 5, "retryOn": "5xx"})).unwrap());
     let r = routes(&push, 80);
     let retry = action(&r[0]).retry_policy.clone().unwrap();
     assert_eq!(retry.num_retries.unwrap().value, 5);

@@ -160,6 +160,11 @@ pub struct HttpRetry {
     /// Envoy `retry_on` policies, comma separated; may include HTTP status codes.
     pub retry_on: String,
     pub retry_remote_localities: Option<bool>,
+    /// Whether retries go to other hosts than the ones tried (Istio 1.26+); unset: yes, unless
+    /// the destination hashes consistently.
+    pub retry_ignore_previous_hosts: Option<bool>,
+    /// The base interval of Envoy's exponential retry back-off (Istio 1.26+).
+    pub backoff: Option<DurationString>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -164,6 +164,7 @@ pub(super) fn check_retries(errs: &mut Errors, path: &str, http: &HttpRoute) {
         );
     }
     check_duration(errs, &format!("{path}.perTryTimeout"), r.per_try_timeout.as_ref());
+    check_duration(errs, &format!("{path}.backoff"), r.backoff.as_ref());
     if !r.retry_on.is_empty() {
         for policy in r.retry_on.split(',') {
             let is_status = policy.parse::<u16>().is_ok_and(is_known_http_status);
@@ -240,6 +241,12 @@ mod tests {
         assert!(
             retries(json!({"attempts": 2, "perTryTimeout": "0.5ms"}))[0]
                 .starts_with("spec.http[0].retries.perTryTimeout")
+        );
+        // Istio 1.26+ fields: accepted (they were "unknown field"), backoff validated as a duration.
+        assert!(retries(json!({"attempts": 2, "backoff": "25ms", "retryIgnorePreviousHosts": false})).is_empty());
+        assert_eq!(
+            retries(json!({"attempts": 2, "backoff": "0.5ms"})),
+            ["spec.http[0].retries.backoff: duration must be greater than 1ms"]
         );
         assert!(http(json!({"timeout": "10s"})).is_empty());
         assert_eq!(
