@@ -227,3 +227,28 @@ fn envoy_accepts_generated_clusters() {
         "Envoy accepted an invalid cluster: the check is not working"
     );
 }
+
+/// Envoy takes the settings of Istio's newer DestinationRule fields (outlier detection error
+/// codes in the cluster's HTTP protocol options).
+#[test]
+fn envoy_accepts_outlier_detection_error_codes() {
+    let envoy = envoy_binary();
+    let p = push(vec![
+        reviews(),
+        destination_rule(
+            "reviews",
+            "default",
+            json!({"host": "reviews", "trafficPolicy": {"outlierDetection": {
+                "consecutive5xxErrors": 2, "outlierDetectionHttpErrorCodes": [502, 503]}}}),
+        ),
+    ]);
+    let clusters = build_clusters(&sidecar("default"), &p);
+    let c = clusters
+        .iter()
+        .find(|c| c.name.starts_with("outbound|") && c.name.contains("reviews"))
+        .expect("a reviews cluster");
+    assert!(c.typed_extension_protocol_options.contains_key(HTTP_PROTOCOL_OPTIONS));
+    if let Err(out) = envoy_validate(&envoy, clusters) {
+        panic!("Envoy rejected outlier detection error codes:\n{out}");
+    }
+}

@@ -624,3 +624,36 @@ fn locality_failover_settings_enable_locality_weighted_lb() {
     ));
     assert!(!weighted(json!({"outlierDetection": {"consecutive5xxErrors": 1}})));
 }
+
+/// Istio's `outlierDetectionHttpErrorCodes`: only these statuses count as errors, through the
+/// cluster's HTTP protocol options (one code: a header match; several: any of them).
+#[test]
+fn outlier_detection_http_error_codes_become_the_error_matcher() {
+    use xds_api::envoy::config::common::matcher::v3::match_predicate::Rule;
+    let with_codes = |codes: serde_json::Value| {
+        let p = push(vec![
+            two_port_service(),
+            destination_rule(
+                "ratings",
+                "default",
+                json!({"host": "ratings", "trafficPolicy": {"outlierDetection": {
+                    "consecutive5xxErrors": 2, "outlierDetectionHttpErrorCodes": codes}}}),
+            ),
+        ]);
+        let clusters = build_clusters(&sidecar("default"), &p);
+        let c = find(&clusters, "outbound|9080||ratings.default.svc.cluster.local").clone();
+        http_options(&c)
+            .and_then(|o| o.outlier_detection)
+            .and_then(|o| o.error_matcher)
+            .and_then(|m| m.rule)
+    };
+    let Some(Rule::HttpResponseHeadersMatch(one)) = with_codes(json!([503])) else {
+        panic!("one code: a header match");
+    };
+    assert_eq!(one.headers[0].name, ":status");
+    let Some(Rule::OrMatch(any)) = with_codes(json!([502, 503, 504])) else {
+        panic!("several codes: any of them");
+    };
+    assert_eq!(any.rules.len(), 3);
+    assert!(with_codes(json!([])).is_none());
+}

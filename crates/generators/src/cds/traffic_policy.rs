@@ -22,7 +22,11 @@ pub(super) fn apply(cw: &mut ClusterWrapper, b: &Builder<'_>, policy: Option<&Cl
         cw.set_h2();
     }
     apply_connection_pool(cw, b.push.mesh(), pool);
-    apply_outlier_detection(&mut cw.cluster, policy.and_then(|p| p.outlier_detection.as_ref()));
+    let outlier = policy.and_then(|p| p.outlier_detection.as_ref());
+    apply_outlier_detection(&mut cw.cluster, outlier);
+    if let Some(o) = outlier.filter(|o| !o.outlier_detection_http_error_codes.is_empty()) {
+        apply_outlier_detection_error_codes(cw, &o.outlier_detection_http_error_codes);
+    }
     apply_load_balancer(cw, b, policy.and_then(|p| p.load_balancer.as_ref()));
     super::tls::apply(cw, b, policy.and_then(|p| p.tls.as_ref()));
     if cw.cluster_type() == cluster::DiscoveryType::OriginalDst {
@@ -176,6 +180,44 @@ fn apply_tcp_keepalive(c: &mut cv3::Cluster, mesh: &MeshConfig, rule: Option<&Tc
             tcp.keepalive_interval = u32_value(i);
         }
     }
+}
+
+/// Istio's `applyOutlierDetectionErrorCodes`: only responses with these `:status` codes count as
+/// errors for outlier detection (Envoy's HTTP protocol option `outlier_detection.error_matcher`).
+fn apply_outlier_detection_error_codes(cw: &mut ClusterWrapper, codes: &[u32]) {
+    use xds_api::envoy::config::common::matcher::v3::{MatchPredicate, match_predicate};
+    use xds_api::envoy::config::route::v3::{HeaderMatcher, header_matcher};
+    use xds_api::envoy::extensions::upstreams::http::v3::http_protocol_options::OutlierDetection as HttpOutlier;
+    use xds_api::envoy::r#type::matcher::v3::{StringMatcher, string_matcher};
+    let mut rules: Vec<MatchPredicate> = codes
+        .iter()
+        .map(|code| MatchPredicate {
+            rule: Some(match_predicate::Rule::HttpResponseHeadersMatch(
+                xds_api::envoy::config::common::matcher::v3::HttpHeadersMatch {
+                    headers: vec![HeaderMatcher {
+                        name: ":status".into(),
+                        header_match_specifier: Some(header_matcher::HeaderMatchSpecifier::StringMatch(
+                            StringMatcher {
+                                match_pattern: Some(string_matcher::MatchPattern::Exact(code.to_string())),
+                                ..Default::default()
+                            },
+                        )),
+                        ..Default::default()
+                    }],
+                },
+            )),
+        })
+        .collect();
+    let predicate = if rules.len() == 1 {
+        rules.remove(0)
+    } else {
+        MatchPredicate {
+            rule: Some(match_predicate::Rule::OrMatch(match_predicate::MatchSet { rules })),
+        }
+    };
+    cw.http_options().outlier_detection = Some(HttpOutlier {
+        error_matcher: Some(predicate),
+    });
 }
 
 /// Istio's `applyOutlierDetection`: success-rate ejection off; consecutive 5xx and gateway

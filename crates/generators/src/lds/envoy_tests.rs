@@ -134,7 +134,8 @@ fn envoy_accepts_generated_gateway_config() {
     let cert_dir = dir.path().to_str().unwrap();
     let mut push = fixture(cert_dir);
     push.mesh.access_log_file = "/dev/stdout".into();
-    // a MUTUAL server too: client validation with a CA file and SAN matching
+    // a MUTUAL server too: client validation with a CA file and SAN matching, and Istio's newer
+    // ecdhCurves and insecureSkipVerify
     let mtls = crate::testing::gateway(
         "mtls",
         "istio-system",
@@ -142,7 +143,7 @@ fn envoy_accepts_generated_gateway_config() {
             {"port": {"number": 8443, "name": "https-mtls", "protocol": "HTTPS"}, "hosts": ["mtls.example.com"],
              "tls": {"mode": "MUTUAL", "serverCertificate": format!("{cert_dir}/tls.crt"), "privateKey": format!("{cert_dir}/tls.key"),
                      "caCertificates": format!("{cert_dir}/tls.crt"), "subjectAltNames": ["spiffe://cluster.local/ns/a/sa/b"],
-                     "minProtocolVersion": "TLSV1_2"}}]),
+                     "minProtocolVersion": "TLSV1_2", "ecdhCurves": ["X25519", "P-256"], "insecureSkipVerify": true}}]),
     );
     push.configs.push(std::sync::Arc::new(
         model::config::parse_config(mtls, "default").unwrap(),

@@ -9,7 +9,7 @@ use model::networking::ServerTlsSettings;
 use xds_api::envoy::config::core::v3::{DataSource, TransportSocket, data_source, transport_socket};
 use xds_api::envoy::extensions::transport_sockets::tls::v3::{
     CertificateValidationContext, CommonTlsContext, DownstreamTlsContext, TlsCertificate, TlsParameters,
-    common_tls_context, tls_parameters::TlsProtocol,
+    certificate_validation_context, common_tls_context, tls_parameters::TlsProtocol,
 };
 use xds_api::pbwkt::BoolValue;
 
@@ -77,17 +77,24 @@ pub(crate) fn downstream_tls_context(tls: &ServerTlsSettings) -> Result<Downstre
                 .collect(),
             verify_certificate_spki: tls.verify_certificate_spki.clone(),
             verify_certificate_hash: tls.verify_certificate_hash.clone(),
+            // Istio: `insecureSkipVerify` accepts client certificates of any trust chain.
+            trust_chain_verification: if tls.insecure_skip_verify == Some(true) {
+                certificate_validation_context::TrustChainVerification::AcceptUntrusted as i32
+            } else {
+                certificate_validation_context::TrustChainVerification::VerifyTrustChain as i32
+            },
             ..Default::default()
         };
         common.validation_context_type = Some(common_tls_context::ValidationContextType::ValidationContext(validation));
     }
     let min = tls.min_protocol_version.as_deref().and_then(tls_protocol);
     let max = tls.max_protocol_version.as_deref().and_then(tls_protocol);
-    if min.is_some() || max.is_some() || !tls.cipher_suites.is_empty() {
+    if min.is_some() || max.is_some() || !tls.cipher_suites.is_empty() || !tls.ecdh_curves.is_empty() {
         common.tls_params = Some(TlsParameters {
             tls_minimum_protocol_version: min.unwrap_or(TlsProtocol::TlsAuto) as i32,
             tls_maximum_protocol_version: max.unwrap_or(TlsProtocol::TlsAuto) as i32,
             cipher_suites: tls.cipher_suites.clone(),
+            ecdh_curves: tls.ecdh_curves.clone(),
             ..Default::default()
         });
     }
@@ -122,6 +129,33 @@ pub(crate) fn tls_transport_socket(ctx: &DownstreamTlsContext) -> TransportSocke
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `ecdhCurves` and `insecureSkipVerify` (accepting client certificates of any trust chain).
+    #[test]
+    fn ecdh_curves_and_insecure_skip_verify() {
+        let tls = ServerTlsSettings {
+            mode: Some("MUTUAL".into()),
+            ecdh_curves: vec!["X25519".into(), "P-256".into()],
+            insecure_skip_verify: Some(true),
+            ..simple()
+        };
+        let common = downstream_tls_context(&tls).unwrap().common_tls_context.unwrap();
+        assert_eq!(common.tls_params.unwrap().ecdh_curves, ["X25519", "P-256"]);
+        let Some(common_tls_context::ValidationContextType::ValidationContext(v)) = common.validation_context_type
+        else {
+            panic!("a validation context");
+        };
+        assert_eq!(
+            v.trust_chain_verification,
+            certificate_validation_context::TrustChainVerification::AcceptUntrusted as i32
+        );
+        let strict = downstream_tls_context(&ServerTlsSettings {
+            mode: Some("MUTUAL".into()),
+            ..simple()
+        })
+        .unwrap();
+        assert!(strict.common_tls_context.unwrap().tls_params.is_none());
+    }
 
     fn simple() -> ServerTlsSettings {
         ServerTlsSettings {

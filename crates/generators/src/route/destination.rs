@@ -204,9 +204,12 @@ pub(crate) fn redirect_action(redirect: &HttpRedirect, listen_port: u32, is_tls:
     };
     let mut out = RedirectAction {
         host_redirect: redirect.authority.clone(),
-        path_rewrite_specifier: Some(redirect_action::PathRewriteSpecifier::PathRedirect(
-            redirect.uri.clone(),
-        )),
+        // Istio's `ApplyRedirect`: the prefix rewrite if set, else the whole path.
+        path_rewrite_specifier: Some(if redirect.prefix_rewrite.is_empty() {
+            redirect_action::PathRewriteSpecifier::PathRedirect(redirect.uri.clone())
+        } else {
+            redirect_action::PathRewriteSpecifier::PrefixRewrite(redirect.prefix_rewrite.clone())
+        }),
         response_code: response_code as i32,
         ..Default::default()
     };
@@ -329,6 +332,20 @@ mod tests {
             "outbound|443||r.ns.svc.cluster.local"
         );
         assert_eq!(destination_cluster(&d(None, ""), "", None, 443), UNKNOWN_SERVICE);
+    }
+
+    /// `prefixRewrite` replaces the matched prefix instead of the whole path (Istio's `ApplyRedirect`).
+    #[test]
+    fn redirect_prefix_rewrite() {
+        let r = HttpRedirect {
+            prefix_rewrite: "/v2/".into(),
+            ..Default::default()
+        };
+        let a = redirect_action(&r, 80, false).unwrap();
+        assert_eq!(
+            a.path_rewrite_specifier,
+            Some(redirect_action::PathRewriteSpecifier::PrefixRewrite("/v2/".into()))
+        );
     }
 
     #[test]

@@ -56,6 +56,12 @@ pub struct LoadBalancerSettings {
     pub locality_lb_setting: Option<LocalityLbSetting>,
     pub warmup_duration_secs: Option<DurationString>,
     pub warmup: Option<WarmupConfiguration>,
+    /// Istio's newer zone-aware routing (`enabled`, `minClusterSize`, `failover`,
+    /// `failoverPriority`): accepted so that the rule's other settings apply; not generated yet.
+    pub zone_aware_lb_setting: Option<serde_json::Value>,
+    /// Client-side weighted round robin from backend utilization reports: accepted and, as by
+    /// istiod, not acted on.
+    pub backend_utilization: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -184,6 +190,8 @@ pub struct OutlierDetection {
     pub base_ejection_time: Option<DurationString>,
     pub max_ejection_percent: Option<i32>,
     pub min_health_percent: Option<i32>,
+    /// HTTP status codes outlier detection counts as errors (instead of 5xx).
+    pub outlier_detection_http_error_codes: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -53,4 +53,11 @@ pub struct ServerTlsSettings {
     pub min_protocol_version: Option<String>,
     pub max_protocol_version: Option<String>,
     pub cipher_suites: Vec<String>,
+    /// Elliptic curves offered for ECDH key exchange (Envoy's `ecdh_curves`).
+    pub ecdh_curves: Vec<String>,
+    /// The credential holding the CA certificate for client validation, instead of
+    /// `<credentialName>-cacert` (used with `credentialName`, served over SDS).
+    pub ca_cert_credential_name: String,
+    /// Accept client certificates whatever their trust chain (MUTUAL and OPTIONAL_MUTUAL).
+    pub insecure_skip_verify: Option<bool>,
 }

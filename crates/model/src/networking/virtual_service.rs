@@ -34,7 +34,8 @@ pub struct HttpRoute {
     pub mirror: Option<Destination>,
     pub mirrors: Vec<HttpMirrorPolicy>,
     pub mirror_percentage: Option<Percent>,
-    /// Deprecated integer percent of `mirrorPercentage`.
+    /// Deprecated integer percent of `mirrorPercentage` (Istio's CRD also names it `mirror_percent`).
+    #[serde(alias = "mirror_percent")]
     pub mirror_percent: Option<u32>,
     pub cors_policy: Option<CorsPolicy>,
     pub headers: Option<Headers>,
@@ -105,6 +106,8 @@ pub struct HeaderOperations {
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct HttpRedirect {
     pub uri: String,
+    /// Replaces the matched prefix of the path (instead of `uri`, the whole path).
+    pub prefix_rewrite: String,
     pub authority: String,
     /// Either a port number or `derivePort` (FROM_PROTOCOL_DEFAULT / FROM_REQUEST_PORT).
     pub port: Option<u32>,

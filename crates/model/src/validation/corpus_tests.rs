@@ -8,7 +8,7 @@ use serde_json::Value;
 use crate::config::{ConfigError, ConfigSpec, parse_config};
 
 /// `<workspace>/../shared/corpus/istio`; panics (failing the test) when the corpus is not there.
-fn corpus_root() -> PathBuf {
+pub(super) fn corpus_root() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let root = manifest.join("../../../shared/corpus/istio");
     assert!(

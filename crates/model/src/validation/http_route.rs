@@ -193,7 +193,26 @@ fn check_redirect(errs: &mut Errors, path: &str, http: &HttpRoute) {
         r.derive_port.as_ref(),
         &["FROM_PROTOCOL_DEFAULT", "FROM_REQUEST_PORT"],
     );
-    if r.uri.is_empty() && r.authority.is_empty() && r.port.is_none() && r.derive_port.is_none() && r.scheme.is_empty()
+    if !r.uri.is_empty() && !r.prefix_rewrite.is_empty() {
+        errs.add(path, "redirect may only specify one of uri or prefix_rewrite");
+    }
+    if !r.prefix_rewrite.is_empty()
+        && http
+            .match_
+            .iter()
+            .any(|m| m.uri.as_ref().is_some_and(|u| u.prefix.is_none()))
+    {
+        errs.add(
+            path,
+            "redirect prefix_rewrite requires all URI matches to use prefix match type",
+        );
+    }
+    if r.uri.is_empty()
+        && r.prefix_rewrite.is_empty()
+        && r.authority.is_empty()
+        && r.port.is_none()
+        && r.derive_port.is_none()
+        && r.scheme.is_empty()
     {
         errs.add(path, "redirect must specify URI, authority, scheme, or port");
     }
@@ -324,6 +343,23 @@ mod tests {
         assert_eq!(
             redirect(json!({"redirectCode": 308})),
             ["spec.http[0].redirect: redirect must specify URI, authority, scheme, or port"]
+        );
+        assert_eq!(
+            http(json!({"route": null, "match": [{"uri": {"prefix": "/v1/"}}], "redirect": {"prefixRewrite": "/v2/"}})),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            redirect(json!({"uri": "/a", "prefixRewrite": "/b"})),
+            ["spec.http[0].redirect: redirect may only specify one of uri or prefix_rewrite"]
+        );
+        assert_eq!(
+            http(json!({"route": null, "match": [{"uri": {"exact": "/v1"}}], "redirect": {"prefixRewrite": "/v2/"}})),
+            ["spec.http[0].redirect: redirect prefix_rewrite requires all URI matches to use prefix match type"]
+        );
+        // The deprecated `mirror_percent` spelling of Istio's CRD is `mirrorPercent`.
+        assert!(
+            http(json!({"route": [{"destination": {"host": "a"}}], "mirror": {"host": "b"}, "mirror_percent": 5}))
+                .is_empty()
         );
         assert!(redirect(json!({"uri": "/x", "redirectCode": 200}))[0].contains("not a valid redirect code"));
         assert!(redirect(json!({"uri": "/x", "scheme": "ftp"}))[0].starts_with("spec.http[0].redirect.scheme"));

@@ -80,6 +80,8 @@ pub fn is_dns1123_subdomain(s: &str) -> bool {
 
 #[cfg(test)]
 mod corpus_tests;
+#[cfg(test)]
+mod crd_schema_tests;
 
 /// The problems `parse_config` finds in a `networking.istio.io/v1` resource named `test` in
 /// namespace `ns`; panics when the spec does not decode.
