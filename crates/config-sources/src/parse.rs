@@ -103,9 +103,38 @@ fn yaml_documents(text: &str) -> Result<Vec<(Value, Option<u32>)>, String> {
         .filter(|d| !d.value.is_null())
         .map(|d| {
             let line = d.referenced.line();
-            (d.value, u32::try_from(line).ok().filter(|l| *l > 0))
+            let mut value = d.value;
+            ipv6_list_items_as_go_reads_them(&mut value);
+            (value, u32::try_from(line).ok().filter(|l| *l > 0))
         })
         .collect())
+}
+
+/// Istio reads YAML with Go's parser, which takes `[1.2.3.4, 2001:db8::]` as two addresses; a
+/// YAML 1.2 parser reads the last `:` of `2001:db8::` before `]` (or `,`, or a line end) as a
+/// mapping indicator and yields the item `{"2001:db8:": null}`. Such an item, whose key with the
+/// `:` put back is an IPv6 address, is turned back into that address, so that configs mean here
+/// what they mean to istiod.
+fn ipv6_list_items_as_go_reads_them(v: &mut Value) {
+    match v {
+        Value::Array(items) => {
+            for item in items.iter_mut() {
+                let restored = match item {
+                    Value::Object(m) if m.len() == 1 => m.iter().next().and_then(|(k, v)| {
+                        let address = format!("{k}:");
+                        (v.is_null() && address.parse::<std::net::Ipv6Addr>().is_ok()).then_some(address)
+                    }),
+                    _ => None,
+                };
+                match restored {
+                    Some(address) => *item = Value::String(address),
+                    None => ipv6_list_items_as_go_reads_them(item),
+                }
+            }
+        }
+        Value::Object(m) => m.values_mut().for_each(ipv6_list_items_as_go_reads_them),
+        _ => {}
+    }
 }
 
 /// One or more concatenated JSON values, each with the line it starts on.

@@ -56,6 +56,25 @@ fn multi_document_yaml_skips_empty_documents() {
     assert_eq!(se.endpoints[0].address, "127.0.0.1");
 }
 
+/// `addresses: [1.2.3.4, 2001:db8::]` is two addresses, as Go's YAML parser (istiod's) reads it,
+/// where a YAML 1.2 parser reads the IPv6 one as a one-key map.
+#[test]
+fn ipv6_addresses_in_flow_lists_are_read_as_istio_reads_them() {
+    let text = "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: v6}\n\
+        spec: {hosts: [v6.example.com], addresses: [1.2.3.4, 2001:db8::], location: MESH_INTERNAL,\n\
+        ports: [{number: 80, name: http}], resolution: STATIC, endpoints: [{address: \"2001:db8::1\"}]}\n";
+    let results = parse_documents(text, Path::new("v6.yaml"));
+    let config = results[0].as_ref().unwrap_or_else(|e| panic!("{e}"));
+    let ConfigSpec::ServiceEntry(se) = &config.spec else {
+        panic!("not a ServiceEntry")
+    };
+    assert_eq!(se.addresses, ["1.2.3.4", "2001:db8::"]);
+    // A one-key map that is no address stays a map (and is refused as the kind says).
+    let mut v = serde_json::json!([{"a:b": null}, {"fe80:": null}, {"x": 1}]);
+    ipv6_list_items_as_go_reads_them(&mut v);
+    assert_eq!(v, serde_json::json!([{"a:b": null}, "fe80::", {"x": 1}]));
+}
+
 #[test]
 fn namespace_defaults_when_missing() {
     let text = "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: x}\nspec: {hosts: [x.com]}\n";
