@@ -17,6 +17,8 @@ use test_support::netns::{Network, Pod};
 const VIP: &str = "240.240.0.10";
 const TCP_VIP: &str = "240.240.0.11";
 const TCP_HOST: &str = "tcp-echo.default.svc.cluster.local";
+const GREETER_VIP: &str = "240.240.0.12";
+const GREETER_HOST: &str = "greeter.default.svc.cluster.local";
 const URL: &str = "http://reviews.default.svc.cluster.local:9080/";
 
 struct SidecarMesh {
@@ -98,6 +100,17 @@ spec:
   ports: [{number: 9090, name: tcp, protocol: TCP}]
   resolution: STATIC
   workloadSelector: {labels: {version: v1}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: greeter, namespace: default}
+spec:
+  hosts: [greeter.default.svc.cluster.local]
+  addresses: [240.240.0.12]
+  location: MESH_INTERNAL
+  ports: [{number: 9091, name: tcp-greeter, protocol: TCP}]
+  resolution: STATIC
+  workloadSelector: {labels: {version: v1}}
 "#;
 
 impl SidecarMesh {
@@ -105,13 +118,15 @@ impl SidecarMesh {
         SidecarMesh::start_with(&virtual_service(v1_weight), outbound_policy).await
     }
 
-    /// Pods productpage (client), reviews-v1 (also the TCP app on 9090 and an HTTP app on 7777
-    /// that no service declares) and reviews-v2, with `virtual_service` for reviews.
+    /// Pods productpage (client), reviews-v1 (also the TCP app on 9090, a server-first one on 9091
+    /// and an HTTP app on 7777 that no service declares) and reviews-v2, with `virtual_service`
+    /// for reviews.
     async fn start_with(virtual_service: &str, outbound_policy: &str) -> anyhow::Result<SidecarMesh> {
         let net = Network::create()?;
         let hosts = [
             format!("{VIP} reviews.default.svc.cluster.local reviews"),
             format!("{TCP_VIP} {TCP_HOST}"),
+            format!("{GREETER_VIP} {GREETER_HOST}"),
         ];
         let hosts: Vec<&str> = hosts.iter().map(String::as_str).collect();
         let mut client = net.pod("productpage", &hosts)?;
@@ -146,6 +161,7 @@ impl SidecarMesh {
             pod.start_app(9080)?;
             if *version == "v1" {
                 pod.start_tcp_app(9090)?;
+                pod.start_greeter_app(9091)?;
                 pod.start_app(7777)?;
             }
             pod.capture()?;
@@ -397,6 +413,11 @@ mod netns {
                 .unwrap()
                 >= 1
         );
+
+        // A server-first TCP service (the server speaks first, as MySQL does): the greeting comes
+        // through at once, as no inspector waits for client bytes on a port declared TCP.
+        let greeting = mesh.client.tcp_app_greeting(GREETER_HOST, 9091).unwrap();
+        assert_eq!(greeting, "reviews-v1 ready");
 
         // ALLOW_ANY: an address and port no service declares passes through to its destination.
         let url = format!("http://{}:7777/", mesh.reviews["v1"].ip);

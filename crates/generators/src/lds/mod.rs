@@ -3,6 +3,7 @@
 
 pub(crate) mod gateway;
 pub(crate) mod hcm;
+mod inspectors;
 pub(crate) mod merged_gateway;
 pub(crate) mod sidecar;
 pub(crate) mod sidecar_inbound;

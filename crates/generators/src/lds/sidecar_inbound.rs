@@ -26,8 +26,8 @@ use xds_api::pbwkt::{BoolValue, Duration};
 use super::gateway::WILDCARD_ADDRESS;
 use super::sidecar::{
     INBOUND_LISTEN_PORT, PLAINTEXT_HTTP_ALPNS, VIRTUAL_INBOUND_LISTENER, destination_port_match, hcm_filter,
-    http_inspector, original_dst, set_bind_to_port, set_protocol_detection_timeout, sidecar_outbound_hcm,
-    socket_address, tcp_proxy_filter, tls_inspector,
+    original_dst, set_bind_to_port, set_protocol_detection_timeout, sidecar_outbound_hcm, socket_address,
+    tcp_proxy_filter,
 };
 use crate::cds::inbound::inbound_cluster_name;
 use crate::names;
@@ -179,11 +179,15 @@ pub(crate) fn virtual_inbound_listener_for(mesh: &MeshConfig, proxy: &Proxy, app
         filters: vec![tcp_proxy_filter(mesh, passthrough, passthrough)],
         ..Default::default()
     });
+    // Istio's `populateListenerFilters`: the inspectors only where a chain needs them, so that
+    // ports declared TCP (server-first protocols, short messages) are never held for sniffing.
+    let mut listener_filters = vec![original_dst()];
+    listener_filters.extend(super::inspectors::inspectors(&chains));
     let mut l = Listener {
         name: VIRTUAL_INBOUND_LISTENER.into(),
         address: Some(socket_address(WILDCARD_ADDRESS, INBOUND_LISTEN_PORT)),
         traffic_direction: TrafficDirection::Inbound as i32,
-        listener_filters: vec![original_dst(), tls_inspector(), http_inspector()],
+        listener_filters,
         filter_chains: chains,
         ..Default::default()
     };
@@ -192,19 +196,16 @@ pub(crate) fn virtual_inbound_listener_for(mesh: &MeshConfig, proxy: &Proxy, app
 }
 
 /// Istio's `inboundCustomListener`: `<bind>_<port>` bound to that address, with the chain's filter
-/// chains; an http_inspector only when the protocol is sniffed.
+/// chains and the inspectors they need (the HTTP inspector only when the protocol is sniffed).
 fn bound_inbound_listener(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain) -> Listener {
     let bind = chain.bind.as_deref().unwrap_or(WILDCARD_ADDRESS);
+    let filter_chains = filter_chains(mesh, proxy, chain);
     let mut l = Listener {
         name: format!("{bind}_{}", chain.port),
         address: Some(socket_address(bind, u32::from(chain.port))),
         traffic_direction: TrafficDirection::Inbound as i32,
-        listener_filters: if chain.protocol == Protocol::Unsupported {
-            vec![http_inspector()]
-        } else {
-            Vec::new()
-        },
-        filter_chains: filter_chains(mesh, proxy, chain),
+        listener_filters: super::inspectors::inspectors(&filter_chains),
+        filter_chains,
         ..Default::default()
     };
     set_protocol_detection_timeout(&mut l, mesh);

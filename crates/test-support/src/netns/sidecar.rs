@@ -65,12 +65,45 @@ socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
         Ok(())
     }
 
+    /// Starts a server-first TCP app on `port` (as MySQL or SMTP): on connect it sends
+    /// `<pod> ready` and waits, without reading.
+    pub fn start_greeter_app(&mut self, port: u16) -> anyhow::Result<()> {
+        let script = format!(
+            r#"import socketserver, time
+class H(socketserver.BaseRequestHandler):
+    def handle(self):
+        self.request.sendall(b"{name} ready\n"); time.sleep(10)
+socketserver.TCPServer.allow_reuse_address = True
+socketserver.ThreadingTCPServer.daemon_threads = True
+socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
+"#,
+            name = self.name
+        );
+        self.spawn(&format!("greeter-app-{port}.log"), &["python3", "-c", &script], &[])?;
+        Ok(())
+    }
+
+    /// As an app (captured): connects to `host:port` over TCP and returns the first line the
+    /// server sends, sending nothing (fails after 5 s without one).
+    pub fn tcp_app_greeting(&self, host: &str, port: u16) -> anyhow::Result<String> {
+        let script = format!(
+            "import socket\ns = socket.create_connection(({host:?}, {port}), timeout=5)\n\
+             print(s.makefile().readline(), end='')\n"
+        );
+        self.run_python_as_app(&script, host, port)
+    }
+
     /// As an app (captured): connects to `host:port` over TCP, sends one line, returns the answer.
     pub fn tcp_app(&self, host: &str, port: u16, line: &str) -> anyhow::Result<String> {
         let script = format!(
             "import socket\ns = socket.create_connection(({host:?}, {port}), timeout=5)\n\
              s.sendall({line:?}.encode() + b'\\n')\nprint(s.makefile().readline(), end='')\n"
         );
+        self.run_python_as_app(&script, host, port)
+    }
+
+    /// Runs a python script as the app (uid `nobody`, captured); its standard output, trimmed.
+    fn run_python_as_app(&self, script: &str, host: &str, port: u16) -> anyhow::Result<String> {
         // `nobody` may not reach a python3 shim under /root (pyenv): take the system one.
         let python = if std::path::Path::new("/usr/bin/python3").exists() {
             "/usr/bin/python3"
@@ -78,7 +111,7 @@ socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
             "python3"
         };
         let mut args = AS_APP.to_vec();
-        args.extend([python, "-c", &script]);
+        args.extend([python, "-c", script]);
         let out = self.exec(&args)?;
         if !out.status.success() {
             bail!("TCP to {host}:{port} failed: {}", String::from_utf8_lossy(&out.stderr));
