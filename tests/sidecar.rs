@@ -111,6 +111,17 @@ spec:
   ports: [{number: 9091, name: tcp-greeter, protocol: TCP}]
   resolution: STATIC
   workloadSelector: {labels: {version: v1}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: web, namespace: default}
+spec:
+  hosts: [web.example.com]
+  addresses: [240.240.0.13]
+  location: MESH_EXTERNAL
+  ports: [{number: 9092, name: http-web, protocol: HTTP}]
+  resolution: STATIC
+  endpoints: [{address: 10.255.0.1}]
 "#;
 
 impl SidecarMesh {
@@ -118,9 +129,9 @@ impl SidecarMesh {
         SidecarMesh::start_with(&virtual_service(v1_weight), outbound_policy).await
     }
 
-    /// Pods productpage (client), reviews-v1 (also the TCP app on 9090, a server-first one on 9091
-    /// and an HTTP app on 7777 that no service declares) and reviews-v2, with `virtual_service`
-    /// for reviews.
+    /// Pods productpage (client), reviews-v1 (also the TCP app on 9090, a server-first one on 9091,
+    /// a TCP app on 9092 where web.example.com declares HTTP, and an HTTP app on 7777 that no
+    /// service declares) and reviews-v2, with `virtual_service` for reviews.
     async fn start_with(virtual_service: &str, outbound_policy: &str) -> anyhow::Result<SidecarMesh> {
         let net = Network::create()?;
         let hosts = [
@@ -162,6 +173,8 @@ impl SidecarMesh {
             if *version == "v1" {
                 pod.start_tcp_app(9090)?;
                 pod.start_greeter_app(9091)?;
+                // raw TCP on a port a mesh service (web.example.com) declares HTTP
+                pod.start_tcp_app(9092)?;
                 pod.start_app(7777)?;
             }
             pod.capture()?;
@@ -418,6 +431,12 @@ mod netns {
         // through at once, as no inspector waits for client bytes on a port declared TCP.
         let greeting = mesh.client.tcp_app_greeting(GREETER_HOST, 9091).unwrap();
         assert_eq!(greeting, "reviews-v1 ready");
+
+        // Raw TCP to a port that a mesh service declares HTTP, at an address that is no service:
+        // not parsed as HTTP, but passed through to its destination, as Istio sniffs it.
+        let other = mesh.reviews["v1"].ip.to_string();
+        let answer = mesh.client.tcp_app(&other, 9092, "raw").unwrap();
+        assert_eq!(answer, "reviews-v1 raw");
 
         // ALLOW_ANY: an address and port no service declares passes through to its destination.
         let url = format!("http://{}:7777/", mesh.reviews["v1"].ip);

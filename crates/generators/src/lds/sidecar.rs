@@ -89,10 +89,13 @@ pub(crate) fn virtual_outbound_listener(mesh: &MeshConfig, registry_only: bool) 
     }
 }
 
+/// The transport protocol of a connection no TLS inspector recognised as TLS.
+const RAW_BUFFER_TRANSPORT_PROTOCOL: &str = "raw_buffer";
+
 /// What an outbound listener serves.
 #[derive(Debug, Clone, PartialEq)]
 enum OutboundKind {
-    /// HTTP: the HCM with RDS `<port>`.
+    /// HTTP on an address of its own (a Sidecar egress `bind`): the HCM with RDS `<port>`.
     Http,
     /// TCP, TLS, Mongo, Redis, MySQL: network chains (`sidecar_tcp`), from `tcp`/`tls` routes of
     /// mesh VirtualServices or to the service's cluster.
@@ -100,7 +103,10 @@ enum OutboundKind {
         protocol: Protocol,
         chains: Vec<NetworkChain>,
     },
-    /// Unknown protocol: sniffed HTTP (RDS `<port>`), else the network chains of a TCP port.
+    /// Sniffed: HTTP (by the HTTP inspector's ALPN) to RDS `<port>`, anything else to the network
+    /// chains of the TCP services of the port, else through (`PassthroughFilterChain`). Unknown
+    /// protocols, and HTTP on the wildcard address, as Istio: a TCP or TLS connection to a port
+    /// that some mesh service declares HTTP still reaches its destination.
     Sniffed { chains: Vec<NetworkChain> },
 }
 
@@ -225,6 +231,8 @@ fn add_outbound_entry(ctx: &EgressContext<'_>, listeners: &mut Vec<OutboundEntry
         sidecar_tcp::outbound_network_chains(push, proxy, service, port, &vip, cidr, vses)
     };
     let kind = match port.protocol {
+        // Istio: HTTP on the wildcard is sniffed, with a TCP fall-through
+        p if p.is_http() && bind == WILDCARD_ADDRESS => OutboundKind::Sniffed { chains: Vec::new() },
         p if p.is_http() => OutboundKind::Http,
         Protocol::Unsupported => OutboundKind::Sniffed { chains: chains() },
         protocol => OutboundKind::Tcp {
@@ -243,31 +251,51 @@ fn add_outbound_entry(ctx: &EgressContext<'_>, listeners: &mut Vec<OutboundEntry
         });
         return;
     };
-    match (&mut existing.kind, kind) {
-        // HTTP wins a wildcard port over TCP services without VIP (which Envoy could not
-        // tell apart without SNI anyway), whatever the order of the services
-        (existing_kind @ OutboundKind::Tcp { .. }, OutboundKind::Http) => *existing_kind = OutboundKind::Http,
-        (
-            OutboundKind::Tcp {
-                protocol: current,
-                chains,
-            },
-            OutboundKind::Tcp {
-                protocol,
-                chains: incoming,
-            },
-        ) if !sidecar_tcp::well_known_port_conflict(protocol, *current) => {
-            sidecar_tcp::merge_network_chains(chains, incoming, &name);
+    merge_outbound_kind(&mut existing.kind, kind, port.protocol, &name);
+}
+
+/// Istio's conflict handling between the services of one outbound listener: HTTP and TCP mixed
+/// are merged and sniffed (`HTTPOverTCP`, `TCPOverHTTP`, `AutoOverTCP`), TCP chains merge where
+/// Envoy can tell them apart (`TCPOverTCP`, `TCPOverAuto`), a sniffed service replaces HTTP on an
+/// address of its own (`AutoOverHTTP`), and HTTP joins HTTP. Mongo and MySQL, server-first
+/// protocols an inspector would break, share a listener with nothing else.
+fn merge_outbound_kind(existing: &mut OutboundKind, incoming: OutboundKind, incoming_protocol: Protocol, name: &str) {
+    let existing_protocol = match existing {
+        OutboundKind::Tcp { protocol, .. } => *protocol,
+        OutboundKind::Http => Protocol::Http,
+        OutboundKind::Sniffed { .. } => Protocol::Unsupported,
+    };
+    if sidecar_tcp::well_known_port_conflict(incoming_protocol, existing_protocol) {
+        tracing::debug!(
+            listener = name,
+            ?incoming_protocol,
+            ?existing_protocol,
+            "outbound listener conflict on a well known port: first service kept"
+        );
+        return;
+    }
+    let tcp_chains = |k: OutboundKind| match k {
+        OutboundKind::Tcp { chains, .. } | OutboundKind::Sniffed { chains } => chains,
+        OutboundKind::Http => Vec::new(),
+    };
+    match (existing, incoming) {
+        (OutboundKind::Sniffed { chains }, incoming) => {
+            sidecar_tcp::merge_network_chains(chains, tcp_chains(incoming), name);
         }
-        (current, kind) if *current != kind => {
-            tracing::debug!(
-                proxy = ctx.proxy.id,
-                listener = name,
-                service = service.hostname,
-                "outbound listener conflict: first service kept"
-            );
+        (OutboundKind::Tcp { chains, .. }, OutboundKind::Tcp { chains: incoming, .. }) => {
+            sidecar_tcp::merge_network_chains(chains, incoming, name);
         }
-        _ => {}
+        (existing @ OutboundKind::Tcp { .. }, incoming) => {
+            let mut chains = tcp_chains(std::mem::replace(existing, OutboundKind::Http));
+            sidecar_tcp::merge_network_chains(&mut chains, tcp_chains(incoming), name);
+            *existing = OutboundKind::Sniffed { chains };
+        }
+        (existing @ OutboundKind::Http, incoming @ (OutboundKind::Sniffed { .. } | OutboundKind::Tcp { .. })) => {
+            *existing = OutboundKind::Sniffed {
+                chains: tcp_chains(incoming),
+            };
+        }
+        (OutboundKind::Http, OutboundKind::Http) => {}
     }
 }
 
@@ -311,36 +339,35 @@ fn outbound_listener(mesh: &MeshConfig, registry_only: bool, proxy: &Proxy, entr
         ))],
         ..Default::default()
     };
-    let network_chain = |c: NetworkChain| FilterChain {
-        filter_chain_match: c.filter_chain_match(),
-        filters: c.filters,
-        ..Default::default()
+    let Some(chains) = sniffed_chains else {
+        let mut l = Listener {
+            name,
+            address: Some(socket_address(&bind, u32::from(port))),
+            traffic_direction: TrafficDirection::Outbound as i32,
+            filter_chains: vec![http_chain(None)],
+            ..Default::default()
+        };
+        set_bind_to_port(&mut l, bind_to_port);
+        return l;
     };
-    let (listener_filters, filter_chains) = match sniffed_chains {
-        None => (Vec::new(), vec![http_chain(None)]),
-        Some(chains) => {
-            // the TCP chains stay in `filter_chains` behind the ALPN-matched HTTP chain
-            let mut filter_chains = vec![http_chain(Some(FilterChainMatch {
-                application_protocols: PLAINTEXT_HTTP_ALPNS.iter().map(|s| s.to_string()).collect(),
-                ..Default::default()
-            }))];
-            filter_chains.extend(chains.into_iter().map(network_chain));
-            (vec![http_inspector()], filter_chains)
-        }
-    };
-    let sniffing = !listener_filters.is_empty();
-    let mut l = Listener {
-        name,
-        address: Some(socket_address(&bind, u32::from(port))),
-        bind_to_port: Some(BoolValue { value: false }),
-        traffic_direction: TrafficDirection::Outbound as i32,
-        listener_filters,
-        filter_chains,
-        ..Default::default()
-    };
-    if sniffing {
-        set_protocol_detection_timeout(&mut l, mesh);
+    // Istio's `buildListenerFromEntry` for a sniffed listener: the network chains as a TCP
+    // listener has them (a catch-all chain as the default one, else `PassthroughFilterChain`), in
+    // front of them the HTTP chain for what the HTTP inspector recognises.
+    let mut l = sidecar_tcp::network_listener(mesh, registry_only, name, &bind, port, chains);
+    if l.default_filter_chain.is_none() && l.filter_chains.len() == 1 && l.filter_chains[0].filter_chain_match.is_none()
+    {
+        l.default_filter_chain = l.filter_chains.pop();
     }
+    l.filter_chains.insert(
+        0,
+        http_chain(Some(FilterChainMatch {
+            application_protocols: PLAINTEXT_HTTP_ALPNS.iter().map(|s| s.to_string()).collect(),
+            transport_protocol: RAW_BUFFER_TRANSPORT_PROTOCOL.into(),
+            ..Default::default()
+        })),
+    );
+    l.listener_filters.push(http_inspector());
+    set_protocol_detection_timeout(&mut l, mesh);
     set_bind_to_port(&mut l, bind_to_port);
     l
 }

@@ -62,7 +62,8 @@ fn listener<'a>(ls: &'a [Listener], name: &str) -> &'a Listener {
 }
 
 /// The chain Envoy picks for a connection to `port` (`alpn` from http_inspector, if any):
-/// destination port first, then application protocols, as Envoy's filter chain matching.
+/// destination port first, then application protocols, as Envoy's filter chain matching; the
+/// default chain when none matches.
 fn chain_for<'a>(l: &'a Listener, port: u32, alpn: Option<&str>) -> &'a FilterChain {
     let matches_alpn = |c: &FilterChain| {
         let protocols = c.filter_chain_match.as_ref().map(|m| &m.application_protocols);
@@ -89,24 +90,45 @@ fn chain_for<'a>(l: &'a Listener, port: u32, alpn: Option<&str>) -> &'a FilterCh
     alpn_specific
         .or_else(|| candidates.iter().find(|c| matches_alpn(c)))
         .copied()
+        .or(l.default_filter_chain.as_ref())
         .unwrap_or_else(|| panic!("no chain of {} for port {port}", l.name))
 }
 
+/// HTTP ports share the wildcard listener, sniffed as Istio's: HTTP (by ALPN) to RDS `<port>`,
+/// anything else to the TCP service of the port without VIP (`legacy`'s 9080), which Istio keeps
+/// as the fall-through chain.
 #[test]
 fn outbound_http_port_goes_to_the_shared_wildcard_listener_with_rds_named_after_the_port() {
     let ls = build_listeners(&sidecar("default"), &push(mesh()));
     let l = listener(&ls, "0.0.0.0_9080");
     assert_eq!(l.bind_to_port.as_ref().map(|b| b.value), Some(false));
-    assert_eq!(
-        l.filter_chains.len(),
-        1,
-        "legacy's TCP 9080 without VIP conflicts and is dropped"
-    );
-    let chain = chain_for(l, 9080, None);
+    assert!(l.listener_filters.iter().any(|f| f.name == HTTP_INSPECTOR));
+    let chain = chain_for(l, 9080, Some("http/1.1"));
     assert_eq!(rds_name(chain).as_deref(), Some("9080"));
+    let m = chain.filter_chain_match.as_ref().unwrap();
+    assert_eq!(m.transport_protocol, "raw_buffer");
     let h = hcm_of(chain).unwrap();
     assert_eq!(h.stat_prefix, "outbound_0.0.0.0_9080");
     assert_eq!(h.use_remote_address.map(|b| b.value), Some(false));
+    assert_eq!(
+        tcp_cluster(chain_for(l, 9080, None)).as_deref(),
+        Some("outbound|9080||legacy.default.svc.cluster.local"),
+        "TCP to 9080 reaches the TCP service without VIP"
+    );
+}
+
+/// Without a TCP service on the port, a connection the HTTP inspector does not recognise (TLS,
+/// raw TCP) passes through to its destination (Istio's `PassthroughFilterChain`), or is
+/// blackholed under REGISTRY_ONLY.
+#[test]
+fn non_http_traffic_to_an_http_port_passes_through() {
+    let mut docs = mesh();
+    docs.retain(|d| d["metadata"]["name"] != "legacy");
+    let ls = build_listeners(&sidecar("default"), &push(docs));
+    let l = listener(&ls, "0.0.0.0_9080");
+    let fallthrough = l.default_filter_chain.as_ref().expect("a default chain");
+    assert_eq!(fallthrough.name, "PassthroughFilterChain");
+    assert_eq!(tcp_cluster(fallthrough).as_deref(), Some("PassthroughCluster"));
 }
 
 #[test]
