@@ -91,8 +91,21 @@ impl EgressListener {
         self.port.as_ref().is_some_and(|p| p.number != 0) && !self.is_http_proxy()
     }
 
-    /// Whether a config of `namespace` with hostname `host` is imported: an egress host of that
-    /// namespace (or `*`) matches it, wildcards either way as Istio's `host.Name.Matches`.
+    /// Whether a service of `namespace` with hostname `host` is imported, as Istio's
+    /// `hostClassification.Matches`: an egress host of that namespace (or `*`) names it exactly,
+    /// or, where either is a wildcard, the service's host is a subset of the egress host. So
+    /// `ns/api.example.com` does not import the `*.example.com` service, `ns/*.example.com`
+    /// imports `api.example.com`.
+    pub fn imports_service(&self, namespace: &str, host: &str) -> bool {
+        self.hosts
+            .iter()
+            .filter(|(ns, _)| ns == namespace || ns == WILDCARD_NAMESPACE)
+            .any(|(_, h)| h == "*" || model::host::subset_of(host, h))
+    }
+
+    /// Whether a VirtualService (or another config) of `namespace` with host `host` is imported:
+    /// an egress host of that namespace (or `*`) matches it, wildcards either way, as Istio's
+    /// `VSMatches` for sidecars (`host.Name.Matches`).
     pub fn imports(&self, namespace: &str, host: &str) -> bool {
         self.hosts
             .iter()
@@ -126,7 +139,7 @@ impl EgressListener {
     /// Istio's `selectServices` for one service: imported by the hosts, and for a listener with a
     /// port, having that port (the service trimmed to it).
     pub fn select_service(&self, service: &Arc<Service>) -> Option<Arc<Service>> {
-        if !self.imports(service.namespace(), &service.hostname) {
+        if !self.imports_service(service.namespace(), &service.hostname) {
             return None;
         }
         if self.match_port() {

@@ -142,10 +142,14 @@ impl SidecarScope {
             .or(self.inbound_connection_pool.as_ref())
     }
 
-    /// Whether a config of `namespace` with hostname `host` is imported by some egress listener: an
-    /// egress host of that namespace (or `*`) matches it, wildcards either way as Istio's `host.Name.Matches`.
+    /// Whether a service of `namespace` with hostname `host` is imported by some egress listener
+    /// (`EgressListener::imports_service`: the service's host a subset of an egress host).
     pub fn imports(&self, namespace: &str, host: &str) -> bool {
-        self.is_default() || self.egress_listeners().iter().any(|l| l.imports(namespace, host))
+        self.is_default()
+            || self
+                .egress_listeners()
+                .iter()
+                .any(|l| l.imports_service(namespace, host))
     }
 
     /// Whether an egress host of any namespace matches `host` (a DestinationRule's host may name
@@ -156,7 +160,10 @@ impl SidecarScope {
 
     /// Whether a VirtualService of `namespace` naming `hosts` is imported (any of its hosts is).
     pub fn imports_any(&self, namespace: &str, hosts: &[String]) -> bool {
-        self.is_default() || hosts.iter().any(|h| self.imports(namespace, h))
+        self.is_default()
+            || hosts
+                .iter()
+                .any(|h| self.egress_listeners().iter().any(|l| l.imports(namespace, h)))
     }
 
     /// Istio's `SidecarScope.Services()`, what CDS builds clusters for: the union over the egress

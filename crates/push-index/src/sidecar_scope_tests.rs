@@ -45,6 +45,35 @@ fn base() -> Vec<Value> {
     ]
 }
 
+/// Istio's `hostClassification.Matches`: an egress host imports the services whose hosts are a
+/// subset of it. `ns/api.example.com` does not import the `*.example.com` ServiceEntry; the
+/// wildcard egress host imports both.
+#[test]
+fn egress_hosts_import_services_that_are_a_subset_of_them() {
+    let mut docs = vec![
+        service_entry("ns", "*.example.com"),
+        service_entry("ns", "api.example.com"),
+    ];
+    docs[0]["metadata"]["name"] = json!("wildcard");
+    docs[0]["spec"]["resolution"] = json!("NONE");
+    docs[0]["spec"].as_object_mut().unwrap().remove("endpoints");
+    let exact = {
+        let mut d = docs.clone();
+        d.push(sidecar("default", "app", egress(&["ns/api.example.com"])));
+        push(d)
+    };
+    assert_eq!(visible(&exact, &proxy("app", json!({}))), ["api.example.com"]);
+    let wildcard = {
+        let mut d = docs.clone();
+        d.push(sidecar("default", "app", egress(&["ns/*.example.com"])));
+        push(d)
+    };
+    assert_eq!(
+        visible(&wildcard, &proxy("app", json!({}))),
+        ["*.example.com", "api.example.com"]
+    );
+}
+
 #[test]
 fn no_sidecar_sees_everything() {
     let p = push(base());

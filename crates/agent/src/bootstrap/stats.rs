@@ -246,3 +246,30 @@ pub(super) fn runtime_flags(pc: &ProxyConfig) -> Value {
     }
     Value::Object(flags)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    /// pilot-discovery's HCM stat prefixes end with Istio's `;` (`outbound_0.0.0.0_9080;`), which
+    /// is what the `http_conn_manager_prefix` tag's regex extracts; without it the stat keeps the
+    /// prefix in its name and dashboards lose the label.
+    #[test]
+    fn the_http_conn_manager_prefix_tag_takes_istios_delimited_stat_prefixes() {
+        let (_, pattern) = super::STATS_TAGS_HEAD
+            .iter()
+            .find(|(name, _)| *name == "http_conn_manager_prefix")
+            .unwrap();
+        let re = regex::Regex::new(pattern).unwrap();
+        for prefix in [
+            "outbound_0.0.0.0_9080",
+            "inbound_0.0.0.0_8080",
+            "InboundPassthroughCluster",
+        ] {
+            let stat = format!("http.{prefix};.downstream_rq_total");
+            let caps = re.captures(&stat).unwrap_or_else(|| panic!("{stat} is not tagged"));
+            assert_eq!(&caps[2], prefix);
+        }
+        assert!(!re.is_match("http.outbound_0.0.0.0_9080.downstream_rq_total"));
+    }
+}

@@ -127,7 +127,8 @@ fn build_listener<P: PushView>(
     } else {
         Vec::new()
     };
-    let default_stat_prefix = format!("outbound_{name}");
+    // Istio: `outbound_<listener name>;` (`DelimitedStatsPrefix`); a named server keeps its name.
+    let default_stat_prefix = format!("outbound_{name};");
     // Envoy refuses a listener whose chains match the same connections: keep the first of each
     let mut seen: Vec<Option<FilterChainMatch>> = Vec::with_capacity(chains.len());
     let filter_chains = chains

@@ -24,7 +24,7 @@ pub(crate) const HTTP_CONNECTION_MANAGER: &str = "envoy.filters.network.http_con
 pub(crate) const ROUTER_FILTER: &str = "envoy.filters.http.router";
 const FILE_ACCESS_LOG: &str = "envoy.access_loggers.file";
 /// Istio's `EnvoyServerName`: the `server` header gateways send.
-const SERVER_NAME: &str = "istio-envoy";
+pub(crate) const SERVER_NAME: &str = "istio-envoy";
 
 /// Istio's default text access log format (`EnvoyTextLogFormat`).
 pub(crate) const DEFAULT_ACCESS_LOG_FORMAT: &str = "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% \

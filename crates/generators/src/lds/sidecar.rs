@@ -328,7 +328,8 @@ fn outbound_listener(mesh: &MeshConfig, registry_only: bool, proxy: &Proxy, entr
         OutboundKind::Http => None,
         OutboundKind::Sniffed { chains } => Some(chains),
     };
-    let stat_prefix = format!("outbound_{WILDCARD_ADDRESS}_{port}");
+    // Istio: `outbound_<listener name>;` (`DelimitedStatsPrefix`).
+    let stat_prefix = format!("outbound_{name};");
     let http_chain = |filter_chain_match| FilterChain {
         filter_chain_match,
         filters: vec![hcm_filter(&sidecar_outbound_hcm(

@@ -167,10 +167,13 @@ pub(crate) fn virtual_inbound_listener_for(mesh: &MeshConfig, proxy: &Proxy, app
         filters: vec![hcm_filter(&inbound_hcm(
             mesh,
             proxy,
-            0,
-            Protocol::Unsupported,
+            &InboundChain {
+                port: 0,
+                protocol: Protocol::Unsupported,
+                bind: None,
+                operation: ":0/*".into(),
+            },
             passthrough,
-            ":0/*",
         ))],
         ..Default::default()
     });
@@ -215,12 +218,7 @@ fn bound_inbound_listener(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain
 
 /// The filter chains of one application port: HTTP (HCM), TCP (tcp_proxy), or both when sniffed.
 fn filter_chains(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain) -> Vec<FilterChain> {
-    let InboundChain {
-        port,
-        protocol,
-        ref operation,
-        ..
-    } = *chain;
+    let InboundChain { port, protocol, .. } = *chain;
     let cluster = inbound_cluster_name(port);
     let http = || FilterChain {
         name: cluster.clone(),
@@ -232,9 +230,7 @@ fn filter_chains(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain) -> Vec<
             },
             ..destination_port_match(u32::from(port))
         }),
-        filters: vec![hcm_filter(&inbound_hcm(
-            mesh, proxy, port, protocol, &cluster, operation,
-        ))],
+        filters: vec![hcm_filter(&inbound_hcm(mesh, proxy, chain, &cluster))],
         ..Default::default()
     };
     let tcp = || FilterChain {
@@ -254,24 +250,29 @@ fn http_alpns() -> Vec<String> {
     PLAINTEXT_HTTP_ALPNS.iter().map(|s| s.to_string()).collect()
 }
 
-/// Istio's inbound HCM: stat prefix `inbound_0.0.0.0_<port>`, client certificate details
+/// Istio's inbound HCM: stat prefix `inbound_0.0.0.0_<port>;`, client certificate details
 /// appended, HTTP/2 options for HTTP/2 and gRPC ports, and an inline route configuration
 /// `inbound|<port>||` sending everything to `cluster`.
-fn inbound_hcm(
-    mesh: &MeshConfig,
-    proxy: &Proxy,
-    port: u16,
-    protocol: Protocol,
-    cluster: &str,
-    operation: &str,
-) -> HttpConnectionManager {
-    // the passthrough chain (port 0) names its route after the passthrough cluster
-    let route_name = if port == 0 {
-        cluster.to_owned()
+fn inbound_hcm(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain, cluster: &str) -> HttpConnectionManager {
+    let InboundChain {
+        port,
+        protocol,
+        ref operation,
+        ..
+    } = *chain;
+    // The passthrough chain (port 0) names its route and stats after the passthrough cluster;
+    // stat prefixes end with Istio's `;` delimiter (`DelimitedStatsPrefix`), which the
+    // bootstrap's `http_conn_manager_prefix` tag extraction expects.
+    let (route_name, stat_prefix) = if port == 0 {
+        (cluster.to_owned(), format!("{cluster};"))
     } else {
-        inbound_cluster_name(port)
+        let bind = chain.bind.as_deref().unwrap_or(WILDCARD_ADDRESS);
+        (inbound_cluster_name(port), format!("inbound_{bind}_{port};"))
     };
-    let mut h = sidecar_outbound_hcm(mesh, proxy, &route_name, format!("inbound_{WILDCARD_ADDRESS}_{port}"));
+    let mut h = sidecar_outbound_hcm(mesh, proxy, &route_name, stat_prefix);
+    // Istio's `GetProxyHeaders`: only outbound leaves Envoy's `server: envoy`; inbound answers
+    // say `istio-envoy`.
+    h.server_name = super::hcm::SERVER_NAME.into();
     h.forward_client_cert_details = hcm::ForwardClientCertDetails::AppendForward as i32;
     h.set_current_client_cert_details = Some(hcm::SetCurrentClientCertDetails {
         subject: Some(BoolValue { value: true }),

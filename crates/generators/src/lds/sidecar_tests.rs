@@ -108,7 +108,7 @@ fn outbound_http_port_goes_to_the_shared_wildcard_listener_with_rds_named_after_
     let m = chain.filter_chain_match.as_ref().unwrap();
     assert_eq!(m.transport_protocol, "raw_buffer");
     let h = hcm_of(chain).unwrap();
-    assert_eq!(h.stat_prefix, "outbound_0.0.0.0_9080");
+    assert_eq!(h.stat_prefix, "outbound_0.0.0.0_9080;", "Istio's delimiter");
     assert_eq!(h.use_remote_address.map(|b| b.value), Some(false));
     assert_eq!(
         tcp_cluster(chain_for(l, 9080, None)).as_deref(),
@@ -191,7 +191,12 @@ fn virtual_inbound_sends_each_instance_port_to_its_inbound_cluster_and_others_th
     // HTTP service port 9080 targets 8080: HCM with an inline route to inbound|8080||
     let http = chain_for(vi, 8080, None);
     assert_eq!(inline_route_cluster(http).as_deref(), Some("inbound|8080||"));
-    assert_eq!(hcm_of(http).unwrap().stat_prefix, "inbound_0.0.0.0_8080");
+    assert_eq!(hcm_of(http).unwrap().stat_prefix, "inbound_0.0.0.0_8080;");
+    assert_eq!(
+        hcm_of(http).unwrap().server_name,
+        "istio-envoy",
+        "inbound answers say istio-envoy, as Istio's"
+    );
     assert_eq!(
         tcp_cluster(chain_for(vi, 9090, None)).as_deref(),
         Some("inbound|9090||")

@@ -49,7 +49,7 @@ fn http_servers_share_one_listener_and_route_configuration() {
     assert!(l.listener_filters.is_empty(), "no TLS inspector for plaintext");
     let h = hcm_of(l, 0);
     assert_eq!(rds_name(&h), "http.80");
-    assert_eq!(h.stat_prefix, "outbound_0.0.0.0_80");
+    assert_eq!(h.stat_prefix, "outbound_0.0.0.0_80;");
     assert_eq!(h.codec_type, hcm::CodecType::Auto as i32);
     assert_eq!(h.use_remote_address.map(|b| b.value), Some(true));
     assert_eq!(h.normalize_path.map(|b| b.value), Some(true));
@@ -100,7 +100,7 @@ fn https_servers_get_sni_chains_with_certificate_files() {
     let h = hcm_of(l, 0);
     assert_eq!(rds_name(&h), "https.443.https-a.gw.istio-system");
     assert_eq!(h.stat_prefix, "srv-a", "server name is the stat prefix");
-    assert_eq!(hcm_of(l, 1).stat_prefix, "outbound_0.0.0.0_443");
+    assert_eq!(hcm_of(l, 1).stat_prefix, "outbound_0.0.0.0_443;");
     let ts = l.filter_chains[0].transport_socket.as_ref().unwrap();
     assert_eq!(ts.name, "envoy.transport_sockets.tls");
     let Some(xds_api::envoy::config::core::v3::transport_socket::ConfigType::TypedConfig(any)) = &ts.config_type else {

@@ -281,6 +281,11 @@ impl VirtualHosts {
 /// services, and the service addresses.
 pub(crate) fn generate_virtual_host_domains(service: &Service, proxy: &Proxy) -> Vec<String> {
     let mut domains = vec![service.hostname.clone()];
+    // Istio 1.27+ (`PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN`, on by default): the absolute FQDN,
+    // as a client that resolved `name.` sends it in the Host header.
+    if service.hostname.parse::<std::net::IpAddr>().is_err() {
+        domains.push(format!("{}.", service.hostname));
+    }
     domains.extend(generate_alt_virtual_hosts(&service.hostname, &proxy.dns_domain));
     if service.resolution == Resolution::Passthrough && service.attributes.service_registry == "Kubernetes" {
         let wildcards: Vec<String> = domains.iter().map(|d| format!("*.{d}")).collect();

@@ -127,6 +127,8 @@ fn sidecar_in_default_reaches_services_by_every_name() {
             (Request::get("details.default", "/"), cluster(DETAILS)),
             (Request::get("details.default.svc", "/"), cluster(DETAILS)),
             (Request::get(DETAILS, "/"), cluster(DETAILS)),
+            // the absolute FQDN (Istio 1.27+)
+            (Request::get(&format!("{DETAILS}."), "/"), cluster(DETAILS)),
             (Request::get("10.96.0.40:9080", "/"), cluster(DETAILS)),
             (Request::get("ratings.other", "/"), cluster(RATINGS)),
             (Request::get("10.96.0.20", "/"), cluster(RATINGS)),
