@@ -103,11 +103,16 @@ enum OutboundKind {
         protocol: Protocol,
         chains: Vec<NetworkChain>,
     },
-    /// Sniffed: HTTP (by the HTTP inspector's ALPN) to RDS `<port>`, anything else to the network
+    /// Sniffed: HTTP (by the HTTP inspector's ALPN) to RDS `<port>` or `<host>:<port>`, anything else to the network
     /// chains of the TCP services of the port, else through (`PassthroughFilterChain`). Unknown
     /// protocols, and HTTP on the wildcard address, as Istio: a TCP or TLS connection to a port
     /// that some mesh service declares HTTP still reaches its destination.
-    Sniffed { chains: Vec<NetworkChain> },
+    Sniffed {
+        chains: Vec<NetworkChain>,
+        /// The RDS of a sniffed service on an address of its own: `<host>:<port>` (one virtual
+        /// host for any Host header, as Istio's); `None`: `<port>`.
+        rds: Option<String>,
+    },
 }
 
 struct OutboundEntry {
@@ -232,9 +237,16 @@ fn add_outbound_entry(ctx: &EgressContext<'_>, listeners: &mut Vec<OutboundEntry
     };
     let kind = match port.protocol {
         // Istio: HTTP on the wildcard is sniffed, with a TCP fall-through
-        p if p.is_http() && bind == WILDCARD_ADDRESS => OutboundKind::Sniffed { chains: Vec::new() },
+        p if p.is_http() && bind == WILDCARD_ADDRESS => OutboundKind::Sniffed {
+            chains: Vec::new(),
+            rds: None,
+        },
         p if p.is_http() => OutboundKind::Http,
-        Protocol::Unsupported => OutboundKind::Sniffed { chains: chains() },
+        // Istio: a sniffed service on its own address routes by `<host>:<port>`
+        Protocol::Unsupported => OutboundKind::Sniffed {
+            chains: chains(),
+            rds: (bind != WILDCARD_ADDRESS).then(|| format!("{}:{}", service.hostname, port.port)),
+        },
         protocol => OutboundKind::Tcp {
             protocol,
             chains: chains(),
@@ -275,24 +287,29 @@ fn merge_outbound_kind(existing: &mut OutboundKind, incoming: OutboundKind, inco
         return;
     }
     let tcp_chains = |k: OutboundKind| match k {
-        OutboundKind::Tcp { chains, .. } | OutboundKind::Sniffed { chains } => chains,
+        OutboundKind::Tcp { chains, .. } | OutboundKind::Sniffed { chains, .. } => chains,
         OutboundKind::Http => Vec::new(),
     };
     match (existing, incoming) {
-        (OutboundKind::Sniffed { chains }, incoming) => {
+        (OutboundKind::Sniffed { chains, .. }, incoming) => {
             sidecar_tcp::merge_network_chains(chains, tcp_chains(incoming), name);
         }
         (OutboundKind::Tcp { chains, .. }, OutboundKind::Tcp { chains: incoming, .. }) => {
             sidecar_tcp::merge_network_chains(chains, incoming, name);
         }
         (existing @ OutboundKind::Tcp { .. }, incoming) => {
+            let rds = match &incoming {
+                OutboundKind::Sniffed { rds, .. } => rds.clone(),
+                _ => None,
+            };
             let mut chains = tcp_chains(std::mem::replace(existing, OutboundKind::Http));
             sidecar_tcp::merge_network_chains(&mut chains, tcp_chains(incoming), name);
-            *existing = OutboundKind::Sniffed { chains };
+            *existing = OutboundKind::Sniffed { chains, rds };
         }
         (existing @ OutboundKind::Http, incoming @ (OutboundKind::Sniffed { .. } | OutboundKind::Tcp { .. })) => {
             *existing = OutboundKind::Sniffed {
                 chains: tcp_chains(incoming),
+                rds: None,
             };
         }
         (OutboundKind::Http, OutboundKind::Http) => {}
@@ -319,15 +336,16 @@ fn outbound_listener(mesh: &MeshConfig, registry_only: bool, proxy: &Proxy, entr
         bind_to_port,
         ..
     } = entry;
-    let sniffed_chains = match kind {
+    let (sniffed_chains, rds) = match kind {
         OutboundKind::Tcp { chains, .. } => {
             let mut l = sidecar_tcp::network_listener(mesh, registry_only, name, &bind, port, chains);
             set_bind_to_port(&mut l, bind_to_port);
             return l;
         }
-        OutboundKind::Http => None,
-        OutboundKind::Sniffed { chains } => Some(chains),
+        OutboundKind::Http => (None, None),
+        OutboundKind::Sniffed { chains, rds } => (Some(chains), rds),
     };
+    let rds = rds.unwrap_or_else(|| port.to_string());
     // Istio: `outbound_<listener name>;` (`DelimitedStatsPrefix`).
     let stat_prefix = format!("outbound_{name};");
     let http_chain = |filter_chain_match| FilterChain {
@@ -335,7 +353,7 @@ fn outbound_listener(mesh: &MeshConfig, registry_only: bool, proxy: &Proxy, entr
         filters: vec![hcm_filter(&sidecar_outbound_hcm(
             mesh,
             proxy,
-            &port.to_string(),
+            &rds,
             stat_prefix.clone(),
         ))],
         ..Default::default()

@@ -391,8 +391,8 @@ fn listeners_keep_istio_names_binds_and_inspectors() {
         cache
             .filter_chains
             .iter()
-            .any(|c| rds_name(c).as_deref() == Some("6379")),
-        "sniffed HTTP keeps its RDS"
+            .any(|c| rds_name(c).as_deref() == Some("cache.default.svc.cluster.local:6379")),
+        "sniffed HTTP on the service's VIP routes by <host>:<port>, as Istio's"
     );
     // a single catch-all chain stays the only chain: no default chain
     assert!(by_name("240.0.0.20_5432").default_filter_chain.is_none());

@@ -152,7 +152,11 @@ fn unknown_protocol_ports_are_sniffed_into_http_or_tcp() {
     let ls = build_listeners(&sidecar("default"), &push(mesh()));
     let l = listener(&ls, "240.0.0.11_6379");
     assert!(l.listener_filters.iter().any(|f| f.name == HTTP_INSPECTOR));
-    assert_eq!(rds_name(chain_for(l, 6379, Some("http/1.1"))).as_deref(), Some("6379"));
+    // Istio: a sniffed service on its own address routes by `<host>:<port>`
+    assert_eq!(
+        rds_name(chain_for(l, 6379, Some("http/1.1"))).as_deref(),
+        Some("cache.default.svc.cluster.local:6379")
+    );
     assert_eq!(
         tcp_cluster(chain_for(l, 6379, None)).as_deref(),
         Some("outbound|6379||cache.default.svc.cluster.local")

@@ -175,6 +175,13 @@ pub(crate) fn build_sidecar_outbound_http_route_config<P: SidecarPushView>(
     if only_host.is_none() && !used.contains("*") {
         virtual_hosts.push(catch_all_virtual_host(push.registry_only(proxy)));
     }
+    // Istio's `getVirtualHostsForSniffedServicePort`: the listener of one service on its own
+    // address routes whatever Host header arrives by that service's virtual host.
+    if only_host.is_some()
+        && let [only] = virtual_hosts.as_mut_slice()
+    {
+        only.domains = vec!["*".into()];
+    }
     route_config(route_name, virtual_hosts)
 }
 

@@ -249,9 +249,12 @@ fn host_port_route_names_serve_that_host_only() {
         &rcs[0],
         &[
             (Request::get("details", "/"), cluster(DETAILS)),
-            (Request::get("ratings.other", "/"), Outcome::NotFound),
+            // Istio's `getVirtualHostsForSniffedServicePort`: the one virtual host takes any Host,
+            // as the connection was sent to that service's own address
+            (Request::get("ratings.other", "/"), cluster(DETAILS)),
         ],
     );
+    assert_eq!(rcs[0].virtual_hosts[0].domains, ["*"]);
     let with_vs = build_route_configs(&me, &push, &[format!("{REVIEWS}:9080")]).remove(0);
     let (got, _) = evaluate(&with_vs, &Request::get("reviews", "/").header("end-user", "jason"));
     assert_eq!(got, Outcome::Cluster(format!("outbound|9080|v2|{REVIEWS}")));
