@@ -165,6 +165,10 @@ pub struct ConfigMeta {
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
     pub resource_version: Option<String>,
+    /// `metadata.creationTimestamp` as seconds and nanoseconds since the Unix epoch: the older of
+    /// two conflicting configs wins, as Istio orders them (`None`: Go's zero time, first).
+    #[serde(skip_serializing)]
+    pub creation_time: Option<(i64, u32)>,
     pub generation: i64,
     /// `apiVersion` as written (e.g. `networking.istio.io/v1beta1`).
     pub api_version: String,
@@ -364,8 +368,17 @@ fn parse_meta(
             Some(other) => Err(err(format!("metadata.{field} must be a map, got {other}"))),
         }
     };
+    let creation_time = match obj.get("creationTimestamp") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(t)) => Some(
+            crate::duration::parse_rfc3339(t)
+                .ok_or_else(|| err(format!("metadata.creationTimestamp {t:?} is not an RFC 3339 time")))?,
+        ),
+        Some(other) => return Err(err(format!("metadata.creationTimestamp must be a string, got {other}"))),
+    };
     Ok(ConfigMeta {
         labels: string_map("labels")?,
+        creation_time,
         annotations: string_map("annotations")?,
         resource_version: obj.get("resourceVersion").and_then(Value::as_str).map(str::to_owned),
         generation: obj.get("generation").and_then(Value::as_i64).unwrap_or(0),

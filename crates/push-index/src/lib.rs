@@ -73,10 +73,14 @@ pub struct PushContext {
     sidecar_scopes: Mutex<HashMap<ScopeKey, Arc<SidecarScope>>>,
 }
 
-/// Istio orders configs by creation time, breaking ties by name then namespace. Our configs carry
-/// no creation time, so the tie-break is the order: name, then namespace.
+/// Istio's `sortConfigByCreationTime`: the oldest first (configs without a creation time, Go's zero
+/// time, before all), ties broken by name then namespace.
 pub fn creation_order(a: &Config, b: &Config) -> Ordering {
-    (&a.meta.name, &a.meta.namespace).cmp(&(&b.meta.name, &b.meta.namespace))
+    (a.meta.creation_time, &a.meta.name, &a.meta.namespace).cmp(&(
+        b.meta.creation_time,
+        &b.meta.name,
+        &b.meta.namespace,
+    ))
 }
 
 /// What changed since the previous push, for `PushContext::rebuild`.

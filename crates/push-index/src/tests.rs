@@ -322,3 +322,45 @@ fn rebuild_reuses_untouched_indexes() {
     assert!(Arc::ptr_eq(&p.services, &next.services));
     assert_eq!(next.gateways_for_proxy(&proxy("router", "ns1", json!({}))).len(), 2);
 }
+
+/// Istio's `sortConfigByCreationTime`: the older of two rules for one host wins, whatever their
+/// names; configs without a creation time count as the oldest.
+#[test]
+fn the_older_destination_rule_wins_by_creation_timestamp() {
+    let created = |name: &str, at: Option<&str>, lb: &str| {
+        let mut d = dr(
+            name,
+            "backend",
+            json!({"host": "svc.example.com", "trafficPolicy": {"loadBalancer": {"simple": lb}}}),
+        );
+        if let Some(at) = at {
+            d["metadata"]["creationTimestamp"] = json!(at);
+        }
+        d
+    };
+    let lb_of = |docs: Vec<Value>| {
+        let mut all = vec![service_entry("svc", "backend", "svc.example.com", json!(["*"]))];
+        all.extend(docs);
+        let p = push(all);
+        let proxy = proxy("sidecar", "frontend", json!({}));
+        let svc = p.service_for_host(&proxy, "svc.example.com").unwrap();
+        let merged = p.destination_rule(&proxy, &svc).unwrap();
+        let lb = merged
+            .rule
+            .traffic_policy
+            .as_ref()
+            .and_then(|t| t.load_balancer.as_ref())
+            .cloned();
+        lb.and_then(|l| l.simple).unwrap_or_default()
+    };
+    let older_b = vec![
+        created("a", Some("2024-05-02T00:00:00Z"), "RANDOM"),
+        created("b", Some("2024-05-01T00:00:00Z"), "ROUND_ROBIN"),
+    ];
+    assert_eq!(lb_of(older_b), "ROUND_ROBIN", "b was created first");
+    let untimed_b = vec![
+        created("a", Some("2024-05-01T00:00:00Z"), "RANDOM"),
+        created("b", None, "ROUND_ROBIN"),
+    ];
+    assert_eq!(lb_of(untimed_b), "ROUND_ROBIN", "no creation time: Go's zero time");
+}

@@ -87,7 +87,7 @@ impl RegistrySnapshot {
 /// ignored), as Istio's ServiceEntry controller would hold it after seeing them all.
 ///
 /// - One service per ServiceEntry host; when two ServiceEntries of one namespace declare the same
-///   host, the first by name keeps the service (Istio: the oldest), but the endpoints of both are
+///   host, the oldest (`creationTimestamp`, then name) keeps the service, but the endpoints of both are
 ///   merged, as Istio indexes endpoints by (hostname, namespace).
 /// - Endpoints: inline `endpoints`, WorkloadEntries selected by `workloadSelector` in the same
 ///   namespace, or, for DNS resolution with neither, the host itself.
@@ -97,7 +97,14 @@ pub fn build(configs: &[Arc<Config>], mesh: &MeshConfig) -> RegistrySnapshot {
         .map(Arc::as_ref)
         .filter(|c| matches!(c.spec, ConfigSpec::ServiceEntry(_)))
         .collect();
-    service_entries.sort_by(|a, b| (&a.meta.namespace, &a.meta.name).cmp(&(&b.meta.namespace, &b.meta.name)));
+    // Istio: the oldest ServiceEntry (creationTimestamp), then by name.
+    service_entries.sort_by(|a, b| {
+        (&a.meta.namespace, a.meta.creation_time, &a.meta.name).cmp(&(
+            &b.meta.namespace,
+            b.meta.creation_time,
+            &b.meta.name,
+        ))
+    });
     let workload_entries = WorkloadEntryIndex::new(configs.iter().map(Arc::as_ref));
 
     let mut services: BTreeMap<ServiceKey, Arc<Service>> = BTreeMap::new();
