@@ -241,6 +241,18 @@ impl DestinationRuleIndex {
     /// The rule that applies to outbound traffic from a proxy (namespace and labels) to a service,
     /// as Istio's `SidecarScope.DestinationRule`: a rule of the proxy's namespace whose workload
     /// selector matches the proxy wins, else the rule without selector.
+    /// The rule that applies to the proxy's own instances of a service (inbound): as `lookup`,
+    /// but rules with a workload selector never apply (Istio honours them for outbound only).
+    pub fn lookup_inbound(
+        &self,
+        proxy_namespace: &str,
+        hostname: &str,
+        service_namespace: &str,
+    ) -> Option<Arc<MergedDestinationRule>> {
+        let rules = self.candidates(proxy_namespace, hostname, service_namespace)?;
+        rules.iter().rfind(|r| r.selector().is_none()).cloned()
+    }
+
     pub fn lookup(
         &self,
         proxy_namespace: &str,

@@ -229,6 +229,20 @@ impl PushContext {
             .unwrap_or_default()
     }
 
+    /// The DestinationRule of a service the proxy runs an instance of, for its inbound cluster
+    /// (Istio's `SidecarScope.DestinationRule(TrafficDirectionInbound, ...)`): as
+    /// `destination_rule`, without the rules that select workloads.
+    pub fn inbound_destination_rule(&self, proxy: &Proxy, service: &Service) -> Option<Arc<MergedDestinationRule>> {
+        if !self
+            .sidecar_scope(proxy)
+            .imports(service.namespace(), &service.hostname)
+        {
+            return None;
+        }
+        self.destination_rules
+            .lookup_inbound(&proxy.config_namespace, &service.hostname, service.namespace())
+    }
+
     /// The DestinationRule for a service as seen from the proxy, in Istio's lookup order: the
     /// proxy's namespace, the service's namespace, then the root namespace; most specific host;
     /// `exportTo` respected; rules with a workload selector matching the proxy first.

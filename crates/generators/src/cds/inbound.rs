@@ -53,6 +53,9 @@ pub(crate) struct InboundClusterSpec {
     /// The protocol that decides the upstream protocol.
     pub(crate) protocol: Protocol,
     pub(crate) endpoint: InboundEndpoint,
+    /// The service (hostname, namespace, service port) of the instance the cluster serves, whose
+    /// DestinationRule's connection pool applies server-side too.
+    pub(crate) service: Option<(String, String, u16)>,
 }
 
 /// The inbound clusters `proxy` gets (none for routers), without the passthrough cluster.
@@ -76,6 +79,11 @@ pub(crate) fn instance_specs(instances: &[ServiceInstance]) -> Vec<InboundCluste
                 port: instance.target_port,
                 protocol: instance.service_port.protocol,
                 endpoint: InboundEndpoint::OriginalDestination,
+                service: Some((
+                    instance.service.hostname.clone(),
+                    instance.service.namespace().to_owned(),
+                    instance.service_port.port,
+                )),
             });
         }
     }
@@ -107,6 +115,7 @@ fn ingress_specs(proxy: &Proxy, scope: &SidecarScope) -> Vec<InboundClusterSpec>
             port: number,
             protocol: Protocol::parse(&port.protocol),
             endpoint,
+            service: None,
         });
     }
     out
@@ -216,9 +225,19 @@ fn inbound_cluster(push: &PushContext, proxy: &Proxy, scope: &SidecarScope, spec
     if !to_localhost {
         cw.cluster.upstream_bind_config = Some(inbound_bind_config());
     }
+    // Istio's `buildInboundCluster`: the connection pool of the service's DestinationRule (its
+    // port-level settings for the service port) applies server-side too, so that the receiver has
+    // the capacity the clients are allowed; the Sidecar's inbound pool for the port replaces it.
+    let from_rule = spec.service.as_ref().and_then(|(hostname, namespace, service_port)| {
+        let service = push.registry().service(hostname, namespace)?;
+        let rule = push.inbound_destination_rule(proxy, service)?;
+        let (policy, _) = crate::traffic_policy::port_level_policy(rule.rule.traffic_policy.as_ref(), *service_port);
+        policy?.connection_pool
+    });
     let pool = scope
         .inbound_connection_pool_for_port(u32::from(spec.port))
         .cloned()
+        .or(from_rule)
         .unwrap_or_default();
     traffic_policy::apply_connection_pool(&mut cw, push.mesh(), &pool);
     let port = Port {
@@ -356,5 +375,54 @@ mod tests {
             Some(UpstreamProtocolOptions::ExplicitHttpConfig(e))
                 if matches!(e.protocol_config, Some(ProtocolConfig::Http2ProtocolOptions(_)))
         ));
+    }
+
+    /// Istio's `buildInboundCluster`: the DestinationRule's connection pool for the service port
+    /// (port-level settings first) is the inbound cluster's circuit breaker too; a rule selecting
+    /// workloads does not apply inbound, and the Sidecar's inbound pool replaces the rule's.
+    #[test]
+    fn destination_rule_connection_pool_applies_server_side() {
+        let svc = service_entry(
+            "web",
+            "default",
+            json!({"hosts": ["web.default.svc.cluster.local"], "location": "MESH_INTERNAL", "resolution": "STATIC",
+                "ports": [{"number": 80, "name": "http", "protocol": "HTTP", "targetPort": 8080}],
+                "endpoints": [{"address": "10.0.0.9"}]}),
+        );
+        let dr = crate::testing::destination_rule(
+            "web",
+            "default",
+            json!({"host": "web.default.svc.cluster.local", "trafficPolicy": {
+                "connectionPool": {"tcp": {"maxConnections": 7}},
+                "portLevelSettings": [{"port": {"number": 80}, "connectionPool": {"tcp": {"maxConnections": 9}}}]}}),
+        );
+        let max_connections = |docs: Vec<serde_json::Value>| {
+            let clusters = build_inbound_clusters(&sidecar("default"), &push(docs));
+            let c = clusters
+                .iter()
+                .find(|c| c.name == "inbound|8080||")
+                .expect("inbound|8080||");
+            c.circuit_breakers.as_ref().unwrap().thresholds[0]
+                .max_connections
+                .as_ref()
+                .map(|v| v.value)
+        };
+        assert_eq!(
+            max_connections(vec![svc.clone(), dr.clone()]),
+            Some(9),
+            "port level first"
+        );
+        assert_eq!(max_connections(vec![svc.clone()]), Some(u32::MAX), "Istio's default");
+        let sidecar_pool = crate::testing::config(
+            "Sidecar",
+            "default",
+            "default",
+            json!({"inboundConnectionPool": {"tcp": {"maxConnections": 3}}}),
+        );
+        assert_eq!(
+            max_connections(vec![svc, dr, sidecar_pool]),
+            Some(3),
+            "the Sidecar's wins"
+        );
     }
 }
