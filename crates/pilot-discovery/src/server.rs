@@ -142,6 +142,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         push_throttle: settings.push_throttle,
         max_recv_msg_size: settings.max_recv_msg_size,
         max_resource_names: settings.max_resource_names,
+        debug_endpoint_auth: settings.enable_debug_endpoint_auth,
     };
     let server = DiscoveryServer::new(environment.clone(), opts, &mut registry);
     server.start();

@@ -436,7 +436,13 @@ impl SotwChecker {
             return Err(violation("empty version_info".into()));
         }
         let mut names = Vec::with_capacity(raw.resources.len());
+        // Istio's debug types (`istio.io/debug/...`) carry other messages (ClientConfig, admin
+        // config dumps), as istiod sends them.
+        let debug = t.starts_with("istio.io/debug/");
         for (i, any) in raw.resources.iter().enumerate() {
+            if debug {
+                continue;
+            }
             if any.type_url != t {
                 return Err(violation(format!("resource {i} has type_url {}", any.type_url)));
             }

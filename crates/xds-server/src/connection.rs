@@ -116,6 +116,10 @@ impl<S> Connection<S> {
             .values()
             .filter(|w| {
                 let t = w.resource.type_url.as_str();
+                // debug types are answered on request only
+                if crate::debug::is_debug_type(t) {
+                    return false;
+                }
                 if req.full {
                     crate::type_filter::type_needs_push(t, self.node.node_type, req)
                 } else {

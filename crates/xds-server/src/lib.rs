@@ -10,6 +10,7 @@
 mod clock;
 mod connection;
 mod debounce;
+mod debug;
 mod delta;
 mod grpc;
 mod metrics;

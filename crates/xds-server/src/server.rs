@@ -37,6 +37,9 @@ pub struct ServerOptions {
     /// PILOT_XDS_MAX_RESOURCE_NAMES: most names one stream may watch of one type (what a request
     /// names, or a delta stream's subscriptions add up to).
     pub max_resource_names: usize,
+    /// ENABLE_DEBUG_ENDPOINT_AUTH: the xDS debug types (`istio.io/debug/...`) are answered to
+    /// authenticated callers only; without caller identities yet, to callers on loopback.
+    pub debug_endpoint_auth: bool,
 }
 
 /// Default of `PILOT_XDS_MAX_RESOURCE_NAMES`: above the EDS clusters of the largest meshes, far
@@ -52,6 +55,7 @@ impl Default for ServerOptions {
             push_throttle: 100,
             max_recv_msg_size: 4 * 1024 * 1024,
             max_resource_names: DEFAULT_MAX_RESOURCE_NAMES,
+            debug_endpoint_auth: true,
         }
     }
 }
@@ -266,6 +270,15 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
 
     pub(crate) fn max_recv_msg_size(&self) -> usize {
         self.opts.max_recv_msg_size
+    }
+
+    pub(crate) fn debug_requires_loopback(&self) -> bool {
+        self.opts.debug_endpoint_auth
+    }
+
+    /// Every connection, sorted by connection ID.
+    pub(crate) fn connection_list(&self) -> Vec<Arc<Connection<B::Snapshot>>> {
+        lock(&self.connections).values().cloned().collect()
     }
 
     pub(crate) fn max_resource_names(&self) -> usize {

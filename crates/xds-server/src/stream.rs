@@ -162,6 +162,9 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
         let Some(snapshot) = self.server.current_snapshot() else {
             return Ok(());
         };
+        if crate::debug::is_debug_type(t) {
+            return self.debug(snapshot, target).await;
+        }
         lock(&self.conn.last_pushed).get_or_insert_with(|| snapshot.clone());
         // Answers take a throttle slot as pushes do: a thousand proxies connecting at once must
         // not hold a thousand full responses in memory.
@@ -169,6 +172,41 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
         for g in generate(snapshot.clone(), self.conn.proxy(), vec![target], F::DELTA).await {
             self.send(snapshot.as_ref(), g, Cause::Request, &mut slot).await?;
         }
+        slot.release().await;
+        Ok(())
+    }
+
+    /// Answers a request for one of Istio's xDS debug types (`debug`): the resources, or the
+    /// status that refuses it (then the stream ends, as istiod's generator error ends it).
+    async fn debug(&mut self, snapshot: Arc<B::Snapshot>, target: WatchedResource) -> Result<(), Closed> {
+        let t0 = Instant::now();
+        let names: Vec<String> = target.names.iter().map(|n| n.to_string()).collect();
+        let resources = match self.server.debug_resources(&self.conn, &target.type_url, &names) {
+            Ok(r) => r,
+            Err(status) => {
+                let _ = self.out.send(Outbound::message(Err(status))).await;
+                return Err(Closed);
+            }
+        };
+        let versions = if F::DELTA {
+            resources
+                .iter()
+                .map(|r| {
+                    r.version();
+                    r.version.clone()
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let g = Generated {
+            watched: target,
+            resources: Ok(resources),
+            versions,
+            elapsed: t0.elapsed(),
+        };
+        let mut slot = Slot::new(self.server.throttle().await, self.server.stall_time());
+        self.send(snapshot.as_ref(), g, Cause::Request, &mut slot).await?;
         slot.release().await;
         Ok(())
     }
