@@ -357,3 +357,74 @@ async fn istioctl_proxy_status_and_config_dump_over_xds() -> anyhow::Result<()> 
     assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
     Ok(())
 }
+
+/// Every metric Istio's "Istio Control Plane Dashboard" (manifests/addons/dashboards/
+/// pilot-dashboard.gen.json) and the list query is exported under Istio's name and type
+/// once it has something to count (as istiod's, a metric appears with its first sample). Shown
+/// elsewhere: the NACK families (`pilot_total_xds_rejects`, `pilot_xds_<type>_reject`, in
+/// `nack_is_counted_shown_and_not_resent`) and `pilot_k8s_reg_events` / `pilot_k8s_cfg_events`
+/// (tests/kubernetes.rs). Not ours, left blank on that dashboard: `container_*` (cAdvisor),
+/// `go_*` (the Go runtime), `sidecar_injection_*` (the injection webhook), `envoy_*` (the
+/// proxies' own stats).
+#[tokio::test]
+async fn the_control_plane_dashboard_finds_its_metrics() -> anyhow::Result<()> {
+    let (dir, d) = start().await?;
+    let mut client = AdsClient::connect(d.grpc_addr, NODE_ID, metadata()).await?;
+    client.handshake(None).await?;
+    // A change (a push, triggered by config) and an invalid config (a validation failure).
+    std::fs::write(dir.path().join("virtual-service.yaml"), virtual_service_yaml(50))?;
+    std::fs::write(
+        dir.path().join("broken.yaml"),
+        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: broken}\nspec: {hosts: []}\n",
+    )?;
+    client.expect_type(type_url::CLUSTER).await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let (_, text) = d.get("/metrics", true).await?;
+        if text.contains("galley_validation_failed{") && text.contains("pilot_push_triggers{") {
+            break text;
+        }
+        if std::time::Instant::now() > deadline {
+            anyhow::bail!("no push trigger or validation failure counted:\n{text}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let families = [
+        ("istio_build", "gauge"),
+        ("pilot_xds", "gauge"),
+        ("pilot_xds_pushes", "counter"),
+        ("pilot_push_triggers", "counter"),
+        ("pilot_total_xds_internal_errors", "counter"),
+        ("pilot_xds_push_time", "histogram"),
+        ("pilot_xds_config_size_bytes", "histogram"),
+        ("pilot_proxy_convergence_time", "histogram"),
+        ("pilot_services", "gauge"),
+        ("pilot_virt_services", "gauge"),
+        ("galley_validation_passed", "counter"),
+        ("galley_validation_failed", "counter"),
+        ("process_cpu_seconds_total", "gauge"),
+        ("process_resident_memory_bytes", "gauge"),
+        ("process_open_fds", "gauge"),
+    ];
+    for (name, kind) in families {
+        assert!(
+            text.lines().any(|l| l == format!("# TYPE {name} {kind}")),
+            "no {kind} {name} in /metrics:\n{text}"
+        );
+    }
+    // Samples under the names and labels the dashboard's queries use.
+    for sample in [
+        "istio_build{component=\"pilot\"",
+        "pilot_xds_pushes{type=\"cds\"}",
+        "pilot_push_triggers{type=\"config\"}",
+        "pilot_xds_config_size_bytes_bucket{",
+        "pilot_xds_push_time_bucket{",
+        "galley_validation_passed{resource=\"VirtualService\"}",
+        "galley_validation_failed{resource=\"VirtualService\"",
+        "pilot_total_xds_internal_errors 0",
+    ] {
+        assert!(text.contains(sample), "no sample {sample} in /metrics:\n{text}");
+    }
+    assert!(d.metric("process_resident_memory_bytes").await? > 0.0);
+    Ok(())
+}

@@ -57,6 +57,8 @@ struct State {
     errors: BTreeMap<String, SourceErrorEntry>,
     invalid_counts: BTreeMap<String, u64>,
     scans: u64,
+    /// Told the kind of each invalid object (pilot's metrics), as the file source tells it.
+    invalid: Option<config_sources::InvalidObserver>,
 }
 
 impl State {
@@ -112,9 +114,11 @@ pub async fn start(
     client: Client,
     metrics: WatchMetrics,
     discovery_selectors: Vec<model::mesh::LabelSelector>,
+    invalid: Option<config_sources::InvalidObserver>,
 ) -> KubeConfigSource {
     let state = Arc::new(Mutex::new(State {
         selectors: discovery_selectors,
+        invalid,
         ..State::default()
     }));
     let (state_tx, state_rx) = watch::channel(StoreSnapshot::default());
@@ -272,6 +276,9 @@ fn record_error(st: &mut State, kind: ConfigKind, o: &DynamicObject, reason: Str
         "invalid Istio config from the API server dropped: {reason}"
     );
     *st.invalid_counts.entry(kind.as_str().to_owned()).or_default() += 1;
+    if let Some(observer) = &st.invalid {
+        observer(kind.as_str());
+    }
     st.errors.insert(
         name.clone(),
         SourceErrorEntry {

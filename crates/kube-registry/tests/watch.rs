@@ -177,7 +177,7 @@ async fn istio_config_is_read_per_served_version_and_missing_crds_are_skipped() 
     )
     .unwrap();
     let (_dir, client) = client_for(&api).await;
-    let source = kube_registry::crdclient::start(client.clone(), WatchMetrics::default(), Vec::new()).await;
+    let source = kube_registry::crdclient::start(client.clone(), WatchMetrics::default(), Vec::new(), None).await;
     assert_eq!(source.initial.events.len(), 1);
     assert_eq!(source.state.borrow().configs.len(), 1);
 
@@ -189,7 +189,7 @@ async fn istio_config_is_read_per_served_version_and_missing_crds_are_skipped() 
     let (_bare_dir, client) = client_for(&bare).await;
     let source = tokio::time::timeout(
         Duration::from_secs(10),
-        kube_registry::crdclient::start(client, WatchMetrics::default(), Vec::new()),
+        kube_registry::crdclient::start(client, WatchMetrics::default(), Vec::new(), None),
     )
     .await
     .expect("start does not wait for CRDs that are not there");
@@ -219,7 +219,7 @@ async fn discovery_selectors_filter_istio_config_from_the_api_server_live() {
     }
     let (_dir, client) = client_for(&api).await;
     let selectors = vec![serde_json::from_value(json!({"matchLabels": {"istio-discovery": "enabled"}})).unwrap()];
-    let mut source = kube_registry::crdclient::start(client, WatchMetrics::default(), selectors).await;
+    let mut source = kube_registry::crdclient::start(client, WatchMetrics::default(), selectors, None).await;
     let namespaces: Vec<String> = source.initial.events.iter().map(|e| e.key().namespace).collect();
     assert_eq!(namespaces, ["a"]);
     // Namespace b gets the label: its VirtualService is served from now on.

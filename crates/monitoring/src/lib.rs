@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod logging;
+pub mod process;
 pub mod throttle;
 
 use std::collections::HashSet;

@@ -20,8 +20,10 @@ use xds_api::type_url;
 use crate::http::AppState;
 use crate::nacks::{Rejection, names_config, rejections};
 
-/// Istio's syncz: per proxy, per type, what was sent and what was ACKed or NACKed; for a NACK,
-/// the rejected resources and the configs they came from.
+/// Istio's syncz (`SyncStatus`, which Kiali reads): per proxy its ID (`pod.namespace`), type,
+/// cluster and version, the nonces sent and ACKed per type under Istio's keys (`cluster_sent`,
+/// `listener_acked`, ... and `resources` by type URL); besides, per short type, the sync status,
+/// the version sent and, for a NACK, the rejected resources and the configs they came from.
 pub async fn syncz(State(s): State<AppState>) -> Json<Vec<Value>> {
     let traced = rejections(&s.server);
     let out = s
@@ -30,9 +32,48 @@ pub async fn syncz(State(s): State<AppState>) -> Json<Vec<Value>> {
         .into_iter()
         .map(|c| {
             let mut entry = serde_json::Map::new();
-            entry.insert("proxy".into(), json!(c.node_id));
+            entry.insert("proxy".into(), json!(c.proxy_id));
+            entry.insert("proxy_type".into(), json!(c.proxy_type));
+            if !c.cluster_id.is_empty() {
+                entry.insert("cluster_id".into(), json!(c.cluster_id));
+            }
+            entry.insert("node_id".into(), json!(c.node_id));
             entry.insert("connection_id".into(), json!(c.connection_id));
             entry.insert("istio_version".into(), json!(c.proxy_version));
+            let mut resources = serde_json::Map::new();
+            for (t, w) in &c.watched {
+                // Istio's `SyncStatus`: `<cluster|listener|route|endpoint>_sent/_acked`
+                let istio = match t.as_str() {
+                    type_url::CLUSTER => Some("cluster"),
+                    type_url::LISTENER => Some("listener"),
+                    type_url::ROUTE => Some("route"),
+                    type_url::ENDPOINT => Some("endpoint"),
+                    _ => None,
+                };
+                if let Some(k) = istio {
+                    if !w.nonce_sent.is_empty() {
+                        entry.insert(format!("{k}_sent"), json!(w.nonce_sent));
+                    }
+                    if !w.nonce_acked.is_empty() {
+                        entry.insert(format!("{k}_acked"), json!(w.nonce_acked));
+                    }
+                }
+                let mut r = serde_json::Map::new();
+                for (key, v) in [
+                    ("sent", &w.nonce_sent),
+                    ("acked", &w.nonce_acked),
+                    ("lastError", &w.last_error),
+                ] {
+                    if !v.is_empty() {
+                        r.insert(key.into(), json!(v));
+                    }
+                }
+                if let Some(at) = &w.last_sent {
+                    r.insert("sentTime".into(), json!(at));
+                }
+                resources.insert(t.clone(), Value::Object(r));
+            }
+            entry.insert("resources".into(), Value::Object(resources));
             for (t, w) in &c.watched {
                 let short = type_url::short(t);
                 let status = if !w.last_error.is_empty() {

@@ -24,6 +24,8 @@ pub struct AppState {
     pub server: Arc<DiscoveryServer<Environment>>,
     pub environment: Arc<Environment>,
     pub registry: Arc<Registry>,
+    /// `process_*`, read at each scrape.
+    pub process: monitoring::process::ProcessMetrics,
     pub store: watch::Receiver<StoreSnapshot>,
     /// ENABLE_DEBUG_ENDPOINT_AUTH.
     pub debug_auth: bool,
@@ -113,6 +115,7 @@ async fn version() -> String {
 }
 
 async fn metrics(State(s): State<AppState>) -> Response {
+    s.process.update();
     match monitoring::render(&s.registry) {
         Ok(text) => ([(header::CONTENT_TYPE, monitoring::TEXT_CONTENT_TYPE)], text).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics: {e}\n")).into_response(),
@@ -125,8 +128,64 @@ async fn adsz(State(s): State<AppState>) -> Json<Value> {
     Json(json!({"totalClients": conns.len(), "clients": conns}))
 }
 
+/// Istio's registryz: every service as istiod's `model.Service` JSON (which Kiali parses):
+/// `Attributes` (Go field names), `ports`, `hostname`, `clusterVIPs`, `defaultAddress`,
+/// `Resolution` (Istio's enum number), `MeshExternal`; plus `origin`, the object it came from.
 async fn registryz(State(s): State<AppState>) -> Json<Value> {
-    Json(json!(s.environment.registry().services))
+    let registry = s.environment.registry();
+    Json(Value::Array(
+        registry.services.iter().map(|svc| istio_service_json(svc)).collect(),
+    ))
+}
+
+fn istio_service_json(svc: &model::Service) -> Value {
+    use model::service::Visibility;
+    let a = &svc.attributes;
+    let export_to: serde_json::Map<String, Value> = a
+        .export_to
+        .iter()
+        .map(|v| {
+            let k = match v {
+                Visibility::Public => "*".to_owned(),
+                Visibility::Private => ".".to_owned(),
+                Visibility::None => "~".to_owned(),
+                Visibility::Namespace(ns) => ns.clone(),
+            };
+            (k, json!({}))
+        })
+        .collect();
+    // Istio's `Resolution` numbers: ClientSideLB 0, DNSLB 1, Passthrough 2, DNSRoundRobinLB 3.
+    let resolution = match svc.resolution {
+        model::Resolution::ClientSideLb => 0,
+        model::Resolution::DnsLb => 1,
+        model::Resolution::Passthrough => 2,
+        model::Resolution::DnsRoundRobinLb => 3,
+    };
+    let cluster = if a.cluster_id.is_empty() {
+        ""
+    } else {
+        a.cluster_id.as_str()
+    };
+    let mut out = json!({
+        "Attributes": {
+            "ServiceRegistry": a.service_registry,
+            "Name": a.name,
+            "Namespace": a.namespace,
+            "Labels": a.labels,
+            "ExportTo": export_to,
+            "LabelSelectors": a.label_selectors,
+        },
+        "ports": svc.ports.iter().map(|p| json!({"name": p.name, "port": p.port, "protocol": p.protocol.as_str()})).collect::<Vec<_>>(),
+        "hostname": svc.hostname,
+        "Resolution": resolution,
+        "MeshExternal": svc.mesh_external,
+        "origin": svc.origin,
+    });
+    if let Some(first) = svc.addresses.first() {
+        out["defaultAddress"] = json!(first);
+        out["clusterVIPs"] = json!({"Addresses": {cluster: svc.addresses}});
+    }
+    out
 }
 
 async fn endpointz(State(s): State<AppState>) -> Json<Value> {
@@ -249,10 +308,12 @@ mod tests {
         ));
         let mut registry = Registry::default();
         let server = DiscoveryServer::new(environment.clone(), Default::default(), &mut registry);
+        let process = monitoring::process::ProcessMetrics::register(&mut registry);
         AppState {
             server,
             environment,
             registry: Arc::new(registry),
+            process,
             store: watch::channel(StoreSnapshot::default()).1,
             debug_auth,
             dumps: AppState::dump_permits(),

@@ -1,5 +1,7 @@
-//! Pilot's own gauges about config and services (`pilot_services`, `pilot_virt_services`) and the
-//! count of rejected config (`pilot_config_invalid`, by kind). The xDS metrics live in xds-server.
+//! Pilot's own gauges about config and services (`pilot_services`, `pilot_virt_services`), the
+//! count of rejected config (`pilot_config_invalid`, by kind), the validation verdicts
+//! (`galley_validation_passed` / `_failed`) and the build (`istio_build{component="pilot"}`) that
+//! Istio's control plane dashboard queries. The xDS metrics live in xds-server.
 
 use std::sync::Arc;
 
@@ -15,11 +17,32 @@ pub struct TypeLabel {
     pub r#type: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub component: &'static str,
+    pub tag: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ValidationLabels {
+    pub resource: String,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabel {
+    pub resource: String,
+}
+
 #[derive(Clone, Debug)]
 pub struct PipelineMetrics {
     services: Gauge,
     virtual_services: Gauge,
     invalid: Family<TypeLabel, Counter>,
+    /// `galley_validation_passed` / `_failed`: Istio counts its admission webhook's verdicts; here
+    /// every Istio config read (files or the API server) is validated the same way.
+    validation_passed: Family<ResourceLabel, Counter>,
+    validation_failed: Family<ValidationLabels, Counter>,
 }
 
 impl PipelineMetrics {
@@ -28,7 +51,27 @@ impl PipelineMetrics {
             services: Gauge::default(),
             virtual_services: Gauge::default(),
             invalid: Family::default(),
+            validation_passed: Family::default(),
+            validation_failed: Family::default(),
         };
+        let build: Family<BuildLabels, Gauge> = Family::default();
+        build
+            .get_or_create(&BuildLabels {
+                component: "pilot",
+                tag: crate::version::INFO.tag,
+            })
+            .set(1);
+        registry.register("istio_build", "Istio component build info", build);
+        registry.register(
+            "galley_validation_passed",
+            "Resource is valid.",
+            m.validation_passed.clone(),
+        );
+        registry.register(
+            "galley_validation_failed",
+            "Resource validation failed.",
+            m.validation_failed.clone(),
+        );
         registry.register("pilot_services", "Total services known to pilot.", m.services.clone());
         registry.register(
             "pilot_virt_services",
@@ -43,6 +86,21 @@ impl PipelineMetrics {
         m
     }
 
+    /// Configs that passed validation (each config event that added or updated one).
+    pub fn validated(&self, change: &config_sources::ConfigChange) {
+        for e in &change.events {
+            if let Some(c) = e.current()
+                && !c.kind.is_kubernetes()
+            {
+                self.validation_passed
+                    .get_or_create(&ResourceLabel {
+                        resource: c.kind.to_string(),
+                    })
+                    .inc();
+            }
+        }
+    }
+
     pub fn observe(&self, stats: EnvironmentStats) {
         self.services.set(stats.services as i64);
         self.virtual_services.set(stats.virtual_services as i64);
@@ -51,10 +109,17 @@ impl PipelineMetrics {
     /// The observer the config store calls for every rejected resource.
     pub fn invalid_observer(&self) -> config_sources::InvalidObserver {
         let invalid = self.invalid.clone();
+        let failed = self.validation_failed.clone();
         Arc::new(move |kind: &str| {
             invalid
                 .get_or_create(&TypeLabel {
                     r#type: kind.to_owned(),
+                })
+                .inc();
+            failed
+                .get_or_create(&ValidationLabels {
+                    resource: kind.to_owned(),
+                    reason: "invalid_resource",
                 })
                 .inc();
         })

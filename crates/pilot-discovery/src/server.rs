@@ -86,8 +86,13 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         });
         (initial_change, dir_watch.state)
     } else if let Some(c) = &client {
-        let source =
-            kube_registry::crdclient::start(c.clone(), watch_metrics.clone(), mesh.discovery_selectors.clone()).await;
+        let source = kube_registry::crdclient::start(
+            c.clone(),
+            watch_metrics.clone(),
+            mesh.discovery_selectors.clone(),
+            Some(pipeline_metrics.invalid_observer()),
+        )
+        .await;
         tracing::info!(
             configs = source.initial.events.len(),
             "loaded Istio config from the Kubernetes API server"
@@ -134,6 +139,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     if let Some(k) = &mut kubernetes {
         k.apply_initial(&environment);
     }
+    pipeline_metrics.validated(&initial_change);
     pipeline_metrics.observe(environment.stats());
     let opts = ServerOptions {
         debounce_after: settings.debounce_after,
@@ -150,10 +156,12 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         k.follow(environment.clone(), server.clone());
     }
 
+    let process = monitoring::process::ProcessMetrics::register(&mut registry);
     let state = AppState {
         server: server.clone(),
         environment: environment.clone(),
         registry: Arc::new(registry),
+        process,
         store: store_state,
         debug_auth: settings.enable_debug_endpoint_auth,
         dumps: AppState::dump_permits(),
@@ -203,6 +211,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
             for e in &change.events {
                 tracing::debug!(config = %e.key(), event = event_name(e), "config changed");
             }
+            pipeline_metrics.validated(&change);
             dispatch(&srv, env.config_changed(&change));
             pipeline_metrics.observe(env.stats());
         }

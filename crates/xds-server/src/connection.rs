@@ -100,6 +100,9 @@ impl<S> Connection<S> {
         ConnectionStatus {
             connection_id: self.id.clone(),
             node_id: self.node.node_id.clone(),
+            proxy_id: self.node.id.clone(),
+            proxy_type: self.node.node_id.split('~').next().unwrap_or_default().to_owned(),
+            cluster_id: self.node.metadata.cluster_id.clone().unwrap_or_default(),
             peer_address: self.peer.clone(),
             connected_at: rfc3339(self.connected_at),
             proxy_version: self.node.metadata.istio_version.clone().unwrap_or_default(),

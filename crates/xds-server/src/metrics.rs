@@ -1,10 +1,9 @@
 //! Prometheus metrics of the xDS server, under Istio's names (`pilot/pkg/xds/monitoring.go`).
 //!
 //! Istio exports through OpenTelemetry with `WithoutCounterSuffixes` and `WithoutUnits`, so its
-//! counters appear as e.g. `pilot_xds_pushes`. prometheus-client always exposes a counter as
-//! `<name>_total` (OpenMetrics requires it), so ours read `pilot_xds_pushes_total`,
-//! `pilot_push_triggers_total`, `pilot_total_xds_rejects_total`, `pilot_xds_expired_nonce_total`;
-//! gauges and histograms keep Istio's exact names (registered without a unit suffix).
+//! counters appear as e.g. `pilot_xds_pushes`. prometheus-client writes a counter as
+//! `<name>_total` (OpenMetrics requires it); `monitoring::render` turns that back into Istio's
+//! names for `/metrics`. Gauges and histograms are registered under Istio's exact names.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -36,6 +35,11 @@ fn push_time_histogram() -> Histogram {
     Histogram::new([0.01, 0.1, 1.0, 3.0, 5.0, 10.0, 20.0, 30.0])
 }
 
+/// Istio's `configSizeBytes` buckets.
+fn config_size_histogram() -> Histogram {
+    Histogram::new([1.0, 10_000.0, 1_000_000.0, 4_000_000.0, 10_000_000.0, 40_000_000.0])
+}
+
 /// The server's metrics. Cheap to clone (every field is an `Arc` inside).
 #[derive(Clone)]
 pub(crate) struct Metrics {
@@ -58,6 +62,10 @@ pub(crate) struct Metrics {
     /// `pilot_xds_invalid_request`: streams ended for a request that could not be read, by
     /// reason (`malformed`, `too_large`, `compressed`).
     pub invalid_requests: Family<ReasonLabel, Counter>,
+    /// `pilot_total_xds_internal_errors`: generation failures (nothing sent for the type).
+    pub internal_errors: Counter,
+    /// `pilot_xds_config_size_bytes`: size of each response, by type.
+    pub config_size: HistogramFamily,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -88,7 +96,19 @@ impl Metrics {
             expired_nonce: Family::default(),
             invalid_nodes: Counter::default(),
             invalid_requests: Family::default(),
+            internal_errors: Counter::default(),
+            config_size: Family::new_with_constructor(config_size_histogram),
         };
+        registry.register(
+            "pilot_total_xds_internal_errors",
+            "Total number of internal XDS errors in pilot.",
+            m.internal_errors.clone(),
+        );
+        registry.register(
+            "pilot_xds_config_size_bytes",
+            "Distribution of configuration sizes pushed to clients",
+            m.config_size.clone(),
+        );
         registry.register(
             "pilot_xds",
             "Number of endpoints connected to this pilot using XDS.",
@@ -185,10 +205,11 @@ impl Metrics {
         }
     }
 
-    pub fn record_push(&self, type_url: &str, seconds: f64) {
+    pub fn record_push(&self, type_url: &str, seconds: f64, bytes: usize) {
         let l = type_label(type_url);
         self.pushes.get_or_create(&l).inc();
         self.push_time.get_or_create(&l).observe(seconds);
+        self.config_size.get_or_create(&l).observe(bytes as f64);
     }
 
     pub fn record_send_error(&self, type_url: &str) {

@@ -336,8 +336,8 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
     }
 
     /// Counts a response sent: metrics, and the push status when it is of the current version.
-    pub(crate) fn record_sent(&self, t: &str, version: &str, resources: usize, took: Duration) {
-        self.metrics.record_push(t, took.as_secs_f64());
+    pub(crate) fn record_sent(&self, t: &str, version: &str, resources: usize, bytes: usize, took: Duration) {
+        self.metrics.record_push(t, took.as_secs_f64(), bytes);
         let mut status = lock(&self.push_status);
         if status.version == version {
             let e = status.types.entry(type_url::short(t).to_owned()).or_default();

@@ -14,6 +14,12 @@ pub struct ConnectionStatus {
     /// `<proxy id>-<counter>`, as Istio's connection ID.
     pub connection_id: String,
     pub node_id: String,
+    /// Istio's proxy ID, `pod.namespace`.
+    pub proxy_id: String,
+    /// `sidecar`, `router`, ...
+    pub proxy_type: String,
+    /// CLUSTER_ID of the node metadata, empty if not sent.
+    pub cluster_id: String,
     pub peer_address: String,
     /// RFC 3339, UTC.
     pub connected_at: String,

@@ -253,6 +253,9 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
         let resources = match &g.resources {
             Ok(r) => r,
             Err(e) => {
+                if matches!(e, crate::GenerateError::Failed { .. }) {
+                    self.server.metrics.internal_errors.inc();
+                }
                 log_generate_error(&self.conn.id, t, e);
                 return Ok(());
             }
@@ -265,6 +268,7 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
         self.nonce += 1;
         let nonce = self.server.nonce(self.nonce);
         F::set_nonce(&mut resp, nonce.clone());
+        let bytes = prost::Message::encoded_len(&resp);
         let t0 = Instant::now();
         if slot.send(&self.out, resp).await.is_err() {
             if cause == Cause::Push {
@@ -273,7 +277,7 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
             return Err(Closed);
         }
         self.conn.record_sent(t, &nonce, version);
-        self.server.record_sent(t, version, n, g.elapsed + t0.elapsed());
+        self.server.record_sent(t, version, n, bytes, g.elapsed + t0.elapsed());
         tracing::debug!(
             "{}: {} for node:{} resources:{n}{removed} nonce:{nonce} version:{version}",
             type_url::short(t).to_uppercase(),
