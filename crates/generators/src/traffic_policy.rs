@@ -7,6 +7,7 @@
 //!   sets overrides it. When the subset's policy has a `portLevelSettings` entry for the port,
 //!   that entry replaces all four fields (connectionPool, outlierDetection, loadBalancer, tls).
 
+use model::mesh::DefaultTrafficPolicy;
 use model::networking::{
     ClientTlsSettings, ConnectionPoolSettings, DestinationRule, LoadBalancerSettings, OutlierDetection, TrafficPolicy,
 };
@@ -55,10 +56,21 @@ pub(crate) fn port_level_policy(policy: Option<&TrafficPolicy>, port: u16) -> (O
     }
 }
 
-/// The policy of the cluster for `port` and `subset` (empty for the service's default cluster).
-pub(crate) fn cluster_policy(rule: Option<&DestinationRule>, port: u16, subset: &str) -> Option<ClusterPolicy> {
-    let rule = rule?;
-    let (destination, _) = port_level_policy(rule.traffic_policy.as_ref(), port);
+/// The policy of the cluster for `port` and `subset` (empty for the service's default cluster):
+/// the rule's policy for the port over the mesh's `defaultTrafficPolicy` (Istio's
+/// `applyDefaultTrafficPolicy`: its connection pool and outlier detection where the rule sets
+/// none, with or without a rule), then the subset's on top.
+pub(crate) fn cluster_policy(
+    rule: Option<&DestinationRule>,
+    port: u16,
+    subset: &str,
+    mesh_default: Option<&DefaultTrafficPolicy>,
+) -> Option<ClusterPolicy> {
+    let (destination, _) = port_level_policy(rule.and_then(|r| r.traffic_policy.as_ref()), port);
+    let destination = with_mesh_default(destination, mesh_default);
+    let Some(rule) = rule else {
+        return destination;
+    };
     if subset.is_empty() {
         return destination;
     }
@@ -88,6 +100,24 @@ pub(crate) fn cluster_policy(rule: Option<&DestinationRule>, port: u16, subset: 
         merged.tls = subset_policy.tls;
     }
     Some(merged)
+}
+
+/// Istio's `applyDefaultTrafficPolicy`.
+pub(crate) fn with_mesh_default(
+    policy: Option<ClusterPolicy>,
+    mesh_default: Option<&DefaultTrafficPolicy>,
+) -> Option<ClusterPolicy> {
+    let Some(d) = mesh_default.filter(|d| d.connection_pool.is_some() || d.outlier_detection.is_some()) else {
+        return policy;
+    };
+    let mut p = policy.unwrap_or_default();
+    if p.connection_pool.is_none() {
+        p.connection_pool = d.connection_pool.clone();
+    }
+    if p.outlier_detection.is_none() {
+        p.outlier_detection = d.outlier_detection.clone();
+    }
+    Some(p)
 }
 
 #[cfg(test)]
@@ -158,10 +188,10 @@ mod tests {
     #[test]
     fn port_level_settings_replace_the_destination_policy() {
         let r = rule();
-        let p = cluster_policy(Some(&r), 9443, "").unwrap();
+        let p = cluster_policy(Some(&r), 9443, "", None).unwrap();
         assert_eq!(p.simple_lb(), Some("LEAST_REQUEST"));
         assert_eq!(p.outlier_detection, None, "not inherited from the destination level");
-        let p = cluster_policy(Some(&r), 9080, "").unwrap();
+        let p = cluster_policy(Some(&r), 9080, "", None).unwrap();
         assert_eq!(p.simple_lb(), Some("RANDOM"));
         assert_eq!(p.outlier_detection, outlier(5));
     }
@@ -169,18 +199,18 @@ mod tests {
     #[test]
     fn subsets_inherit_and_override_field_by_field() {
         let r = rule();
-        let p = cluster_policy(Some(&r), 9080, "v1").unwrap();
+        let p = cluster_policy(Some(&r), 9080, "v1", None).unwrap();
         assert_eq!(p.simple_lb(), Some("ROUND_ROBIN"));
         assert_eq!(p.outlier_detection, outlier(5), "inherited");
         // v2's port-level entry for 9080 replaces every field.
-        let p = cluster_policy(Some(&r), 9080, "v2").unwrap();
+        let p = cluster_policy(Some(&r), 9080, "v2", None).unwrap();
         assert_eq!(p.outlier_detection, outlier(9));
         assert_eq!(p.load_balancer, None);
         // unknown subset: the destination policy
         assert_eq!(
-            cluster_policy(Some(&r), 9080, "v9").unwrap().simple_lb(),
+            cluster_policy(Some(&r), 9080, "v9", None).unwrap().simple_lb(),
             Some("RANDOM")
         );
-        assert_eq!(cluster_policy(None, 9080, ""), None);
+        assert_eq!(cluster_policy(None, 9080, "", None), None);
     }
 }

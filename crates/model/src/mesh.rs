@@ -39,6 +39,9 @@ pub struct MeshConfig {
     pub tcp_keepalive: Option<Value>,
     /// Namespaces the Kubernetes registry serves: those matching any selector (all when empty).
     pub discovery_selectors: Vec<LabelSelector>,
+    /// Connection pool and outlier detection of every cluster whose DestinationRule (if any) sets
+    /// none (Istio's `applyDefaultTrafficPolicy`).
+    pub default_traffic_policy: Option<DefaultTrafficPolicy>,
     /// Retries of outbound HTTP routes that set none (a VirtualService's, and default routes).
     pub default_http_retry_policy: Option<crate::networking::HttpRetry>,
     /// Retries of sidecars' inbound HTTP routes (only attempts, retryOn and backoff apply there).
@@ -46,6 +49,14 @@ pub struct MeshConfig {
     /// Everything else from the file, kept as written.
     #[serde(flatten)]
     pub extra: BTreeMap<String, Value>,
+}
+
+/// meshConfig `defaultTrafficPolicy`: the baseline under every DestinationRule.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct DefaultTrafficPolicy {
+    pub connection_pool: Option<crate::networking::ConnectionPoolSettings>,
+    pub outlier_detection: Option<crate::networking::OutlierDetection>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -153,6 +164,7 @@ impl Default for MeshConfig {
             default_providers: None,
             tcp_keepalive: None,
             discovery_selectors: Vec::new(),
+            default_traffic_policy: None,
             default_http_retry_policy: None,
             default_inbound_http_retry_policy: None,
             extra: BTreeMap::new(),

@@ -64,10 +64,11 @@ pub(crate) fn inbound_cluster_specs(proxy: &Proxy, push: &PushContext) -> Vec<In
         return Vec::new();
     }
     let scope = push.sidecar_scope(proxy);
+    let instances = push.service_instances(proxy);
     if scope.has_ingress_listener() {
-        return ingress_specs(proxy, &scope);
+        return ingress_specs(proxy, &scope, &instances);
     }
-    instance_specs(&push.service_instances(proxy))
+    instance_specs(&instances)
 }
 
 /// One ORIGINAL_DST cluster per distinct target port, sorted, with the protocol of its first instance.
@@ -92,8 +93,10 @@ pub(crate) fn instance_specs(instances: &[ServiceInstance]) -> Vec<InboundCluste
 }
 
 /// Istio's `buildInboundClustersFromSidecar`: one cluster per ingress listener, to its
-/// `defaultEndpoint`; a listener whose endpoint has no valid port gets none.
-fn ingress_specs(proxy: &Proxy, scope: &SidecarScope) -> Vec<InboundClusterSpec> {
+/// `defaultEndpoint`; a listener whose endpoint has no valid port gets none. The service is the
+/// proxy's instance whose target port is the listener's port (Istio's `findOrCreateService`), for
+/// its DestinationRule's connection pool.
+fn ingress_specs(proxy: &Proxy, scope: &SidecarScope, instances: &[ServiceInstance]) -> Vec<InboundClusterSpec> {
     let mut out: Vec<InboundClusterSpec> = Vec::new();
     for ingress in scope.ingress_listeners() {
         let Some(port) = &ingress.port else { continue };
@@ -111,11 +114,18 @@ fn ingress_specs(proxy: &Proxy, scope: &SidecarScope) -> Vec<InboundClusterSpec>
         if out.iter().any(|s| s.port == number) {
             continue;
         }
+        let service = instances.iter().find(|i| i.target_port == number).map(|i| {
+            (
+                i.service.hostname.clone(),
+                i.service.namespace().to_owned(),
+                i.service_port.port,
+            )
+        });
         out.push(InboundClusterSpec {
             port: number,
             protocol: Protocol::parse(&port.protocol),
             endpoint,
-            service: None,
+            service,
         });
     }
     out
@@ -234,10 +244,16 @@ fn inbound_cluster(push: &PushContext, proxy: &Proxy, scope: &SidecarScope, spec
         let (policy, _) = crate::traffic_policy::port_level_policy(rule.rule.traffic_policy.as_ref(), *service_port);
         policy?.connection_pool
     });
+    let mesh_default = push
+        .mesh()
+        .default_traffic_policy
+        .as_ref()
+        .and_then(|d| d.connection_pool.clone());
     let pool = scope
         .inbound_connection_pool_for_port(u32::from(spec.port))
         .cloned()
         .or(from_rule)
+        .or(mesh_default)
         .unwrap_or_default();
     traffic_policy::apply_connection_pool(&mut cw, push.mesh(), &pool);
     let port = Port {

@@ -112,7 +112,8 @@ impl Builder<'_> {
             &self.service.hostname,
             self.port.port,
         );
-        let policy = cluster_policy(self.rule.map(|r| &r.rule), self.port.port, subset);
+        let mesh_default = self.push.mesh().default_traffic_policy.as_ref();
+        let policy = cluster_policy(self.rule.map(|r| &r.rule), self.port.port, subset, mesh_default);
         let mut discovery = discovery_type(self.proxy, self.service);
         // A subset whose own policy is PASSTHROUGH forwards to the original destination.
         let own_lb = self

@@ -657,3 +657,49 @@ fn outlier_detection_http_error_codes_become_the_error_matcher() {
     assert_eq!(any.rules.len(), 3);
     assert!(with_codes(json!([])).is_none());
 }
+
+/// meshConfig `defaultTrafficPolicy` (Istio's `applyDefaultTrafficPolicy`): its connection pool
+/// and outlier detection apply to clusters whose DestinationRule sets none, with or without a
+/// rule; what a rule sets wins.
+#[test]
+fn mesh_default_traffic_policy_is_the_baseline_under_destination_rules() {
+    let mesh = model::MeshConfig::from_value(json!({"defaultTrafficPolicy": {
+        "connectionPool": {"tcp": {"maxConnections": 11}},
+        "outlierDetection": {"consecutive5xxErrors": 3}}}))
+    .unwrap();
+    let max_connections = |c: &Cluster| {
+        c.circuit_breakers.as_ref().unwrap().thresholds[0]
+            .max_connections
+            .as_ref()
+            .map(|v| v.value)
+    };
+    let consecutive_5xx = |c: &Cluster| {
+        c.outlier_detection
+            .as_ref()
+            .and_then(|o| o.consecutive_5xx.as_ref())
+            .map(|v| v.value)
+    };
+    let without_rule = crate::testing::push_with_mesh(mesh.clone(), vec![two_port_service()]);
+    let clusters = build_clusters(&sidecar("default"), &without_rule);
+    let c = find(&clusters, "outbound|9080||ratings.default.svc.cluster.local");
+    assert_eq!((max_connections(c), consecutive_5xx(c)), (Some(11), Some(3)));
+
+    let with_rule = crate::testing::push_with_mesh(
+        mesh,
+        vec![
+            two_port_service(),
+            destination_rule(
+                "ratings",
+                "default",
+                json!({"host": "ratings", "trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": 5}}}}),
+            ),
+        ],
+    );
+    let clusters = build_clusters(&sidecar("default"), &with_rule);
+    let c = find(&clusters, "outbound|9080||ratings.default.svc.cluster.local");
+    assert_eq!(
+        (max_connections(c), consecutive_5xx(c)),
+        (Some(5), Some(3)),
+        "the rule's pool, the mesh's outlier detection"
+    );
+}

@@ -78,7 +78,12 @@ impl Target {
     }
 
     pub(crate) fn key(&self, proxy: &Proxy, push: &PushContext) -> EdsKey {
-        let policy = cluster_policy(self.rule.as_ref().map(|r| &r.rule), self.port.port, &self.subset);
+        let policy = cluster_policy(
+            self.rule.as_ref().map(|r| &r.rule),
+            self.port.port,
+            &self.subset,
+            push.mesh().default_traffic_policy.as_ref(),
+        );
         let setting = locality::effective_setting(push.mesh(), policy.as_ref().and_then(|p| p.load_balancer.as_ref()));
         let uses_labels = setting.as_ref().is_some_and(|s| !s.failover_priority.is_empty());
         EdsKey {
@@ -112,7 +117,12 @@ impl Target {
             endpoints: groups.iter().map(|(l, eps)| locality_group(l, eps)).collect(),
             ..Default::default()
         };
-        let policy = cluster_policy(self.rule.as_ref().map(|r| &r.rule), self.port.port, &self.subset);
+        let policy = cluster_policy(
+            self.rule.as_ref().map(|r| &r.rule),
+            self.port.port,
+            &self.subset,
+            push.mesh().default_traffic_policy.as_ref(),
+        );
         let enable_failover = policy.as_ref().is_some_and(|p| p.outlier_detection.is_some());
         let lb = policy.as_ref().and_then(|p| p.load_balancer.as_ref());
         if let Some(setting) = locality::effective_setting(push.mesh(), lb) {
