@@ -43,7 +43,7 @@ pub(crate) fn parse_duration(s: Option<&str>) -> Option<xds_api::pbwkt::Duration
 /// With consistent hashing the previous-hosts predicate is left out, so retries stay on the hashed
 /// host, unless `retryIgnorePreviousHosts` says otherwise.
 pub(crate) fn retry_policy(retries: Option<&HttpRetry>, consistent_hash: bool) -> Option<RetryPolicy> {
-    let mut out = RetryPolicy {
+    let out = RetryPolicy {
         num_retries: Some(UInt32Value {
             value: DEFAULT_NUM_RETRIES,
         }),
@@ -59,15 +59,7 @@ pub(crate) fn retry_policy(retries: Option<&HttpRetry>, consistent_hash: bool) -
     let Some(retries) = retries else {
         return Some(out);
     };
-    if retries.attempts <= 0 {
-        return None;
-    }
-    out.num_retries = Some(UInt32Value {
-        value: retries.attempts as u32,
-    });
-    if !retries.retry_on.is_empty() {
-        (out.retry_on, out.retriable_status_codes) = retry_on(&retries.retry_on);
-    }
+    let mut out = with_attempts_retry_on_and_back_off(out, retries)?;
     if let Some(d) = parse_duration(retries.per_try_timeout.as_deref()) {
         out.per_try_timeout = Some(d);
     }
@@ -86,7 +78,6 @@ pub(crate) fn retry_policy(retries: Option<&HttpRetry>, consistent_hash: bool) -
             ))),
         });
     }
-    out.retry_back_off = back_off(retries);
     Some(out)
 }
 
@@ -95,16 +86,22 @@ pub(crate) fn retry_policy(retries: Option<&HttpRetry>, consistent_hash: bool) -
 /// the application (safe for any method); only `attempts`, `retryOn` and `backoff` apply, as the
 /// route has one local destination.
 pub(crate) fn inbound_retry_policy(retries: Option<&HttpRetry>) -> Option<RetryPolicy> {
-    let mut out = RetryPolicy {
+    let out = RetryPolicy {
         num_retries: Some(UInt32Value {
             value: DEFAULT_NUM_RETRIES,
         }),
         retry_on: DEFAULT_INBOUND_RETRY_ON.into(),
         ..Default::default()
     };
-    let Some(retries) = retries else {
-        return Some(out);
-    };
+    match retries {
+        None => Some(out),
+        Some(retries) => with_attempts_retry_on_and_back_off(out, retries),
+    }
+}
+
+/// What both conversions take from a policy over their default: `attempts` (`<= 0` disables
+/// retries: `None`), `retryOn` and `backoff`.
+fn with_attempts_retry_on_and_back_off(mut out: RetryPolicy, retries: &HttpRetry) -> Option<RetryPolicy> {
     if retries.attempts <= 0 {
         return None;
     }
