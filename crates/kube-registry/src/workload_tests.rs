@@ -38,7 +38,9 @@ fn selecting_service_entry() -> Arc<model::Config> {
     model::testing::config(v)
 }
 
-fn setup() -> (Arc<KubeRegistry>, Environment) {
+/// A Kubernetes registry, and the environment over it and the ServiceEntry registry that selects
+/// its Pods.
+fn kube_and_service_entries() -> (Arc<KubeRegistry>, Environment) {
     let kube = Arc::new(KubeRegistry::new(ctx()));
     let mesh = Arc::new(MeshConfig::default());
     let source: Arc<dyn environment::ServiceRegistry> = kube.clone();
@@ -50,6 +52,12 @@ fn setup() -> (Arc<KubeRegistry>, Environment) {
             Box::new(ServiceEntries::with_workloads(mesh, vec![source])),
         ],
     );
+    (kube, env)
+}
+
+/// As `kube_and_service_entries`, with the ServiceEntry that selects `app: legacy`.
+fn setup() -> (Arc<KubeRegistry>, Environment) {
+    let (kube, env) = kube_and_service_entries();
     let se = ConfigChange {
         events: vec![ConfigEvent::Added(selecting_service_entry())],
     };
@@ -229,17 +237,7 @@ fn incremental_snapshots_equal_a_rebuild() {
 /// A ServiceEntry created after its Pods selects them at once: Pods are asked for, not copied.
 #[test]
 fn a_service_entry_added_later_selects_the_pods_already_there() {
-    let kube = Arc::new(KubeRegistry::new(ctx()));
-    let mesh = Arc::new(MeshConfig::default());
-    let source: Arc<dyn environment::ServiceRegistry> = kube.clone();
-    let env = Environment::new(
-        mesh.clone(),
-        "cluster.local".into(),
-        vec![
-            Box::new(kube.clone()),
-            Box::new(ServiceEntries::with_workloads(mesh, vec![source])),
-        ],
-    );
+    let (kube, env) = kube_and_service_entries();
     let pod = ready_pod("legacy-1", "10.2.0.1", json!({"app": "legacy"}), true);
     env.services_changed(kube.apply(vec![KubeEvent::Pod(Change::Apply(pod))]));
     let u = env.config_changed(&ConfigChange {
