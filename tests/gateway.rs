@@ -149,13 +149,13 @@ async fn invalid_config_leaves_routing_intact() -> anyhow::Result<()> {
     // Wait until pilot has seen both files.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let (_, configz) = mesh.discovery.get("/debug/configz", false).await?;
+        let (_, configz) = mesh.discovery.get("/debug/config_errors", false).await?;
         if configz.contains("default/bad") && configz.contains("syntax error") && configz.contains("-25") {
             break;
         }
         anyhow::ensure!(
             std::time::Instant::now() < deadline,
-            "configz never showed the errors: {configz}"
+            "config_errors never showed the errors: {configz}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

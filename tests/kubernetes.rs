@@ -359,21 +359,40 @@ async fn without_config_dir_istio_config_comes_from_the_api_server() -> anyhow::
     api.apply(reviews_to("v2"))?;
     answered_by(gateway, "reviews-v2", &discovery).await?;
 
-    // An invalid VirtualService is dropped, named in /debug/configz, and disturbs nothing.
+    // An invalid VirtualService is dropped, named in /debug/config_errors, and disturbs nothing.
     api.apply(istio("VirtualService", "broken", json!({"hosts": ["other.example.com"], "gateways": ["bookinfo-gateway"],
         "http": [{"match": [{"uri": {"regex": "/a{1001}"}}], "route": [{"destination": {"host": "reviews.default.svc.cluster.local"}}]}]})))?;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let (_, configz) = discovery.get("/debug/configz", false).await?;
-        if configz.contains("VirtualService default/broken") && configz.contains("invalid repetition size") {
+        let (_, errors) = discovery.get("/debug/config_errors", false).await?;
+        if errors.contains("VirtualService default/broken") && errors.contains("invalid repetition size") {
+            let (_, configz) = discovery.get("/debug/configz", false).await?;
+            let configz: Value = serde_json::from_str(&configz)?;
+            let names: Vec<_> = configz
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|c| c["kind"] == "VirtualService")
+                .map(|c| c["metadata"]["name"].as_str().unwrap_or_default())
+                .collect();
+            assert!(names.contains(&"bookinfo") && !names.contains(&"broken"), "{configz}");
+            // istiod's object metadata: the API server's resourceVersion and creationTimestamp.
+            let bookinfo = configz
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["metadata"]["name"] == "bookinfo")
+                .cloned()
+                .unwrap_or_default();
+            let md = &bookinfo["metadata"];
             assert!(
-                configz.contains("kubernetes://VirtualService/default/bookinfo"),
-                "{configz}"
+                md["resourceVersion"].is_string() && md["creationTimestamp"].as_str().is_some_and(|t| t.ends_with('Z')),
+                "{bookinfo}"
             );
             break;
         }
         if Instant::now() > deadline {
-            bail!("the invalid VirtualService is not in /debug/configz:\n{configz}");
+            bail!("the invalid VirtualService is not in /debug/config_errors:\n{errors}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -87,8 +87,21 @@ async fn router_gets_gateway_config_and_debug_endpoints_show_it() -> anyhow::Res
     assert_eq!(status, 404);
     let (_, registryz) = d.get("/debug/registryz", false).await?;
     assert!(registryz.contains("ratings.default.svc.cluster.local"), "{registryz}");
+    // istiod's endpointShardz: hostname -> namespace -> Shards by "<provider>/<cluster>".
+    let (_, shardz) = d.get("/debug/endpointShardz", false).await?;
+    let shardz: serde_json::Value = serde_json::from_str(&shardz)?;
+    let shards = &shardz["reviews.default.svc.cluster.local"]["default"]["Shards"];
+    let ports: Vec<_> = shards
+        .as_object()
+        .into_iter()
+        .flatten()
+        .inspect(|(k, _)| assert!(k.starts_with("External/"), "{shardz}"))
+        .flat_map(|(_, eps)| eps.as_array().into_iter().flatten())
+        .map(|e| e["EndpointPort"].as_u64().unwrap_or_default())
+        .collect();
+    assert!(ports.contains(&19081) && ports.contains(&19082), "{shardz}");
     let (_, endpointz) = d.get("/debug/endpointz", false).await?;
-    assert!(endpointz.contains("19082"), "{endpointz}");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&endpointz)?, shardz);
     let (_, push_status) = d.get("/debug/push_status", false).await?;
     assert!(push_status.contains("version"), "{push_status}");
     // Monitoring port: Istio's metric names, and /version.
@@ -263,19 +276,37 @@ async fn a_nack_is_traced_to_the_configs_that_produced_the_rejected_resources() 
         "{syncz}"
     );
 
+    // configz is istiod's: a bare array of Kubernetes objects.
     let (status, configz) = d.get("/debug/configz", false).await?;
     assert_eq!(status, 200);
     let configz: serde_json::Value = serde_json::from_str(&configz)?;
-    let configs = configz["configs"].as_array().expect("configs");
+    let configs = configz.as_array().expect("configz is an array");
     let vs = configs
         .iter()
         .find(|c| c["kind"] == "VirtualService" && c["metadata"]["name"] == "bookinfo")
         .expect("the VirtualService in configz");
-    assert_eq!(vs["rejected_by"][0]["proxy"], NODE_ID, "{vs}");
-    assert_eq!(vs["rejected_by"][0]["resources"], json!(["http.18080"]), "{vs}");
-    // Configs the proxy did not reject carry no rejected_by.
-    let others = configs.iter().filter(|c| c["metadata"]["name"] != "bookinfo");
-    assert!(others.clone().count() > 0 && others.into_iter().all(|c| c.get("rejected_by").is_none()));
+    assert_eq!(vs["apiVersion"], "networking.istio.io/v1", "{vs}");
+    assert_eq!(vs["metadata"]["namespace"], "default", "{vs}");
+    assert!(vs["spec"]["hosts"].is_array(), "{vs}");
+
+    // What the proxy rejected, traced to the config and its file.
+    let (status, errors) = d.get("/debug/config_errors", false).await?;
+    assert_eq!(status, 200);
+    let errors: serde_json::Value = serde_json::from_str(&errors)?;
+    let rejected = errors["rejected"].as_array().expect("rejected");
+    assert_eq!(rejected.len(), 1, "{errors}");
+    assert_eq!(rejected[0]["proxy"], NODE_ID, "{errors}");
+    assert_eq!(rejected[0]["resources"], json!(["http.18080"]), "{errors}");
+    assert_eq!(
+        rejected[0]["configs"],
+        json!(["/apis/networking.istio.io/v1/namespaces/default/virtual-service/bookinfo"]),
+        "{errors}"
+    );
+    let sources = rejected[0]["sources"].as_array().expect("sources");
+    assert!(
+        sources.len() == 1 && sources[0].as_str().is_some_and(|f| f.ends_with(".yaml")),
+        "{errors}"
+    );
     Ok(())
 }
 

@@ -1,6 +1,6 @@
 //! What can go wrong reading a config directory: `SourceError` (one per file or document, naming the
 //! file, the document and the resource as far as known) and `SourceErrorEntry`, its flat form for
-//! `/debug/configz`.
+//! `/debug/config_errors`.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -172,7 +172,7 @@ impl SourceError {
     }
 }
 
-/// A problem as `/debug/configz` shows it.
+/// A problem as `/debug/config_errors` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct SourceErrorEntry {
     pub file: PathBuf,

@@ -19,7 +19,7 @@ use crate::scan::list_config_files;
 /// once per parse of a file's new contents.
 pub type InvalidObserver = Arc<dyn Fn(&str) + Send + Sync>;
 
-/// The store at one moment, cheap to clone: what `/debug/configz` shows.
+/// The store at one moment, cheap to clone: what `/debug/configz` and `/debug/config_errors` show.
 #[derive(Debug, Clone, Default)]
 pub struct StoreSnapshot {
     pub configs: ConfigSnapshot,
@@ -303,7 +303,7 @@ impl FileConfigStore {
         errors
     }
 
-    /// Every current problem as `/debug/configz` shows it. A file-level error says how many
+    /// Every current problem as `/debug/config_errors` shows it. A file-level error says how many
     /// resources of the file's last good contents are still served.
     pub fn errors(&self) -> Vec<SourceErrorEntry> {
         self.source_errors()

@@ -45,7 +45,7 @@ pub struct ConfigDirWatch {
     pub initial: StoreSnapshot,
     /// One `ConfigChange` per debounced burst that changed any config.
     pub changes: mpsc::Receiver<ConfigChange>,
-    /// The latest state after every rescan (configs, errors, counts), for `/debug/configz`.
+    /// The latest state after every rescan (configs, errors, counts), for `/debug/configz` and `/debug/config_errors`.
     pub state: watch::Receiver<StoreSnapshot>,
 }
 

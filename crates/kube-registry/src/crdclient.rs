@@ -2,11 +2,11 @@
 //! pilot-discovery serves (networking.istio.io VirtualService, DestinationRule, Gateway,
 //! ServiceEntry, WorkloadEntry, Sidecar), on the first version the API server serves (v1, else
 //! v1beta1, else v1alpha3). Each object goes through the same parsing and validation as files: an
-//! invalid one is dropped with an error naming it (log, `/debug/configz`, counted), an invalid
+//! invalid one is dropped with an error naming it (log, `/debug/config_errors`, counted), an invalid
 //! update keeps the last valid version. A CRD that is not installed is reported once and skipped.
 //!
 //! It hands out what the file source does: the initial configs, a channel of `ConfigChange`s, and
-//! a `StoreSnapshot` for `/debug/configz`.
+//! a `StoreSnapshot` for `/debug/configz` and `/debug/config_errors`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -102,7 +102,7 @@ impl State {
     }
 }
 
-/// Where a config came from, as `/debug/configz` shows it.
+/// Where a config came from, as `/debug/config_errors` shows it.
 fn origin(k: &ConfigKey) -> PathBuf {
     PathBuf::from(format!("kubernetes://{}/{}/{}", k.kind, k.namespace, k.name))
 }

@@ -1,5 +1,6 @@
-//! `/debug/configz` and `/debug/syncz`, as Istio's, with what proxies rejected traced to the
-//! configs that produced it (`crate::nacks`).
+//! `/debug/configz` and `/debug/syncz` in istiod's shapes (Kiali reads them), and our
+//! `/debug/config_errors`: every config problem and what proxies rejected traced to the configs
+//! that produced it (`crate::nacks`).
 //!
 //! configz is serialized straight from the store's snapshot (no JSON tree copied from it), off
 //! the async runtime, one dump at a time (`AppState::dumps`): ten concurrent requests on a
@@ -7,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::{Duration, UNIX_EPOCH};
 
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -18,7 +20,7 @@ use serde_json::{Value, json};
 use xds_api::type_url;
 
 use crate::http::AppState;
-use crate::nacks::{Rejection, names_config, rejections};
+use crate::nacks::{names_config, rejections};
 
 /// Istio's syncz (`SyncStatus`, which Kiali reads): per proxy its ID (`pod.namespace`), type,
 /// cluster and version, the nonces sent and ACKed per type under Istio's keys (`cluster_sent`,
@@ -103,31 +105,85 @@ pub async fn syncz(State(s): State<AppState>) -> Json<Vec<Value>> {
     Json(out)
 }
 
+/// One config as istiod's configz shows it (`crd.ConvertConfig`): a Kubernetes object.
 #[derive(Serialize)]
-struct Configz<'a> {
-    configs: Vec<Entry<'a>>,
-    errors: &'a [SourceErrorEntry],
-    invalid_counts: &'a BTreeMap<String, u64>,
-}
-
-#[derive(Serialize)]
-struct Entry<'a> {
-    kind: &'static str,
+struct KubernetesConfig<'a> {
     #[serde(rename = "apiVersion")]
     api_version: &'a str,
-    metadata: Meta<'a>,
+    kind: &'static str,
+    metadata: ObjectMeta<'a>,
     spec: &'a ConfigSpec,
-    file: Option<&'a PathBuf>,
-    /// Proxies whose NACK traces back to this config.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    rejected_by: Vec<Rejected<'a>>,
 }
 
 #[derive(Serialize)]
-struct Meta<'a> {
+#[serde(rename_all = "camelCase")]
+struct ObjectMeta<'a> {
     name: &'a str,
     namespace: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resource_version: Option<&'a str>,
+    #[serde(skip_serializing_if = "is_zero")]
+    generation: i64,
+    /// RFC 3339, or `null` when the config has none (Go's zero `metav1.Time`).
+    creation_timestamp: Option<String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     labels: &'a BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    annotations: &'a BTreeMap<String, String>,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+/// istiod's `/debug/configz` (Kiali reads it): every Istio config in effect, a JSON array of
+/// Kubernetes objects. Core Kubernetes objects (Services, EndpointSlices, Pods) are registry
+/// input, not config, and left out as istiod does. What was rejected is `/debug/config_errors`.
+pub async fn configz(State(s): State<AppState>) -> Response {
+    let Ok(_permit) = s.dumps.acquire().await else {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    };
+    let store = s.store.borrow().clone();
+    let built = tokio::task::spawn_blocking(move || {
+        let configs: Vec<_> = store
+            .configs
+            .values()
+            .filter(|c| !matches!(c.spec, ConfigSpec::Kubernetes(_)))
+            .map(|c| KubernetesConfig {
+                api_version: &c.meta.api_version,
+                kind: c.kind.as_str(),
+                metadata: ObjectMeta {
+                    name: &c.meta.name,
+                    namespace: &c.meta.namespace,
+                    resource_version: c.meta.resource_version.as_deref(),
+                    generation: c.meta.generation,
+                    creation_timestamp: c.meta.creation_time.map(creation_timestamp),
+                    labels: &c.meta.labels,
+                    annotations: &c.meta.annotations,
+                },
+                spec: &c.spec,
+            })
+            .collect();
+        serde_json::to_vec(&configs)
+    })
+    .await;
+    json_body("configz", built)
+}
+
+/// `metav1.Time`'s form: RFC 3339 to the second, UTC.
+fn creation_timestamp((secs, _nanos): (i64, u32)) -> String {
+    let at = u64::try_from(secs).map_or(UNIX_EPOCH, |s| UNIX_EPOCH + Duration::from_secs(s));
+    xds_server::rfc3339(at)
+}
+
+#[derive(Serialize)]
+struct ConfigErrors<'a> {
+    /// Every current problem: unreadable files, invalid configs, unknown or unsupported kinds.
+    errors: &'a [SourceErrorEntry],
+    /// Configs rejected since start, by kind.
+    invalid_counts: &'a BTreeMap<String, u64>,
+    /// What proxies rejected (NACKs), with the configs that produced it and their files.
+    rejected: Vec<Rejected<'a>>,
 }
 
 #[derive(Serialize)]
@@ -137,56 +193,52 @@ struct Rejected<'a> {
     type_url: &'a str,
     resources: &'a [String],
     error: &'a str,
+    /// Istio config paths (`/apis/<group>/<version>/namespaces/<ns>/<kind>/<name>`).
+    configs: &'a [String],
+    /// Where those configs came from (files, or `kubernetes://<kind>/<ns>/<name>`).
+    sources: Vec<&'a PathBuf>,
 }
 
-/// Every config in effect, every config problem (invalid, unsupported, unknown kinds), and for
-/// each config the proxies that rejected what it produced.
-pub async fn configz(State(s): State<AppState>) -> Response {
-    let Ok(_permit) = s.dumps.acquire().await else {
-        return StatusCode::SERVICE_UNAVAILABLE.into_response();
-    };
+/// What istiod's validation webhook would have refused and what proxies NACKed: every config
+/// problem (invalid, unsupported, unknown kinds, unreadable files) and each rejection traced to
+/// the configs behind it. pilot-discovery's own; istiod has no such view.
+pub async fn config_errors(State(s): State<AppState>) -> Response {
     let store = s.store.borrow().clone();
     let traced = rejections(&s.server);
-    let built = tokio::task::spawn_blocking(move || {
-        let configs = store
-            .configs
-            .values()
-            .map(|c| Entry {
-                kind: c.kind.as_str(),
-                api_version: &c.meta.api_version,
-                metadata: Meta {
-                    name: &c.meta.name,
-                    namespace: &c.meta.namespace,
-                    labels: &c.meta.labels,
-                },
-                spec: &c.spec,
-                file: store.origins.get(&c.key()),
-                rejected_by: rejected_by(&traced, c.kind.as_str(), &c.meta.namespace, &c.meta.name),
-            })
-            .collect();
-        serde_json::to_vec(&Configz {
-            configs,
-            errors: &store.errors,
-            invalid_counts: &store.invalid_counts,
-        })
-    })
-    .await;
-    match built {
-        Ok(Ok(body)) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-        Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, format!("configz: {e}\n")).into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("configz: {e}\n")).into_response(),
-    }
-}
-
-fn rejected_by<'a>(traced: &'a [Rejection], kind: &str, namespace: &str, name: &str) -> Vec<Rejected<'a>> {
-    traced
+    let rejected = traced
         .iter()
-        .filter(|r| r.configs.iter().any(|p| names_config(p, kind, namespace, name)))
         .map(|r| Rejected {
             proxy: &r.proxy,
             type_url: &r.type_url,
             resources: &r.resources,
             error: &r.error,
+            configs: &r.configs,
+            sources: store
+                .origins
+                .iter()
+                .filter(|(k, _)| {
+                    r.configs
+                        .iter()
+                        .any(|p| names_config(p, k.kind.as_str(), &k.namespace, &k.name))
+                })
+                .map(|(_, f)| f)
+                .collect(),
         })
-        .collect()
+        .collect();
+    json_body::<std::convert::Infallible>(
+        "config_errors",
+        Ok(serde_json::to_vec(&ConfigErrors {
+            errors: &store.errors,
+            invalid_counts: &store.invalid_counts,
+            rejected,
+        })),
+    )
+}
+
+fn json_body<E: std::fmt::Display>(what: &str, built: Result<serde_json::Result<Vec<u8>>, E>) -> Response {
+    match built {
+        Ok(Ok(body)) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{what}: {e}\n")).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{what}: {e}\n")).into_response(),
+    }
 }

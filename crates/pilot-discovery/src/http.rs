@@ -1,7 +1,6 @@
 //! Pilot's HTTP servers: the debug server (`--httpAddr`: `/ready`, `/debug/*`) and the monitoring
 //! server (`--monitoringAddr`: `/metrics`, `/version`, and the same debug endpoints, as istiod).
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -17,7 +16,7 @@ use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use xds_api::type_url;
-use xds_server::{DiscoveryServer, PushSnapshot, WatchedResource};
+use xds_server::{CurrentResourcesError, DiscoveryServer};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -48,8 +47,10 @@ fn debug_routes(state: &AppState) -> Router<AppState> {
         .route("/debug/adsz", get(adsz))
         .route("/debug/syncz", get(crate::configz::syncz))
         .route("/debug/configz", get(crate::configz::configz))
-        .route("/debug/registryz", get(registryz))
-        .route("/debug/endpointz", get(endpointz))
+        .route("/debug/config_errors", get(crate::configz::config_errors))
+        .route("/debug/registryz", get(crate::registryz::registryz))
+        .route("/debug/endpointz", get(crate::registryz::endpoint_shardz))
+        .route("/debug/endpointShardz", get(crate::registryz::endpoint_shardz))
         .route("/debug/config_dump", get(config_dump))
         .route("/debug/push_status", get(push_status))
         .route("/debug/mesh", get(mesh))
@@ -93,7 +94,7 @@ pub fn monitoring_router(state: AppState) -> Router {
 
 async fn index() -> Json<Value> {
     Json(json!({"endpoints": [
-        "/debug/adsz", "/debug/syncz", "/debug/configz", "/debug/registryz", "/debug/endpointz",
+        "/debug/adsz", "/debug/syncz", "/debug/configz", "/debug/config_errors", "/debug/registryz", "/debug/endpointShardz", "/debug/endpointz",
         "/debug/config_dump?proxyID=", "/debug/push_status", "/debug/mesh", "/ready", "/metrics", "/version"
     ]}))
 }
@@ -128,76 +129,6 @@ async fn adsz(State(s): State<AppState>) -> Json<Value> {
     Json(json!({"totalClients": conns.len(), "clients": conns}))
 }
 
-/// Istio's registryz: every service as istiod's `model.Service` JSON (which Kiali parses):
-/// `Attributes` (Go field names), `ports`, `hostname`, `clusterVIPs`, `defaultAddress`,
-/// `Resolution` (Istio's enum number), `MeshExternal`; plus `origin`, the object it came from.
-async fn registryz(State(s): State<AppState>) -> Json<Value> {
-    let registry = s.environment.registry();
-    Json(Value::Array(
-        registry.services.iter().map(|svc| istio_service_json(svc)).collect(),
-    ))
-}
-
-fn istio_service_json(svc: &model::Service) -> Value {
-    use model::service::Visibility;
-    let a = &svc.attributes;
-    let export_to: serde_json::Map<String, Value> = a
-        .export_to
-        .iter()
-        .map(|v| {
-            let k = match v {
-                Visibility::Public => "*".to_owned(),
-                Visibility::Private => ".".to_owned(),
-                Visibility::None => "~".to_owned(),
-                Visibility::Namespace(ns) => ns.clone(),
-            };
-            (k, json!({}))
-        })
-        .collect();
-    // Istio's `Resolution` numbers: ClientSideLB 0, DNSLB 1, Passthrough 2, DNSRoundRobinLB 3.
-    let resolution = match svc.resolution {
-        model::Resolution::ClientSideLb => 0,
-        model::Resolution::DnsLb => 1,
-        model::Resolution::Passthrough => 2,
-        model::Resolution::DnsRoundRobinLb => 3,
-    };
-    let cluster = if a.cluster_id.is_empty() {
-        ""
-    } else {
-        a.cluster_id.as_str()
-    };
-    let mut out = json!({
-        "Attributes": {
-            "ServiceRegistry": a.service_registry,
-            "Name": a.name,
-            "Namespace": a.namespace,
-            "Labels": a.labels,
-            "ExportTo": export_to,
-            "LabelSelectors": a.label_selectors,
-        },
-        "ports": svc.ports.iter().map(|p| json!({"name": p.name, "port": p.port, "protocol": p.protocol.as_str()})).collect::<Vec<_>>(),
-        "hostname": svc.hostname,
-        "Resolution": resolution,
-        "MeshExternal": svc.mesh_external,
-        "origin": svc.origin,
-    });
-    if let Some(first) = svc.addresses.first() {
-        out["defaultAddress"] = json!(first);
-        out["clusterVIPs"] = json!({"Addresses": {cluster: svc.addresses}});
-    }
-    out
-}
-
-async fn endpointz(State(s): State<AppState>) -> Json<Value> {
-    let registry = s.environment.registry();
-    let by_service: BTreeMap<String, Value> = registry
-        .endpoints
-        .iter()
-        .map(|(k, eps)| (k.to_string(), json!(**eps)))
-        .collect();
-    Json(json!(by_service))
-}
-
 async fn mesh(State(s): State<AppState>) -> Json<Value> {
     Json(json!(s.environment.mesh()))
 }
@@ -221,15 +152,7 @@ async fn config_dump(State(s): State<AppState>, Query(q): Query<DumpQuery>) -> R
         )
             .into_response();
     };
-    let Some((proxy, status)) = s.server.find_proxy(&id) else {
-        return (StatusCode::NOT_FOUND, format!("proxy {id:?} is not connected\n")).into_response();
-    };
-    let Some(snapshot) = s.server.current_snapshot() else {
-        return (StatusCode::SERVICE_UNAVAILABLE, "no push context yet\n").into_response();
-    };
-    let version = snapshot.version().to_owned();
-    let mut sections = Vec::new();
-    for (t, dump_type, list_field, item_field) in [
+    const SECTIONS: [(&str, &str, &str, &str); 4] = [
         (
             type_url::CLUSTER,
             "ClustersConfigDump",
@@ -254,25 +177,22 @@ async fn config_dump(State(s): State<AppState>, Query(q): Query<DumpQuery>) -> R
             "dynamic_route_configs",
             "route_config",
         ),
-    ] {
-        let watched = match status.watched.get(t) {
-            Some(w) => WatchedResource {
-                type_url: t.to_owned(),
-                names: w.names.iter().cloned().collect(),
-                wildcard: w.wildcard,
-            },
-            None => WatchedResource {
-                type_url: t.to_owned(),
-                names: Default::default(),
-                wildcard: true,
-            },
-        };
-        let resources = match snapshot.generate(&proxy, &watched) {
-            Ok(r) => r,
-            Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
-        };
+    ];
+    let current = match s.server.current_resources(&id, &SECTIONS.map(|(t, ..)| t)) {
+        Ok(c) => c,
+        Err(e @ CurrentResourcesError::NotConnected(_)) => {
+            return (StatusCode::NOT_FOUND, format!("{e}\n")).into_response();
+        }
+        Err(e @ CurrentResourcesError::NoPush) => {
+            return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response();
+        }
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    };
+    let version = &current.version;
+    let mut sections = Vec::new();
+    for (t, dump_type, list_field, item_field) in SECTIONS {
         let mut items = Vec::new();
-        for r in resources {
+        for r in current.of(t) {
             let body = match xds_api::json::any_to_json(&r.resource) {
                 Ok(v) => v,
                 Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, format!("{}: {e}\n", r.name)).into_response(),

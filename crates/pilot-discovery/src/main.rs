@@ -9,6 +9,7 @@ mod kubernetes;
 mod logging;
 mod metrics;
 mod nacks;
+mod registryz;
 mod request;
 mod secure;
 mod server;

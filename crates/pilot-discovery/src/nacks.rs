@@ -1,5 +1,5 @@
 //! What a proxy rejected, traced back to the Istio configs that produced it, for `/debug/syncz`
-//! and `/debug/configz`: validation is meant to let through only what Envoy accepts, and this is
+//! and `/debug/config_errors`: validation is meant to let through only what Envoy accepts, and this is
 //! the defence in depth for when it does not (a NACK otherwise leaves a proxy on its old routes
 //! with nothing pointing at the config to fix).
 //!
@@ -18,7 +18,7 @@ use xds_api::envoy::config::core::v3::Metadata;
 use xds_api::envoy::config::route::v3::RouteConfiguration;
 use xds_api::pbwkt::value::Kind;
 use xds_api::type_url;
-use xds_server::{DiscoveryServer, PushSnapshot, WatchedResource};
+use xds_server::DiscoveryServer;
 
 /// One NACKed type of one proxy.
 #[derive(Debug, Clone, Serialize)]
@@ -35,25 +35,18 @@ pub struct Rejection {
 
 /// Every current NACK, traced.
 pub fn rejections(server: &DiscoveryServer<Environment>) -> Vec<Rejection> {
-    let Some(push) = server.current_snapshot() else {
-        return Vec::new();
-    };
     let mut out = Vec::new();
     for conn in server.connections() {
         let nacked: Vec<_> = conn.watched.iter().filter(|(_, w)| !w.last_error.is_empty()).collect();
         if nacked.is_empty() {
             continue;
         }
-        let Some((proxy, _)) = server.find_proxy(&conn.connection_id) else {
+        let types: Vec<&str> = nacked.iter().map(|(t, _)| t.as_str()).collect();
+        let Ok(current) = server.current_resources(&conn.connection_id, &types) else {
             continue;
         };
         for (t, w) in nacked {
-            let watched = WatchedResource {
-                type_url: t.clone(),
-                names: w.names.iter().map(String::as_str).collect(),
-                wildcard: w.wildcard,
-            };
-            let sent = push.generate(&proxy, &watched).unwrap_or_default();
+            let sent = current.of(t);
             let named: Vec<_> = sent.iter().filter(|r| w.last_error.contains(r.name.as_str())).collect();
             let rejected = if named.is_empty() { sent.iter().collect() } else { named };
             let configs: BTreeSet<String> = rejected

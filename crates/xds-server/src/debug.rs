@@ -24,9 +24,9 @@ use xds_api::envoy::service::status::v3::{ClientConfig, ConfigStatus, client_con
 use xds_api::pbwkt::{self, Struct, Timestamp, Value, value::Kind};
 use xds_api::{Resource, type_url};
 
+use crate::SnapshotBuilder;
 use crate::connection::{Connection, lock};
 use crate::server::DiscoveryServer;
-use crate::{PushSnapshot, SnapshotBuilder, WatchedResource};
 
 /// Istio's `v3.DebugType` prefix.
 pub(crate) const DEBUG_PREFIX: &str = "istio.io/debug/";
@@ -123,41 +123,21 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
     }
 
     fn config_dump(&self, proxy_id: &str) -> Result<Vec<Resource>, tonic::Status> {
-        let Some((proxy, status)) = self.find_proxy(proxy_id) else {
-            return Err(tonic::Status::not_found(format!(
-                "config dump could not find connection for proxyID {proxy_id:?}"
-            )));
-        };
-        let Some(snapshot) = self.current_snapshot() else {
-            return Err(tonic::Status::unavailable("no push context yet"));
-        };
-        let version = snapshot.version().to_owned();
-        let generate = |t: &str| -> Result<Vec<Arc<pbwkt::Any>>, tonic::Status> {
-            let watched = match status.watched.get(t) {
-                Some(w) => WatchedResource {
-                    type_url: t.to_owned(),
-                    names: w.names.iter().map(|n| Arc::from(n.as_str())).collect(),
-                    wildcard: w.wildcard,
-                },
-                None => WatchedResource {
-                    type_url: t.to_owned(),
-                    names: Default::default(),
-                    wildcard: true,
-                },
-            };
-            let resources = snapshot
-                .generate(&proxy, &watched)
-                .map_err(|e| tonic::Status::internal(e.to_string()))?;
-            Ok(resources
-                .into_iter()
-                .filter(|r| watched.wildcard || watched.names.contains(r.name.as_str()))
-                .map(|r| r.resource)
-                .collect())
-        };
+        use crate::current::CurrentResourcesError as E;
+        let current = self
+            .current_resources(proxy_id, &[type_url::CLUSTER, type_url::LISTENER, type_url::ROUTE])
+            .map_err(|e| match e {
+                E::NotConnected(_) => tonic::Status::not_found(format!(
+                    "config dump could not find connection for proxyID {proxy_id:?}"
+                )),
+                E::NoPush => tonic::Status::unavailable(e.to_string()),
+                E::Generate { .. } => tonic::Status::internal(e.to_string()),
+            })?;
+        let version = current.version.clone();
+        let resources = |t: &str| current.of(t).iter().map(|r| r.resource.clone());
         let clusters = admin::ClustersConfigDump {
             version_info: version.clone(),
-            dynamic_active_clusters: generate(type_url::CLUSTER)?
-                .into_iter()
+            dynamic_active_clusters: resources(type_url::CLUSTER)
                 .map(|c| admin::clusters_config_dump::DynamicCluster {
                     cluster: Some(c.as_ref().clone()),
                     ..Default::default()
@@ -167,8 +147,7 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
         };
         let listeners = admin::ListenersConfigDump {
             version_info: version.clone(),
-            dynamic_listeners: generate(type_url::LISTENER)?
-                .into_iter()
+            dynamic_listeners: resources(type_url::LISTENER)
                 .map(|l| admin::listeners_config_dump::DynamicListener {
                     name: resource_name::<xds_api::envoy::config::listener::v3::Listener>(&l),
                     active_state: Some(admin::listeners_config_dump::DynamicListenerState {
@@ -182,8 +161,7 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
             ..Default::default()
         };
         let routes = admin::RoutesConfigDump {
-            dynamic_route_configs: generate(type_url::ROUTE)?
-                .into_iter()
+            dynamic_route_configs: resources(type_url::ROUTE)
                 .map(|r| admin::routes_config_dump::DynamicRouteConfig {
                     version_info: version.clone(),
                     route_config: Some(r.as_ref().clone()),

@@ -9,6 +9,7 @@
 
 mod clock;
 mod connection;
+mod current;
 mod debounce;
 mod debug;
 mod delta;
@@ -26,6 +27,7 @@ mod watched;
 use std::sync::Arc;
 
 pub use clock::rfc3339;
+pub use current::{CurrentResources, CurrentResourcesError};
 pub use grpc::AdsService;
 pub use model::{Changed, ConfigsUpdated, Proxy, PushRequest, TriggerReason};
 pub use server::{DEFAULT_MAX_RESOURCE_NAMES, DiscoveryServer, ServerOptions};
