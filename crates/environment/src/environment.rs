@@ -26,6 +26,7 @@ use crate::registries::{ServiceRegistry, aggregate, aggregate_changed};
 pub struct Environment {
     pub(crate) mesh: Arc<MeshConfig>,
     pub(crate) domain: String,
+    pub(crate) features: model::Features,
     pub(crate) state: Mutex<State>,
     pub(crate) seq: AtomicU64,
     /// The previous push's index, whose untouched per-kind indexes the next push reuses.
@@ -71,6 +72,7 @@ impl Environment {
         Environment {
             mesh,
             domain,
+            features: model::Features::default(),
             state: Mutex::new(State {
                 configs: Arc::default(),
                 registries,
@@ -80,6 +82,12 @@ impl Environment {
             seq: AtomicU64::new(0),
             last: Mutex::new(None),
         }
+    }
+
+    /// Istio's feature flags for every push (default: Istio's defaults).
+    pub fn with_features(mut self, features: model::Features) -> Environment {
+        self.features = features;
+        self
     }
 
     pub fn mesh(&self) -> &MeshConfig {

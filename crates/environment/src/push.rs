@@ -66,6 +66,7 @@ impl SnapshotBuilder for Environment {
             configs: configs.values().cloned().collect(),
             registry,
             version: format!("{}/{seq}", xds_server::rfc3339(SystemTime::now())),
+            features: self.features,
         };
         drop(configs);
         let mut last = lock(&self.last);

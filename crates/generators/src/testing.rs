@@ -38,6 +38,7 @@ pub(crate) fn push_input(mesh: MeshConfig, docs: Vec<Value>) -> PushInput {
         configs,
         registry,
         version: "1".into(),
+        features: Default::default(),
     }
 }
 

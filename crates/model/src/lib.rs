@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod duration;
+pub mod features;
 pub mod host;
 pub mod mesh;
 pub mod networking;
@@ -16,6 +17,7 @@ pub mod testing;
 pub mod validation;
 
 pub use config::{Config, ConfigKey, ConfigKind, ConfigMeta, ConfigSpec};
+pub use features::Features;
 pub use mesh::MeshConfig;
 pub use proxy::{NodeType, Proxy, ProxyError};
 pub use push::{Changed, ConfigsUpdated, PushRequest, ReasonStats, TriggerReason};

@@ -133,7 +133,8 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         .map(|r| Box::new(r.clone()) as Box<dyn environment::ServiceRegistry>)
         .collect();
     registries.push(Box::new(ServiceEntries::with_workloads(mesh.clone(), kube)));
-    let environment = Arc::new(Environment::new(mesh.clone(), args.domain.clone(), registries));
+    let environment =
+        Arc::new(Environment::new(mesh.clone(), args.domain.clone(), registries).with_features(settings.features));
     // The initial state; the server's first push covers everything.
     let _ = environment.config_changed(&initial_change);
     if let Some(k) = &mut kubernetes {

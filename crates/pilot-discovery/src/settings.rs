@@ -26,6 +26,8 @@ pub struct Settings {
     pub enable_debug_endpoint_auth: bool,
     /// POD_NAMESPACE: istiod's own namespace.
     pub pod_namespace: String,
+    /// Istio's generation flags (`PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN`).
+    pub features: model::Features,
 }
 
 /// A bad environment value: names the variable and what is wrong.
@@ -103,6 +105,9 @@ impl Settings {
             pod_namespace: get("POD_NAMESPACE")
                 .filter(|v| !v.is_empty())
                 .unwrap_or_else(|| "istio-system".into()),
+            features: model::Features {
+                enable_absolute_fqdn_vhost_domain: boolean("PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN", true)?,
+            },
         };
         Ok(s)
     }
@@ -176,5 +181,9 @@ mod tests {
         assert_eq!(auto.push_throttle, default_push_throttle());
         assert!(Settings::from_env(env(&[("PILOT_PUSH_THROTTLE", "-1")])).is_err());
         assert!(Settings::from_env(env(&[("PILOT_ENABLE_EDS_DEBOUNCE", "maybe")])).is_err());
+        let features =
+            |v: &str| Settings::from_env(env(&[("PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN", v)])).map(|s| s.features);
+        assert_eq!(features(""), Ok(model::Features::default()));
+        assert!(features("false").is_ok_and(|f| !f.enable_absolute_fqdn_vhost_domain));
     }
 }

@@ -50,6 +50,7 @@ pub struct PushInput {
     pub registry: Arc<registry::RegistrySnapshot>,
     /// The push version, as Istio's `PushVersion`; sent as `version_info`.
     pub version: String,
+    pub features: model::Features,
 }
 
 /// The per-push index. Immutable once built, except for what it computes on first use (Sidecar
@@ -59,6 +60,7 @@ pub struct PushContext {
     version: String,
     mesh: Arc<MeshConfig>,
     domain: String,
+    features: model::Features,
     configs: Vec<Arc<Config>>,
     registry: Arc<registry::RegistrySnapshot>,
     services: Arc<ServiceIndex>,
@@ -102,6 +104,7 @@ impl PushContext {
             version: input.version,
             mesh: input.mesh,
             domain: input.domain,
+            features: input.features,
             configs: input.configs,
             registry: input.registry,
             services,
@@ -114,11 +117,11 @@ impl PushContext {
         }
     }
 
-    /// A new push that reuses the indexes of `self` that `changed` does not touch. The mesh config
-    /// and domain must be those of `self` (a mesh change needs `PushContext::new`); what is computed on first use
+    /// A new push that reuses the indexes of `self` that `changed` does not touch. The mesh config,
+    /// domain and features must be those of `self` (else it is `PushContext::new`); what is computed on first use
     /// starts empty.
     pub fn rebuild(&self, input: PushInput, changed: &ChangeScope) -> PushContext {
-        if input.mesh != self.mesh || input.domain != self.domain {
+        if input.mesh != self.mesh || input.domain != self.domain || input.features != self.features {
             return PushContext::new(input);
         }
         let touched = |k: ConfigKind| changed.kinds.contains(&k);
@@ -146,6 +149,7 @@ impl PushContext {
             version: input.version,
             mesh: input.mesh,
             domain: input.domain,
+            features: input.features,
             configs: input.configs,
             registry: input.registry,
             services,
@@ -168,6 +172,10 @@ impl PushContext {
 
     pub fn domain(&self) -> &str {
         &self.domain
+    }
+
+    pub fn features(&self) -> &model::Features {
+        &self.features
     }
 
     /// Every config of this push, as given.

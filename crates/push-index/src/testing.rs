@@ -22,5 +22,6 @@ pub fn push_with(mesh: Arc<MeshConfig>, docs: impl IntoIterator<Item = Value>) -
         configs,
         registry,
         version: "v1".into(),
+        features: Default::default(),
     })
 }

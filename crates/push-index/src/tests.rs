@@ -312,6 +312,7 @@ fn rebuild_reuses_untouched_indexes() {
         configs,
         registry,
         version: "v2".into(),
+        features: Default::default(),
     };
     let changed = crate::ChangeScope {
         kinds: vec![model::ConfigKind::Gateway],

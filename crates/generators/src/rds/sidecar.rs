@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use model::networking::{Destination, PortSelector};
 use model::service::Resolution;
-use model::{Config, Protocol, Proxy, Service};
+use model::{Config, Features, Protocol, Proxy, Service};
 use push_index::{PushContext, SidecarScope};
 use xds_api::envoy::config::route::v3::{
     Decorator, DirectResponseAction, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route::Action,
@@ -154,7 +154,7 @@ pub(crate) fn build_sidecar_outbound_http_route_config<P: SidecarPushView>(
             vhosts.push(domain_name(h, port), vec![h.to_owned()], &routes);
         }
         for s in own_services {
-            let domains = generate_virtual_host_domains(s, proxy);
+            let domains = generate_virtual_host_domains(s, proxy, push.features());
             vhosts.push(domain_name(&s.hostname, port), domains, &routes);
         }
     }
@@ -163,7 +163,7 @@ pub(crate) fn build_sidecar_outbound_http_route_config<P: SidecarPushView>(
         .filter(|s| !services_with_vs.contains(s.hostname.as_str()))
     {
         let routes = [default_route(proxy, push, s, port)];
-        let domains = generate_virtual_host_domains(s, proxy);
+        let domains = generate_virtual_host_domains(s, proxy, push.features());
         vhosts.push(domain_name(&s.hostname, port), domains, &routes);
     }
     let VirtualHosts {
@@ -286,11 +286,11 @@ impl VirtualHosts {
 /// Istio's `generateVirtualHostDomains` for sidecars (ports ignored in host matching): the FQDN,
 /// its Kubernetes short forms (`GenerateAltVirtualHosts`), `*.`-forms of headless Kubernetes
 /// services, and the service addresses.
-pub(crate) fn generate_virtual_host_domains(service: &Service, proxy: &Proxy) -> Vec<String> {
+pub(crate) fn generate_virtual_host_domains(service: &Service, proxy: &Proxy, features: &Features) -> Vec<String> {
     let mut domains = vec![service.hostname.clone()];
     // Istio 1.27+ (`PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN`, on by default): the absolute FQDN,
     // as a client that resolved `name.` sends it in the Host header.
-    if service.hostname.parse::<std::net::IpAddr>().is_err() {
+    if features.enable_absolute_fqdn_vhost_domain && service.hostname.parse::<std::net::IpAddr>().is_err() {
         domains.push(format!("{}.", service.hostname));
     }
     domains.extend(generate_alt_virtual_hosts(&service.hostname, &proxy.dns_domain));

@@ -116,6 +116,34 @@ fn assert_table(rc: &RouteConfiguration, table: &[(Request, Outcome)]) {
 }
 
 #[test]
+fn absolute_fqdn_domains_follow_pilot_enable_absolute_fqdn_vhost_domain() {
+    let absolute = format!("{DETAILS}.");
+    let with = routes_for(MeshConfig::default(), mesh_docs(), "default", "9080");
+    let input = crate::testing::push_input(MeshConfig::default(), mesh_docs());
+    let without = push_index::PushContext::new(push_index::PushInput {
+        features: model::Features {
+            enable_absolute_fqdn_vhost_domain: false,
+        },
+        ..input
+    });
+    let without =
+        build_route_configs(&proxy("sidecar", "default", json!({})), &without, &["9080".to_owned()]).remove(0);
+    let domains =
+        |rc: &RouteConfiguration| -> Vec<String> { rc.virtual_hosts.iter().flat_map(|v| v.domains.clone()).collect() };
+    assert!(domains(&with).contains(&absolute));
+    assert!(
+        !domains(&without).iter().any(|d| d.ends_with('.')),
+        "{:?}",
+        domains(&without)
+    );
+    assert_table(&without, &[(Request::get(DETAILS, "/"), cluster(DETAILS))]);
+    assert_eq!(
+        evaluate(&without, &Request::get(&absolute, "/")).0,
+        Outcome::Cluster(PASSTHROUGH.into())
+    );
+}
+
+#[test]
 fn sidecar_in_default_reaches_services_by_every_name() {
     let rc = routes_for(MeshConfig::default(), mesh_docs(), "default", "9080");
     let passthrough = Outcome::Cluster(PASSTHROUGH.into());

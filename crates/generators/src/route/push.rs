@@ -5,13 +5,15 @@
 use std::sync::Arc;
 
 use model::networking::DestinationRule;
-use model::{Config, MeshConfig, Proxy, Service};
+use model::{Config, Features, MeshConfig, Proxy, Service};
 
 /// Read-only view of one push, as the builders need it (a narrow slice of Istio's `PushContext`).
 pub(crate) trait PushView {
     fn mesh(&self) -> &MeshConfig;
     /// The cluster domain (`cluster.local`), used to resolve short host names.
     fn domain(&self) -> &str;
+    /// Istio's feature flags of this push.
+    fn features(&self) -> &Features;
     fn service_for_host(&self, proxy: &Proxy, host: &str) -> Option<Arc<Service>>;
     /// Calls `f` with the DestinationRule that applies to `service` for this proxy, if any.
     fn with_destination_rule<R>(
@@ -33,6 +35,10 @@ impl PushView for push_index::PushContext {
 
     fn domain(&self) -> &str {
         push_index::PushContext::domain(self)
+    }
+
+    fn features(&self) -> &Features {
+        push_index::PushContext::features(self)
     }
 
     fn service_for_host(&self, proxy: &Proxy, host: &str) -> Option<Arc<Service>> {

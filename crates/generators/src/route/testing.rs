@@ -52,6 +52,10 @@ impl PushView for FakePush {
         "cluster.local"
     }
 
+    fn features(&self) -> &model::Features {
+        &model::Features::ISTIO_DEFAULTS
+    }
+
     fn service_for_host(&self, _proxy: &Proxy, host: &str) -> Option<Arc<Service>> {
         self.services.iter().find(|s| s.hostname == host).cloned()
     }

@@ -104,6 +104,7 @@ pub fn input(mesh: &Arc<MeshConfig>, configs: Vec<Arc<Config>>, version: &str) -
         configs,
         registry,
         version: version.into(),
+        features: Default::default(),
     }
 }
 
