@@ -29,6 +29,9 @@ pub struct MeshConfig {
     pub default_virtual_service_export_to: Vec<String>,
     pub default_destination_rule_export_to: Vec<String>,
     pub locality_lb_setting: Option<crate::networking::LocalityLbSetting>,
+    /// Mesh-wide zone-aware load balancing; wins over `localityLbSetting` (Istio's
+    /// `GetEffectiveLbSetting`), not over a DestinationRule's locality setting.
+    pub zone_aware_lb_setting: Option<crate::networking::ZoneAwareLbSetting>,
     /// `DO_NOT_UPGRADE` or `UPGRADE`.
     pub h2_upgrade_policy: String,
     pub inbound_cluster_stat_name: String,
@@ -156,6 +159,7 @@ impl Default for MeshConfig {
             default_virtual_service_export_to: vec!["*".into()],
             default_destination_rule_export_to: vec!["*".into()],
             locality_lb_setting: None,
+            zone_aware_lb_setting: None,
             h2_upgrade_policy: "DO_NOT_UPGRADE".into(),
             inbound_cluster_stat_name: String::new(),
             outbound_cluster_stat_name: String::new(),
@@ -179,6 +183,9 @@ pub enum MeshConfigError {
     Decode(String),
     #[error("mesh config: {field}: {reason}")]
     Invalid { field: &'static str, reason: String },
+    /// Istio's `ValidateMeshConfig` findings, each `field: reason`.
+    #[error("mesh config: {}", .0.join("; "))]
+    Validation(Vec<String>),
 }
 
 impl MeshConfig {
@@ -225,6 +232,10 @@ impl MeshConfig {
                 field: "rootNamespace",
                 reason: "must not be empty".into(),
             });
+        }
+        let errors = crate::validation::mesh_config_errors(self);
+        if !errors.is_empty() {
+            return Err(MeshConfigError::Validation(errors));
         }
         Ok(())
     }

@@ -4,7 +4,7 @@
 use prost::Message;
 use serde_json::{Value, json};
 use xds_api::envoy::config::bootstrap::v3::{Bootstrap, bootstrap};
-use xds_api::envoy::config::cluster::v3::Cluster;
+use xds_api::envoy::config::cluster::v3::{Cluster, cluster};
 use xds_api::envoy::config::core::v3 as core;
 use xds_api::envoy::extensions::network::dns_resolver::cares::v3::CaresDnsResolverConfig;
 use xds_api::envoy::extensions::transport_sockets::tls::v3::UpstreamTlsContext;
@@ -229,7 +229,8 @@ fn envoy_accepts_generated_clusters() {
 }
 
 /// Envoy takes the settings of Istio's newer DestinationRule fields (outlier detection error
-/// codes in the cluster's HTTP protocol options).
+/// codes in the cluster's HTTP protocol options; zone-aware load balancing, on a subset with
+/// routing switched off).
 #[test]
 fn envoy_accepts_outlier_detection_error_codes() {
     let envoy = envoy_binary();
@@ -239,7 +240,10 @@ fn envoy_accepts_outlier_detection_error_codes() {
             "reviews",
             "default",
             json!({"host": "reviews", "trafficPolicy": {"outlierDetection": {
-                "consecutive5xxErrors": 2, "outlierDetectionHttpErrorCodes": [502, 503]}}}),
+                "consecutive5xxErrors": 2, "outlierDetectionHttpErrorCodes": [502, 503]},
+                "loadBalancer": {"zoneAwareLbSetting": {"minClusterSize": 2}}},
+                "subsets": [{"name": "v1", "labels": {"version": "v1"},
+                    "trafficPolicy": {"loadBalancer": {"zoneAwareLbSetting": {"enabled": false}}}}]}),
         ),
     ]);
     let clusters = build_clusters(&sidecar("default"), &p);
@@ -248,7 +252,16 @@ fn envoy_accepts_outlier_detection_error_codes() {
         .find(|c| c.name.starts_with("outbound|") && c.name.contains("reviews"))
         .expect("a reviews cluster");
     assert!(c.typed_extension_protocol_options.contains_key(HTTP_PROTOCOL_OPTIONS));
+    let zone_aware = |c: &Cluster| {
+        matches!(
+            c.common_lb_config
+                .as_ref()
+                .and_then(|l| l.locality_config_specifier.as_ref()),
+            Some(cluster::common_lb_config::LocalityConfigSpecifier::ZoneAwareLbConfig(_))
+        )
+    };
+    assert!(zone_aware(c) && clusters.iter().any(|c| c.name.contains("|v1|") && zone_aware(c)));
     if let Err(out) = envoy_validate(&envoy, clusters) {
-        panic!("Envoy rejected outlier detection error codes:\n{out}");
+        panic!("Envoy rejected outlier detection error codes or zone-aware settings:\n{out}");
     }
 }

@@ -625,6 +625,63 @@ fn locality_failover_settings_enable_locality_weighted_lb() {
     assert!(!weighted(json!({"outlierDetection": {"consecutive5xxErrors": 1}})));
 }
 
+/// Istio's zone-aware settings (DestinationRule, else mesh): `zone_aware_lb_config` with the
+/// minimum cluster size, or a 0% routing to switch Envoy's zone-aware routing off.
+#[test]
+fn zone_aware_settings_configure_envoys_zone_aware_routing() {
+    use cluster::common_lb_config::{LocalityConfigSpecifier, ZoneAwareLbConfig};
+    let config = |mesh: serde_json::Value, policy: serde_json::Value| -> Option<LocalityConfigSpecifier> {
+        let p = crate::testing::push_with_mesh(
+            model::MeshConfig::from_value(mesh).unwrap(),
+            vec![
+                reviews(),
+                destination_rule(
+                    "reviews",
+                    "default",
+                    json!({"host": "reviews", "trafficPolicy": policy}),
+                ),
+            ],
+        );
+        let clusters = build_clusters(&sidecar("default"), &p);
+        find(&clusters, &format!("outbound|9080||{REVIEWS}"))
+            .clone()
+            .common_lb_config
+            .and_then(|c| c.locality_config_specifier)
+    };
+    let zone_aware = |z: ZoneAwareLbConfig| Some(LocalityConfigSpecifier::ZoneAwareLbConfig(z));
+    assert_eq!(
+        config(
+            json!({}),
+            json!({"loadBalancer": {"zoneAwareLbSetting": {"minClusterSize": 3}}})
+        ),
+        zone_aware(ZoneAwareLbConfig {
+            min_cluster_size: Some(xds_api::pbwkt::UInt64Value { value: 3 }),
+            ..Default::default()
+        })
+    );
+    assert_eq!(
+        config(
+            json!({}),
+            json!({"loadBalancer": {"zoneAwareLbSetting": {"enabled": false}}})
+        ),
+        zone_aware(ZoneAwareLbConfig {
+            routing_enabled: Some(xds_api::envoy::r#type::v3::Percent { value: 0.0 }),
+            ..Default::default()
+        })
+    );
+    // the mesh's setting applies under a rule without one, and loses to the rule's locality setting
+    let mesh = json!({"zoneAwareLbSetting": {}});
+    assert_eq!(
+        config(mesh.clone(), json!({"outlierDetection": {"consecutive5xxErrors": 1}})),
+        zone_aware(Default::default())
+    );
+    let distribute = json!({"localityLbSetting": {"distribute": [{"from": "*", "to": {"*": 100}}]}});
+    assert!(matches!(
+        config(mesh, json!({"loadBalancer": distribute})),
+        Some(LocalityConfigSpecifier::LocalityWeightedLbConfig(_))
+    ));
+}
+
 /// Istio's `outlierDetectionHttpErrorCodes`: only these statuses count as errors, through the
 /// cluster's HTTP protocol options (one code: a header match; several: any of them).
 #[test]

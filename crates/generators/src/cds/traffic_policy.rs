@@ -270,25 +270,13 @@ fn apply_load_balancer(cw: &mut ClusterWrapper, b: &Builder<'_>, lb: Option<&Loa
     let c = &mut cw.cluster;
     if let Some(setting) = eds::locality::effective_setting(b.push.mesh(), lb) {
         let enable_failover = c.outlier_detection.is_some();
-        if eds::locality::needs_locality_weighted_config(&setting, enable_failover) {
-            c.common_lb_config
-                .get_or_insert_with(Default::default)
-                .locality_config_specifier =
-                Some(cluster::common_lb_config::LocalityConfigSpecifier::LocalityWeightedLbConfig(Default::default()));
-        }
+        setting.apply_to_cluster(c.common_lb_config.get_or_insert_with(Default::default), enable_failover);
         if let Some(cla) = c.load_assignment.as_mut() {
             // DNS clusters: the registry endpoints behind each locality group, for failoverPriority.
             let refs: Vec<&model::Endpoint> = cw.dns_endpoints.iter().collect();
             let groups: Vec<Vec<&model::Endpoint>> =
                 eds::group_by_locality(&refs).into_iter().map(|(_, eps)| eps).collect();
-            eds::locality::apply(
-                cla,
-                &groups,
-                &b.proxy.locality,
-                &b.proxy.labels,
-                &setting,
-                enable_failover,
-            );
+            setting.apply(cla, &groups, &b.proxy.locality, &b.proxy.labels, enable_failover);
         }
     }
     if original_dst {

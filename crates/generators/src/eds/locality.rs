@@ -1,13 +1,17 @@
-//! Locality load balancing, as Istio's `loadbalancer` package: which locality setting applies
-//! (DestinationRule, else mesh), and how it shapes a `ClusterLoadAssignment` for one proxy:
-//! `distribute` weights, or failover priorities (region/zone/subzone proximity, `failover`
-//! region pairs, `failoverPriority` labels). Failover needs outlier detection, else Envoy would
-//! never leave priority 0, so it is applied only when the cluster has it.
+//! Locality load balancing, as Istio's `loadbalancer` package: which setting applies (zone-aware
+//! or locality; DestinationRule, else mesh), and how it shapes a `ClusterLoadAssignment` for one
+//! proxy: `distribute` weights, or failover priorities (region/zone/subzone proximity, `failover`
+//! region pairs, `failoverPriority` labels). Locality failover needs outlier detection, else
+//! Envoy would never leave priority 0, so it is applied only when the cluster has it; zone-aware
+//! settings always put the proxy's region first and leave the zones to Envoy.
 
 use std::collections::{BTreeMap, HashSet};
 
-use model::networking::{LoadBalancerSettings, LocalityDistribute, LocalityFailover, LocalityLbSetting};
+use model::networking::{
+    LoadBalancerSettings, LocalityDistribute, LocalityFailover, LocalityLbSetting, ZoneAwareLbSetting,
+};
 use model::{Endpoint, Locality, MeshConfig};
+use xds_api::envoy::config::cluster::v3::cluster;
 use xds_api::envoy::config::core::v3 as core;
 use xds_api::envoy::config::endpoint::v3::{ClusterLoadAssignment, LocalityLbEndpoints};
 use xds_api::pbwkt;
@@ -15,30 +19,130 @@ use xds_api::pbwkt;
 /// Label naming an endpoint's network (Istio's `topology.istio.io/network`).
 const NETWORK_LABEL: &str = "topology.istio.io/network";
 
-/// Istio's `GetEffectiveLbSetting` (locality part): the DestinationRule's setting, else the
-/// mesh's; a setting with `enabled: false` turns locality load balancing off. An absent mesh
-/// setting is Istio's default mesh config, `{enabled: true}`.
-pub(crate) fn effective_setting(mesh: &MeshConfig, lb: Option<&LoadBalancerSettings>) -> Option<LocalityLbSetting> {
-    let setting = match lb.and_then(|lb| lb.locality_lb_setting.as_ref()) {
-        Some(dr) => dr.clone(),
-        None => mesh.locality_lb_setting.clone().unwrap_or(LocalityLbSetting {
-            enabled: Some(true),
-            ..Default::default()
-        }),
-    };
-    (setting.enabled != Some(false)).then_some(setting)
+/// The locality load-balancing semantics in effect for one cluster (Istio's `LBSettings`).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum LbSettings {
+    Locality(LocalityLbSetting),
+    ZoneAware(ZoneAwareLbSetting),
 }
 
-/// Whether the cluster needs `common_lb_config.locality_weighted_lb_config` (Istio's
-/// `LocalityLBSettings.ApplyToCluster`).
-pub(crate) fn needs_locality_weighted_config(setting: &LocalityLbSetting, enable_failover: bool) -> bool {
-    (enable_failover && (!setting.failover.is_empty() || !setting.failover_priority.is_empty()))
-        || !setting.distribute.is_empty()
+/// Istio's `GetEffectiveLbSetting`: the DestinationRule's zone-aware setting, else its locality
+/// setting, else the mesh's zone-aware setting, else the mesh's locality setting; a locality
+/// setting with `enabled: false` turns locality load balancing off (a zone-aware one with
+/// `enabled: false` still wins, to switch Envoy's zone-aware routing off). An absent mesh
+/// setting is Istio's default mesh config, `{enabled: true}`.
+pub(crate) fn effective_setting(mesh: &MeshConfig, lb: Option<&LoadBalancerSettings>) -> Option<LbSettings> {
+    if let Some(z) = lb.and_then(|lb| lb.zone_aware_lb_setting.as_ref()) {
+        return Some(LbSettings::ZoneAware(z.clone()));
+    }
+    let setting = match lb.and_then(|lb| lb.locality_lb_setting.as_ref()) {
+        Some(dr) => dr.clone(),
+        None => {
+            if let Some(z) = &mesh.zone_aware_lb_setting {
+                return Some(LbSettings::ZoneAware(z.clone()));
+            }
+            mesh.locality_lb_setting.clone().unwrap_or(LocalityLbSetting {
+                enabled: Some(true),
+                ..Default::default()
+            })
+        }
+    };
+    (setting.enabled != Some(false)).then_some(LbSettings::Locality(setting))
+}
+
+impl LbSettings {
+    /// `failoverPriority` labels in use (they make the EDS answer depend on the proxy's labels).
+    pub(crate) fn failover_priority(&self) -> &[String] {
+        match self {
+            LbSettings::Locality(s) => &s.failover_priority,
+            LbSettings::ZoneAware(z) if z.routing_enabled() => &z.failover_priority,
+            LbSettings::ZoneAware(_) => &[],
+        }
+    }
+
+    /// Istio's `ApplyToCluster` for the cluster itself: `common_lb_config`'s locality config.
+    pub(crate) fn apply_to_cluster(&self, common: &mut cluster::CommonLbConfig, enable_failover: bool) {
+        use cluster::common_lb_config::{LocalityConfigSpecifier, ZoneAwareLbConfig};
+        match self {
+            LbSettings::Locality(setting) => {
+                if (enable_failover && (!setting.failover.is_empty() || !setting.failover_priority.is_empty()))
+                    || !setting.distribute.is_empty()
+                {
+                    common.locality_config_specifier =
+                        Some(LocalityConfigSpecifier::LocalityWeightedLbConfig(Default::default()));
+                }
+            }
+            LbSettings::ZoneAware(z) => {
+                common.locality_config_specifier =
+                    Some(LocalityConfigSpecifier::ZoneAwareLbConfig(ZoneAwareLbConfig {
+                        // `enabled: false`: 0% keeps Envoy's own zone-aware routing off.
+                        routing_enabled: (!z.routing_enabled())
+                            .then_some(xds_api::envoy::r#type::v3::Percent { value: 0.0 }),
+                        min_cluster_size: z.min_cluster_size.map(|v| pbwkt::UInt64Value { value: u64::from(v) }),
+                        ..Default::default()
+                    }));
+            }
+        }
+    }
+
+    /// Istio's `ApplyToLoadAssignment`. `endpoints[i]` are the registry endpoints behind
+    /// `cla.endpoints[i]`, in the same order (for `failoverPriority` label matching).
+    pub(crate) fn apply(
+        &self,
+        cla: &mut ClusterLoadAssignment,
+        endpoints: &[Vec<&Endpoint>],
+        proxy_locality: &Locality,
+        proxy_labels: &BTreeMap<String, String>,
+        enable_failover: bool,
+    ) {
+        match self {
+            LbSettings::Locality(setting) => {
+                apply(cla, endpoints, proxy_locality, proxy_labels, setting, enable_failover)
+            }
+            LbSettings::ZoneAware(z) if z.routing_enabled() => {
+                if !z.failover_priority.is_empty() {
+                    apply_failover_priorities(cla, endpoints, proxy_labels, &z.failover_priority);
+                }
+                apply_zone_aware_regional_failover(proxy_locality, cla, &z.failover);
+            }
+            // Routing off: no regional partitioning, so EDS priorities stay as they are.
+            LbSettings::ZoneAware(_) => {}
+        }
+    }
+}
+
+/// Istio's `applyZoneAwareRegionalFailover`: the proxy's region at the first priority (Envoy
+/// balances its zones), the region its `failover` entry names next, the others last; composed
+/// with any earlier (failoverPriority) priority and compacted to 0..N.
+fn apply_zone_aware_regional_failover(
+    proxy: &Locality,
+    cla: &mut ClusterLoadAssignment,
+    failover: &[LocalityFailover],
+) {
+    let to = failover.iter().find(|f| f.from == proxy.region).map(|f| f.to.as_str());
+    let priorities: Vec<u32> = cla
+        .endpoints
+        .iter()
+        .map(|group| {
+            let region = locality_of(group).0;
+            let p = if region == proxy.region {
+                0
+            } else if Some(region) == to {
+                1
+            } else {
+                2
+            };
+            group.priority * 3 + p
+        })
+        .collect();
+    for (group, p) in cla.endpoints.iter_mut().zip(compact(&priorities)) {
+        group.priority = p;
+    }
 }
 
 /// Istio's `ApplyLocalityLoadBalancer`. `endpoints[i]` are the registry endpoints behind
 /// `cla.endpoints[i]`, in the same order (for `failoverPriority` label matching).
-pub(crate) fn apply(
+fn apply(
     cla: &mut ClusterLoadAssignment,
     endpoints: &[Vec<&Endpoint>],
     proxy_locality: &Locality,

@@ -85,7 +85,7 @@ impl Target {
             push.mesh().default_traffic_policy.as_ref(),
         );
         let setting = locality::effective_setting(push.mesh(), policy.as_ref().and_then(|p| p.load_balancer.as_ref()));
-        let uses_labels = setting.as_ref().is_some_and(|s| !s.failover_priority.is_empty());
+        let uses_labels = setting.as_ref().is_some_and(|s| !s.failover_priority().is_empty());
         EdsKey {
             name: self.name.clone(),
             service_namespace: self.service.namespace().to_owned(),
@@ -127,14 +127,7 @@ impl Target {
         let lb = policy.as_ref().and_then(|p| p.load_balancer.as_ref());
         if let Some(setting) = locality::effective_setting(push.mesh(), lb) {
             let istio: Vec<Vec<&Endpoint>> = groups.into_iter().map(|(_, eps)| eps).collect();
-            locality::apply(
-                &mut cla,
-                &istio,
-                &proxy.locality,
-                &proxy.labels,
-                &setting,
-                enable_failover,
-            );
+            setting.apply(&mut cla, &istio, &proxy.locality, &proxy.labels, enable_failover);
         }
         cla
     }

@@ -243,6 +243,46 @@ fn failover_regions_rank_the_named_region_before_the_others() {
     );
 }
 
+/// Istio's `applyZoneAwareRegionalFailover`: the proxy's region first whatever the zone (Envoy
+/// balances the zones), its `failover` region next, the rest last; no outlier detection needed.
+#[test]
+fn zone_aware_settings_rank_regions_and_leave_zones_to_envoy() {
+    let p = zoned_push(json!({
+        "loadBalancer": {"zoneAwareLbSetting": {"failover": [{"from": "us-east", "to": "eu-west"}]}}
+    }));
+    let got = cla(&p, &proxy_in("us-east/zone-a"), SVC);
+    assert_eq!(
+        priorities(&got),
+        [
+            ("eu-west/zone-a", 1),
+            ("us-east/zone-a", 0),
+            ("us-east/zone-b", 0),
+            ("us-west/zone-a", 2)
+        ]
+        .map(|(l, p)| (l.into(), p))
+    );
+    // without failover: the other regions share the next priority
+    let p = zoned_push(json!({"loadBalancer": {"zoneAwareLbSetting": {}}}));
+    let got = priorities(&cla(&p, &proxy_in("us-west/zone-b"), SVC));
+    assert_eq!(
+        got,
+        [
+            ("eu-west/zone-a", 1),
+            ("us-east/zone-a", 1),
+            ("us-east/zone-b", 1),
+            ("us-west/zone-a", 0)
+        ]
+        .map(|(l, p)| (l.into(), p))
+    );
+    // `enabled: false`: no partitioning at all
+    let p = zoned_push(json!({"loadBalancer": {"zoneAwareLbSetting": {"enabled": false}}}));
+    assert!(
+        priorities(&cla(&p, &proxy_in("us-east/zone-a"), SVC))
+            .iter()
+            .all(|(_, p)| *p == 0)
+    );
+}
+
 #[test]
 fn distribute_sets_locality_weights_and_drops_unlisted_localities() {
     let p = zoned_push(json!({"loadBalancer": {"localityLbSetting": {"distribute": [

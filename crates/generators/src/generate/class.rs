@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use model::networking::{DestinationRule, LoadBalancerSettings, LocalityLbSetting, VirtualService};
+use model::networking::{DestinationRule, LoadBalancerSettings, VirtualService};
 use model::{ConfigKey, ConfigSpec, NodeType, Protocol, Proxy};
 use push_index::PushContext;
 
@@ -34,7 +34,10 @@ impl LabelKeys {
     pub(super) fn collect(push: &PushContext) -> LabelKeys {
         let mut keys = LabelKeys::default();
         if let Some(setting) = &push.mesh().locality_lb_setting {
-            keys.add_locality(setting);
+            keys.add_failover_priority(&setting.failover_priority);
+        }
+        if let Some(setting) = &push.mesh().zone_aware_lb_setting {
+            keys.add_failover_priority(&setting.failover_priority);
         }
         for config in push.configs() {
             match &config.spec {
@@ -67,12 +70,15 @@ impl LabelKeys {
 
     fn add_load_balancer(&mut self, lb: &LoadBalancerSettings) {
         if let Some(setting) = &lb.locality_lb_setting {
-            self.add_locality(setting);
+            self.add_failover_priority(&setting.failover_priority);
+        }
+        if let Some(setting) = &lb.zone_aware_lb_setting {
+            self.add_failover_priority(&setting.failover_priority);
         }
     }
 
-    fn add_locality(&mut self, setting: &LocalityLbSetting) {
-        for label in &setting.failover_priority {
+    fn add_failover_priority(&mut self, failover_priority: &[String]) {
+        for label in failover_priority {
             self.failover_priority = true;
             // `label=value` compares endpoints with the value, but keep the key anyway
             let key = label.split_once('=').map_or(label.as_str(), |(k, _)| k);

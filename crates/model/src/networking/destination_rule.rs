@@ -56,9 +56,8 @@ pub struct LoadBalancerSettings {
     pub locality_lb_setting: Option<LocalityLbSetting>,
     pub warmup_duration_secs: Option<DurationString>,
     pub warmup: Option<WarmupConfiguration>,
-    /// Istio's newer zone-aware routing (`enabled`, `minClusterSize`, `failover`,
-    /// `failoverPriority`): accepted so that the rule's other settings apply; not generated yet.
-    pub zone_aware_lb_setting: Option<serde_json::Value>,
+    /// Envoy's zone-aware routing within the proxy's region (Istio 1.29+).
+    pub zone_aware_lb_setting: Option<ZoneAwareLbSetting>,
     /// Client-side weighted round robin from backend utilization reports: accepted and, as by
     /// istiod, not acted on.
     pub backend_utilization: Option<serde_json::Value>,
@@ -113,6 +112,25 @@ pub struct LocalityLbSetting {
     pub failover: Vec<LocalityFailover>,
     pub failover_priority: Vec<String>,
     pub enabled: Option<bool>,
+}
+
+/// Istio's `ZoneAwareLoadBalancerSetting`: endpoints of the proxy's region first (Envoy balances
+/// zones within it), then the `failover` region, then the rest; `enabled: false` turns Envoy's
+/// zone-aware routing off.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ZoneAwareLbSetting {
+    pub enabled: Option<bool>,
+    pub failover: Vec<LocalityFailover>,
+    pub failover_priority: Vec<String>,
+    pub min_cluster_size: Option<u32>,
+}
+
+impl ZoneAwareLbSetting {
+    /// Istio's `routingEnabled`: on unless `enabled: false`.
+    pub fn routing_enabled(&self) -> bool {
+        self.enabled != Some(false)
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -95,7 +95,7 @@ fn check_traffic_policy(errs: &mut Errors, path: &str, ns: &str, policy: Option<
     }
 }
 
-fn check_outlier_detection(errs: &mut Errors, path: &str, outlier: Option<&OutlierDetection>) {
+pub(crate) fn check_outlier_detection(errs: &mut Errors, path: &str, outlier: Option<&OutlierDetection>) {
     let Some(o) = outlier else { return };
     check_duration(errs, &format!("{path}.baseEjectionTime"), o.base_ejection_time.as_ref());
     check_duration(errs, &format!("{path}.interval"), o.interval.as_ref());

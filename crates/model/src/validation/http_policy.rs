@@ -4,7 +4,7 @@
 use super::common::{Errors, check_duration, check_enum, validate_duration, validate_percentage};
 use super::headers::validate_cors_header_name;
 use super::virtual_service::check_string_match;
-use crate::networking::{FaultAbort, HttpRoute};
+use crate::networking::{FaultAbort, HttpRetry, HttpRoute};
 
 /// Envoy `retry_on` policies Istio accepts besides HTTP status codes.
 const RETRY_ON: &[&str] = &[
@@ -150,9 +150,15 @@ pub(super) fn check_http_status(errs: &mut Errors, path: &str, status: i64) {
     }
 }
 
-/// `ValidateHTTPRetry`.
+/// `ValidateHTTPRetry` of a route's retries.
 pub(super) fn check_retries(errs: &mut Errors, path: &str, http: &HttpRoute) {
-    let Some(r) = &http.retries else { return };
+    if let Some(r) = &http.retries {
+        check_http_retry(errs, path, r);
+    }
+}
+
+/// `ValidateHTTPRetry`.
+pub(super) fn check_http_retry(errs: &mut Errors, path: &str, r: &HttpRetry) {
     if r.attempts < 0 {
         errs.add(&format!("{path}.attempts"), "attempts cannot be negative");
     }

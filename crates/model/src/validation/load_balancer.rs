@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::common::{Errors, check_duration, check_enum, validate_port};
 use super::hosts::{is_ip, validate_fqdn};
-use crate::networking::{ConsistentHashLb, LoadBalancerSettings, LocalityLbSetting};
+use crate::networking::{ConsistentHashLb, LoadBalancerSettings, LocalityLbSetting, ZoneAwareLbSetting};
 
 /// Maglev table sizes must be primes below this (Envoy's limit).
 const MAGLEV_MAX_TABLE_SIZE: u64 = 5_000_011;
@@ -44,6 +44,12 @@ pub(crate) fn check_load_balancer(errs: &mut Errors, path: &str, lb: Option<&Loa
     }
     if let Some(l) = &lb.locality_lb_setting {
         check_locality_lb(errs, &format!("{path}.localityLbSetting"), l);
+    }
+    if lb.locality_lb_setting.is_some() && lb.zone_aware_lb_setting.is_some() {
+        errs.add(path, "only one of localityLbSetting and zoneAwareLbSetting can be set");
+    }
+    if let Some(z) = &lb.zone_aware_lb_setting {
+        check_zone_aware_lb(errs, &format!("{path}.zoneAwareLbSetting"), z);
     }
     check_duration(
         errs,
@@ -143,7 +149,7 @@ fn is_prime(x: u64) -> bool {
     true
 }
 
-fn check_locality_lb(errs: &mut Errors, path: &str, lb: &LocalityLbSetting) {
+pub(crate) fn check_locality_lb(errs: &mut Errors, path: &str, lb: &LocalityLbSetting) {
     if !lb.distribute.is_empty() && !lb.failover.is_empty() {
         errs.add(path, "can not simultaneously specify 'distribute' and 'failover'");
         return;
@@ -188,6 +194,41 @@ fn check_locality_lb(errs: &mut Errors, path: &str, lb: &LocalityLbSetting) {
         }
         if f.from.contains('*') || f.to.contains('*') {
             errs.add(&fpath, "locality lb failover region should not contain '*' wildcard");
+        }
+    }
+}
+
+/// Istio's `ValidateZoneAwareLbSetting`: Envoy handles zones and subzones within the region, so
+/// `failoverPriority` may not name the topology labels and `failover` names regions only.
+pub(crate) fn check_zone_aware_lb(errs: &mut Errors, path: &str, lb: &ZoneAwareLbSetting) {
+    for l in lb
+        .failover_priority
+        .iter()
+        .filter(|l| TOPOLOGY_LABELS.contains(&l.as_str()))
+    {
+        errs.add(
+            &format!("{path}.failoverPriority"),
+            format!(
+                "'failover_priority' for zone aware lb must not use topology label '{l}'; region- and zone-level routing are handled automatically"
+            ),
+        );
+    }
+    if lb.min_cluster_size == Some(0) {
+        errs.add(&format!("{path}.minClusterSize"), "minClusterSize must be at least 1");
+    }
+    for (i, f) in lb.failover.iter().enumerate() {
+        let fpath = format!("{path}.failover[{i}]");
+        if f.from == f.to {
+            errs.add(&fpath, "zone aware lb failover settings must specify different regions");
+        }
+        if f.from.contains('/') || f.to.contains('/') {
+            errs.add(
+                &fpath,
+                "zone aware lb failover only specifies region; zone and subzone failover are handled automatically",
+            );
+        }
+        if f.from.contains('*') || f.to.contains('*') {
+            errs.add(&fpath, "zone aware lb failover region should not contain '*' wildcard");
         }
     }
 }
@@ -299,6 +340,27 @@ mod tests {
             "DestinationRule",
             json!({"host": "reviews", "trafficPolicy": {"loadBalancer": l}}),
         )
+    }
+
+    #[test]
+    fn zone_aware_as_istios_validate_zone_aware_lb_setting() {
+        assert!(lb(json!({"zoneAwareLbSetting": {"enabled": true, "minClusterSize": 3, "failover": [{"from": "us-east", "to": "us-west"}], "failoverPriority": ["topology.istio.io/network"]}})).is_empty());
+        assert!(
+            lb(json!({"zoneAwareLbSetting": {}, "localityLbSetting": {}}))[0]
+                .contains("only one of localityLbSetting and zoneAwareLbSetting")
+        );
+        let e = lb(json!({"zoneAwareLbSetting": {"failoverPriority": ["topology.kubernetes.io/zone"]}}));
+        assert!(
+            e[0].contains("must not use topology label 'topology.kubernetes.io/zone'"),
+            "{e:?}"
+        );
+        let e = lb(
+            json!({"zoneAwareLbSetting": {"failover": [{"from": "a", "to": "a"}, {"from": "a/b", "to": "c"}, {"from": "*", "to": "c"}]}}),
+        );
+        assert!(e[0].contains("must specify different regions"), "{e:?}");
+        assert!(e[1].contains("only specifies region"), "{e:?}");
+        assert!(e[2].contains("'*' wildcard"), "{e:?}");
+        assert!(lb(json!({"zoneAwareLbSetting": {"minClusterSize": 0}}))[0].contains("at least 1"));
     }
 
     #[test]

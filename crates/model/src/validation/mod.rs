@@ -9,12 +9,14 @@ mod hosts;
 mod http_policy;
 mod http_route;
 mod load_balancer;
+mod mesh;
 mod service_entry;
 mod sidecar;
 mod virtual_service;
 mod workload_entry;
 
 pub use common::validate_regex;
+pub use mesh::mesh_config_errors;
 
 use crate::config::{Config, ConfigSpec};
 use common::Errors;
