@@ -190,3 +190,44 @@ async fn delta_xds_routes_the_same() -> anyhow::Result<()> {
     }
     mesh.assert_no_rejects().await
 }
+
+/// ProxyConfig `proxyHeaders` (Istio's `GetProxyHeaders`): by default the gateway says `server:
+/// istio-envoy`, sends `x-request-id` and `x-envoy-attempt-count` upstream and Envoy's debug
+/// headers downstream; a proxy whose ProxyConfig disables them sends none of them.
+#[tokio::test]
+async fn proxy_headers_follow_the_proxys_proxy_config() -> anyhow::Result<()> {
+    let default = GatewayMesh::start().await?;
+    let r = default.get("/ratings", &[]).await?;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(
+        r.headers.get("server").map(String::as_str),
+        Some("istio-envoy"),
+        "{r:?}"
+    );
+    assert!(r.headers.contains_key("x-envoy-upstream-service-time"), "{r:?}");
+    let seen = &r.json()?["headers"];
+    assert!(
+        seen["x-request-id"].is_string() && seen["x-envoy-attempt-count"] == "1",
+        "{seen}"
+    );
+    drop(default);
+
+    let proxy_config = serde_json::json!({"PROXY_CONFIG": {"proxyHeaders": {
+        "server": {"disabled": true}, "requestId": {"disabled": true},
+        "attemptCount": {"disabled": true}, "envoyDebugHeaders": {"disabled": true},
+        "xForwardedPort": {"enabled": true}, "xForwardedHost": {"enabled": true}}}});
+    let quiet = GatewayMesh::start_with_metadata(Ads::Sotw, proxy_config).await?;
+    let r = quiet.get("/ratings", &[]).await?;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(!r.headers.contains_key("server"), "{r:?}");
+    assert!(!r.headers.contains_key("x-envoy-upstream-service-time"), "{r:?}");
+    let seen = &r.json()?["headers"];
+    for absent in ["x-request-id", "x-envoy-attempt-count"] {
+        assert!(seen.get(absent).is_none(), "{absent} sent upstream: {seen}");
+    }
+    assert!(seen["x-forwarded-port"].is_string(), "{seen}");
+    // `/ratings` rewrites the authority: the original host goes along as x-forwarded-host
+    assert_eq!(seen["x-forwarded-host"], common::HOST, "{seen}");
+    assert_eq!(quiet.envoy.update_rejected_total().await?, 0);
+    Ok(())
+}

@@ -59,6 +59,7 @@ const ROOTS: &[&str] = &[
     "envoy/extensions/load_balancing_policies/ring_hash/v3/ring_hash.proto",
     "envoy/extensions/load_balancing_policies/maglev/v3/maglev.proto",
     "envoy/extensions/retry/host/previous_hosts/v3/previous_hosts.proto",
+    "envoy/extensions/http/header_formatters/preserve_case/v3/preserve_case.proto",
     // Access logs.
     "envoy/extensions/access_loggers/file/v3/file.proto",
     "envoy/extensions/access_loggers/stream/v3/stream.proto",

@@ -40,6 +40,11 @@ impl GatewayMesh {
     }
 
     pub async fn start_with(ads: Ads) -> anyhow::Result<GatewayMesh> {
+        Self::start_with_metadata(ads, json!({})).await
+    }
+
+    /// A mesh whose gateway's node metadata also carries `metadata` (e.g. `PROXY_CONFIG`).
+    pub async fn start_with_metadata(ads: Ads, metadata: serde_json::Value) -> anyhow::Result<GatewayMesh> {
         let mut backends = BTreeMap::new();
         for name in ["reviews-v1", "reviews-v2", "ratings"] {
             backends.insert(name, Backend::start(name).await?);
@@ -53,7 +58,7 @@ impl GatewayMesh {
         let dir = tempfile::tempdir()?;
         write_mesh_config(dir.path(), gateway_port, &backends)?;
         let discovery = Discovery::start(dir.path(), DiscoveryOptions::default()).await?;
-        let envoy = start_gateway_envoy(&discovery, ads).await?;
+        let envoy = start_gateway_envoy_with(&discovery, ads, metadata).await?;
         let mesh = GatewayMesh {
             dir,
             backends,
@@ -318,12 +323,24 @@ pub fn write_mesh_config(
 /// A real Envoy as the ingress gateway (node `NODE_ID`, labels `istio=ingressgateway`) on
 /// `discovery`'s ADS, once it is LIVE.
 pub async fn start_gateway_envoy(discovery: &Discovery, ads: Ads) -> anyhow::Result<Envoy> {
-    let metadata = json!({
+    start_gateway_envoy_with(discovery, ads, json!({})).await
+}
+
+/// [`start_gateway_envoy`] with `extra` node metadata.
+pub async fn start_gateway_envoy_with(
+    discovery: &Discovery,
+    ads: Ads,
+    extra: serde_json::Value,
+) -> anyhow::Result<Envoy> {
+    let mut metadata = json!({
         "NAMESPACE": "istio-system",
         "LABELS": {"istio": "ingressgateway", "app": "istio-ingressgateway"},
         "CLUSTER_ID": "Kubernetes",
         "ISTIO_VERSION": "1.28.0",
     });
+    if let (Some(m), Some(extra)) = (metadata.as_object_mut(), extra.as_object()) {
+        m.extend(extra.clone());
+    }
     let mut bootstrap = AdsBootstrap::new(
         NODE_ID,
         "istio-ingressgateway.istio-system",

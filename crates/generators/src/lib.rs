@@ -11,6 +11,7 @@ mod eds;
 mod generate;
 mod lds;
 mod names;
+mod proxy_headers;
 mod rds;
 mod route;
 #[cfg(test)]

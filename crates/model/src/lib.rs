@@ -10,6 +10,7 @@ pub mod host;
 pub mod mesh;
 pub mod networking;
 pub mod proxy;
+pub mod proxy_headers;
 pub mod push;
 pub mod service;
 #[cfg(any(test, feature = "testing"))]

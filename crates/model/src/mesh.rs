@@ -103,6 +103,7 @@ pub struct ProxyConfig {
     pub image: Option<Value>,
     pub private_key_provider: Option<Value>,
     pub readiness_probe: Option<Value>,
+    pub proxy_headers: Option<crate::proxy_headers::ProxyHeaders>,
     #[serde(flatten)]
     pub extra: BTreeMap<String, Value>,
 }
@@ -132,6 +133,7 @@ impl Default for ProxyConfig {
             image: None,
             private_key_provider: None,
             readiness_probe: None,
+            proxy_headers: None,
             extra: BTreeMap::new(),
         }
     }
@@ -233,7 +235,10 @@ impl MeshConfig {
                 reason: "must not be empty".into(),
             });
         }
-        let errors = crate::validation::mesh_config_errors(self);
+        let mut errors = crate::validation::mesh_config_errors(self);
+        if let Some(h) = &self.default_config.proxy_headers {
+            errors.extend(h.errors().into_iter().map(|e| format!("defaultConfig.{e}")));
+        }
         if !errors.is_empty() {
             return Err(MeshConfigError::Validation(errors));
         }

@@ -62,6 +62,10 @@ pub struct NodeMetadata {
     pub generator: Option<String>,
     pub dns_capture: bool,
     pub dns_auto_allocate: bool,
+    /// Whether the node sent its ProxyConfig (`PROXY_CONFIG`): then its `proxyHeaders` apply,
+    /// not the mesh's `defaultConfig` (Istio's `ProxyConfigOrDefault`).
+    pub proxy_config: bool,
+    pub proxy_headers: Option<crate::proxy_headers::ProxyHeaders>,
     /// Everything else, as sent.
     pub raw: BTreeMap<String, Value>,
 }
@@ -119,6 +123,25 @@ impl NodeMetadata {
                     key: "LABELS",
                     reason: format!("expected an object, got {other}"),
                 });
+            }
+        }
+        if let Some(pc) = obj.get("PROXY_CONFIG").filter(|v| !v.is_null()) {
+            let invalid = |reason: String| ProxyError::InvalidMetadata {
+                id: id.to_owned(),
+                key: "PROXY_CONFIG",
+                reason,
+            };
+            let Some(pc) = pc.as_object() else {
+                return Err(invalid(format!("expected an object, got {pc}")));
+            };
+            md.proxy_config = true;
+            if let Some(h) = pc.get("proxyHeaders").filter(|v| !v.is_null()) {
+                let h: crate::proxy_headers::ProxyHeaders =
+                    serde_json::from_value(h.clone()).map_err(|e| invalid(format!("proxyHeaders: {e}")))?;
+                if let Some(e) = h.errors().into_iter().next() {
+                    return Err(invalid(e));
+                }
+                md.proxy_headers = Some(h);
             }
         }
         if let Some(ips) = s("INSTANCE_IPS") {
@@ -219,6 +242,19 @@ impl Proxy {
         self.node_type == NodeType::Router
     }
 
+    /// The `proxyHeaders` in effect (Istio's `ProxyConfigOrDefault(...).GetProxyHeaders()`):
+    /// the proxy's own ProxyConfig's if it sent one, else the mesh's `defaultConfig`.
+    pub fn proxy_headers_config<'a>(
+        &'a self,
+        mesh: &'a crate::MeshConfig,
+    ) -> Option<&'a crate::proxy_headers::ProxyHeaders> {
+        if self.metadata.proxy_config {
+            self.metadata.proxy_headers.as_ref()
+        } else {
+            mesh.default_config.proxy_headers.as_ref()
+        }
+    }
+
     pub fn is_sidecar(&self) -> bool {
         self.node_type == NodeType::SidecarProxy
     }
@@ -233,6 +269,35 @@ impl Proxy {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn proxy_headers_come_from_the_proxys_own_proxy_config_else_the_mesh() {
+        let md = |v| NodeMetadata::from_json("x", &v);
+        let mut mesh = crate::MeshConfig::default();
+        mesh.default_config.proxy_headers = Some(crate::proxy_headers::ProxyHeaders {
+            preserve_http1_header_case: Some(true),
+            ..Default::default()
+        });
+        let proxy = |m: NodeMetadata| Proxy::parse("sidecar~10.0.0.1~a.default~default.svc.cluster.local", m).unwrap();
+        let own = proxy(md(json!({"PROXY_CONFIG": {"proxyHeaders": {"server": {"disabled": true}}}})).unwrap());
+        assert_eq!(
+            own.proxy_headers_config(&mesh).and_then(|h| h.server.clone()).and_then(|s| s.disabled),
+            Some(true)
+        );
+        // a ProxyConfig without proxyHeaders has none: the mesh default is not merged in
+        let bare = proxy(md(json!({"PROXY_CONFIG": {"concurrency": 2}})).unwrap());
+        assert_eq!(bare.proxy_headers_config(&mesh), None);
+        let none = proxy(md(json!({})).unwrap());
+        assert_eq!(none.proxy_headers_config(&mesh), mesh.default_config.proxy_headers.as_ref());
+        for bad in [
+            json!({"PROXY_CONFIG": "yes"}),
+            json!({"PROXY_CONFIG": {"proxyHeaders": {"server": "off"}}}),
+            json!({"PROXY_CONFIG": {"proxyHeaders": {"forwardedClientCert": "SOMETIMES"}}}),
+        ] {
+            let e = md(bad.clone()).unwrap_err().to_string();
+            assert!(e.contains("invalid metadata PROXY_CONFIG"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn parses_istio_node_id() {

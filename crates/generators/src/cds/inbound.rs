@@ -178,7 +178,10 @@ pub(crate) fn build_inbound_clusters(proxy: &Proxy, push: &PushContext) -> Vec<C
         .iter()
         .map(|spec| inbound_cluster(push, proxy, &scope, spec))
         .collect();
-    out.push(inbound_passthrough_cluster(push));
+    out.push(inbound_passthrough_cluster(
+        push,
+        super::preserve_header_case(proxy, push),
+    ));
     out
 }
 
@@ -261,7 +264,7 @@ fn inbound_cluster(push: &PushContext, proxy: &Proxy, scope: &SidecarScope, spec
         port: spec.port,
         protocol: spec.protocol,
     };
-    cw.set_upstream_protocol(&port, proxy);
+    cw.set_upstream_protocol(&port, proxy, super::preserve_header_case(proxy, push));
     cw.build()
 }
 
@@ -277,8 +280,8 @@ fn socket_address(ip: &str, port: u32) -> core::Address {
 
 /// Istio's `buildInboundPassthroughCluster`: the default passthrough cluster (its stat name
 /// included) renamed and bound to 127.0.0.6.
-fn inbound_passthrough_cluster(push: &PushContext) -> Cluster {
-    let mut c = passthrough_cluster(push);
+fn inbound_passthrough_cluster(push: &PushContext, preserve_header_case: bool) -> Cluster {
+    let mut c = passthrough_cluster(push, preserve_header_case);
     c.name = names::INBOUND_PASSTHROUGH_CLUSTER_IPV4.into();
     c.upstream_bind_config = Some(inbound_bind_config());
     c

@@ -55,7 +55,7 @@ pub(crate) fn build_clusters(proxy: &Proxy, push: &PushContext) -> Vec<Cluster> 
     out.push(black_hole_cluster(push));
     if !proxy.is_router() {
         // Gateways have no original-destination listeners, so no passthrough cluster.
-        out.push(passthrough_cluster(push));
+        out.push(passthrough_cluster(push, preserve_header_case(proxy, push)));
         out.extend(inbound::build_inbound_clusters(proxy, push));
     }
     let mut seen = HashSet::new();
@@ -167,7 +167,7 @@ impl Builder<'_> {
             let prefix = stat_prefix(stat_pattern, self.service, subset, self.port);
             cw.cluster.alt_stat_name = format!("{prefix}{STAT_PREFIX_DELIMITER}");
         }
-        cw.set_upstream_protocol(self.port, self.proxy);
+        cw.set_upstream_protocol(self.port, self.proxy, preserve_header_case(self.proxy, self.push));
         set_service_metadata(&mut cw.cluster, self.service);
         traffic_policy::apply(&mut cw, self, policy.as_ref());
         if cw.cluster_type() == cluster::DiscoveryType::Eds {
@@ -284,7 +284,7 @@ pub(crate) fn black_hole_cluster(push: &PushContext) -> Cluster {
 
 /// `PassthroughCluster`: ORIGINAL_DST, for traffic to destinations outside the registry
 /// (`ALLOW_ANY`), with Istio's passthrough HTTP options and default circuit breakers.
-pub(crate) fn passthrough_cluster(push: &PushContext) -> Cluster {
+pub(crate) fn passthrough_cluster(push: &PushContext, preserve_header_case: bool) -> Cluster {
     let mut cw = ClusterWrapper {
         cluster: Cluster {
             name: names::PASSTHROUGH_CLUSTER.into(),
@@ -303,9 +303,27 @@ pub(crate) fn passthrough_cluster(push: &PushContext) -> Cluster {
         idle_timeout: Some(proto_duration(Duration::from_secs(300))),
         ..Default::default()
     });
+    if preserve_header_case {
+        use xds_api::envoy::extensions::upstreams::http::v3::http_protocol_options::{
+            ExplicitHttpConfig, UpstreamProtocolOptions, explicit_http_config::ProtocolConfig,
+        };
+        cw.http_options().upstream_protocol_options =
+            Some(UpstreamProtocolOptions::ExplicitHttpConfig(ExplicitHttpConfig {
+                protocol_config: Some(ProtocolConfig::HttpProtocolOptions(
+                    crate::proxy_headers::preserve_case_http1_options(),
+                )),
+            }));
+    }
     cw.set_use_downstream_protocol();
     traffic_policy::apply_connection_pool(&mut cw, push.mesh(), &Default::default());
     cw.build()
+}
+
+/// Istio's `shouldPreserveHeaderCase`: the proxy's `proxyHeaders.preserveHttp1HeaderCase`.
+pub(crate) fn preserve_header_case(proxy: &Proxy, push: &PushContext) -> bool {
+    proxy
+        .proxy_headers_config(push.mesh())
+        .is_some_and(|h| h.preserve_http1_header_case == Some(true))
 }
 
 fn mesh_connect_timeout(push: &PushContext) -> Option<pbwkt::Duration> {

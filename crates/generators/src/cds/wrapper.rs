@@ -89,12 +89,24 @@ impl ClusterWrapper {
         ));
     }
 
-    /// Istio's `setUpstreamProtocol`: h2 for HTTP2/gRPC ports; sidecars follow the downstream
-    /// protocol on ports whose protocol is sniffed.
-    pub(super) fn set_upstream_protocol(&mut self, port: &Port, proxy: &Proxy) {
+    /// Istio's `setUpstreamProtocol`: h2 for HTTP2/gRPC ports; HTTP/1 header case kept on HTTP
+    /// and sniffed ports when the proxy's `proxyHeaders.preserveHttp1HeaderCase` says so; sidecars
+    /// follow the downstream protocol on ports whose protocol is sniffed.
+    pub(super) fn set_upstream_protocol(&mut self, port: &Port, proxy: &Proxy, preserve_header_case: bool) {
         if port.protocol.is_http2() {
             self.set_h2();
-        } else if port.protocol == Protocol::Unsupported && proxy.is_sidecar() {
+            return;
+        }
+        let sniffed = port.protocol == Protocol::Unsupported;
+        if (port.protocol.is_http() || sniffed) && preserve_header_case {
+            self.http_options().upstream_protocol_options =
+                Some(UpstreamProtocolOptions::ExplicitHttpConfig(ExplicitHttpConfig {
+                    protocol_config: Some(ProtocolConfig::HttpProtocolOptions(
+                        crate::proxy_headers::preserve_case_http1_options(),
+                    )),
+                }));
+        }
+        if sniffed && proxy.is_sidecar() {
             self.set_use_downstream_protocol();
         }
     }

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use model::networking::{DestinationRule, LoadBalancerSettings, VirtualService};
+use model::proxy_headers::ProxyHeaders;
 use model::{ConfigKey, ConfigSpec, NodeType, Protocol, Proxy};
 use push_index::PushContext;
 
@@ -186,6 +187,8 @@ pub(super) struct CdsKey {
     endpoints: EndpointClass,
     ip_family: IpFamily,
     inbound: Vec<crate::cds::inbound::InboundClusterSpec>,
+    /// `proxyHeaders.preserveHttp1HeaderCase` (upstream HTTP/1 options).
+    preserve_header_case: bool,
 }
 
 impl CdsKey {
@@ -194,6 +197,7 @@ impl CdsKey {
             endpoints: EndpointClass::new(push, keys, proxy),
             ip_family: IpFamily::of(&proxy.ip_addresses),
             inbound: crate::cds::inbound::inbound_cluster_specs(proxy, push),
+            preserve_header_case: crate::cds::preserve_header_case(proxy, push),
         }
     }
 }
@@ -206,18 +210,22 @@ pub(super) struct RdsKey {
     class: ProxyClass,
     dns_domain: String,
     route_name: String,
+    /// The `proxyHeaders` in effect (attempt count, `x-forwarded-host`).
+    proxy_headers: Option<ProxyHeaders>,
 }
 
 impl RdsKey {
     /// The key of each of `names`, in order.
     pub(super) fn for_names(push: &PushContext, keys: &LabelKeys, proxy: &Proxy, names: &[String]) -> Vec<RdsKey> {
         let class = ProxyClass::new(push, proxy, keys, LabelUse::Routes);
+        let proxy_headers = proxy.proxy_headers_config(push.mesh()).cloned();
         names
             .iter()
             .map(|n| RdsKey {
                 class: class.clone(),
                 dns_domain: proxy.dns_domain.clone(),
                 route_name: n.clone(),
+                proxy_headers: proxy_headers.clone(),
             })
             .collect()
     }
@@ -241,6 +249,8 @@ struct InstanceKey {
 pub(super) struct LdsKey {
     class: ProxyClass,
     metadata: Vec<Option<String>>,
+    /// The `proxyHeaders` in effect (the connection managers' header settings).
+    proxy_headers: Option<ProxyHeaders>,
     instances: Vec<InstanceKey>,
     ingress_bind: Option<IpAddr>,
 }
@@ -268,6 +278,7 @@ impl LdsKey {
                 .iter()
                 .map(|k| proxy.metadata.raw.get(*k).map(ToString::to_string))
                 .collect(),
+            proxy_headers: proxy.proxy_headers_config(push.mesh()).cloned(),
             instances,
             ingress_bind: crate::lds::sidecar_inbound::ingress_default_bind(proxy, &push.sidecar_scope(proxy)),
         }

@@ -23,10 +23,12 @@ const COMMON: &[&str] = &[
 
 /// Source directories (or files) under `src/` of each type, and what else its key covers.
 const READS: &[(&str, &[&str])] = &[
-    ("cds", &["locality", "ip_addresses"]),
+    // `proxy_headers_config`: `preserveHttp1HeaderCase` (`preserve_header_case`)
+    ("cds", &["locality", "ip_addresses", "proxy_headers_config"]),
     ("traffic_policy.rs", &["locality", "ip_addresses"]),
     // `eds::locality` names the proxy's `Locality` `proxy` too
     ("eds", &["locality", "region"]),
+    // `proxyHeaders` are read through `ProxyHeaders::of` (keyed as `proxy_headers`)
     ("rds", &["dns_domain"]),
     ("route", &["dns_domain"]),
     // `ip_addresses`: the bind of Sidecar ingress listeners with capture mode NONE (`ingress_bind`)

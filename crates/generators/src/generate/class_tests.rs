@@ -201,7 +201,24 @@ fn route_configurations_are_shared_per_name_and_class_only() {
     let md_ns = |ns| node("sidecar", "10.9.0.1", ns, "default", json!({}));
     let domain = |d| node("sidecar", "10.9.0.1", "default", d, json!({}));
     let rds = type_url::ROUTE;
+    let attempt_count = |disabled: bool| {
+        node(
+            "sidecar",
+            "10.9.0.1",
+            "default",
+            "default",
+            json!({"PROXY_CONFIG": {"proxyHeaders": {"attemptCount": {"disabled": disabled}}}}),
+        )
+    };
     let cases = [
+        Case::new(
+            "proxyHeaders.attemptCount",
+            vec![ratings("STATIC")],
+            rds,
+            attempt_count(true),
+            attempt_count(false),
+            Expect::Apart,
+        ),
         Case::new(
             "two names, one class",
             vec![ratings("STATIC")],
@@ -336,6 +353,22 @@ fn listeners_are_shared_per_class_only() {
             Expect::Apart,
         ),
         Case::new(
+            "proxyHeaders of the proxy's ProxyConfig",
+            vec![ratings("STATIC")],
+            lds,
+            md(json!({"PROXY_CONFIG": {"proxyHeaders": {"server": {"disabled": true}}}})),
+            md(json!({})),
+            Expect::Apart,
+        ),
+        Case::new(
+            "a ProxyConfig without proxyHeaders",
+            vec![ratings("STATIC")],
+            lds,
+            md(json!({"PROXY_CONFIG": {"concurrency": 2}})),
+            md(json!({})),
+            Expect::Shared,
+        ),
+        Case::new(
             "IDLE_TIMEOUT metadata",
             vec![ratings("STATIC")],
             lds,
@@ -418,7 +451,32 @@ fn clusters_and_endpoints_are_shared_per_class_only() {
     );
     let (cds, eds) = (type_url::CLUSTER, type_url::ENDPOINT);
     let dns = || ratings("DNS");
+    let headers = |h: Value| {
+        node(
+            "sidecar",
+            "10.9.0.1",
+            "default",
+            "default",
+            json!({"PROXY_CONFIG": {"proxyHeaders": h}}),
+        )
+    };
     let cases = [
+        Case::new(
+            "proxyHeaders.preserveHttp1HeaderCase",
+            vec![ratings("STATIC")],
+            cds,
+            headers(json!({"preserveHttp1HeaderCase": true})),
+            headers(json!({})),
+            Expect::Apart,
+        ),
+        Case::new(
+            "proxyHeaders that clusters do not read",
+            vec![ratings("STATIC")],
+            cds,
+            headers(json!({"attemptCount": {"disabled": true}})),
+            headers(json!({})),
+            Expect::Shared,
+        ),
         Case::new(
             "DestinationRule workloadSelector",
             vec![ratings("STATIC"), canary_rule.clone()],

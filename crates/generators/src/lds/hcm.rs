@@ -18,6 +18,7 @@ use xds_api::envoy::extensions::filters::network::http_connection_manager::v3::{
 };
 use xds_api::pbwkt::{BoolValue, Duration, Struct, Value, value::Kind};
 
+use crate::proxy_headers::{ListenerClass, ProxyHeaders};
 use crate::route::{CORS_FILTER, FAULT_FILTER};
 
 pub(crate) const HTTP_CONNECTION_MANAGER: &str = "envoy.filters.network.http_connection_manager";
@@ -80,7 +81,7 @@ pub(crate) fn gateway_connection_manager(
     let forward_client_cert_details = topology
         .and_then(|t| t.get("forwardClientCertDetails"))
         .and_then(Json::as_str)
-        .and_then(forward_client_cert_details)
+        .and_then(crate::proxy_headers::forward_client_cert_details)
         .unwrap_or(hcm::ForwardClientCertDetails::SanitizeSet);
     let set_current_client_cert_details = matches!(
         forward_client_cert_details,
@@ -102,14 +103,12 @@ pub(crate) fn gateway_connection_manager(
         .and_then(model::duration::parse);
     let (normalize_path, merge_slashes, escaped_slashes) = path_normalization(mesh);
 
-    HttpConnectionManager {
+    let mut h = HttpConnectionManager {
         codec_type: hcm::CodecType::Auto as i32,
         stat_prefix,
         xff_num_trusted_hops,
         forward_client_cert_details: forward_client_cert_details as i32,
         set_current_client_cert_details,
-        server_name: SERVER_NAME.into(),
-        server_header_transformation: hcm::ServerHeaderTransformation::Overwrite as i32,
         http_protocol_options: Some(Http1ProtocolOptions {
             accept_http_10: http10,
             ..Default::default()
@@ -135,7 +134,9 @@ pub(crate) fn gateway_connection_manager(
         })),
         http_filters: http_filters(),
         ..Default::default()
-    }
+    };
+    ProxyHeaders::of(proxy, mesh, ListenerClass::Gateway).apply_to_hcm(&mut h);
+    h
 }
 
 /// Fault and CORS (their per-route configs need the filters present), then the router; every
@@ -161,18 +162,6 @@ pub(crate) fn ads_config_source() -> ConfigSource {
         resource_api_version: ApiVersion::V3 as i32,
         ..Default::default()
     }
-}
-
-fn forward_client_cert_details(s: &str) -> Option<hcm::ForwardClientCertDetails> {
-    use hcm::ForwardClientCertDetails as F;
-    Some(match s {
-        "SANITIZE" => F::Sanitize,
-        "FORWARD_ONLY" => F::ForwardOnly,
-        "APPEND_FORWARD" => F::AppendForward,
-        "SANITIZE_SET" => F::SanitizeSet,
-        "ALWAYS_FORWARD_ONLY" => F::AlwaysForwardOnly,
-        _ => return None,
-    })
 }
 
 /// `meshConfig.pathNormalization`: (normalize_path, merge_slashes, escaped slashes action).

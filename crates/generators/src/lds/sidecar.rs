@@ -30,6 +30,7 @@ use super::gateway::{TLS_INSPECTOR, WILDCARD_ADDRESS};
 use super::hcm::{HTTP_CONNECTION_MANAGER, access_logs, gateway_connection_manager};
 use super::sidecar_tcp::{self, NetworkChain};
 use crate::names;
+use crate::proxy_headers::{ListenerClass, ProxyHeaders};
 
 pub(crate) const VIRTUAL_OUTBOUND_LISTENER: &str = "virtualOutbound";
 pub(crate) const VIRTUAL_INBOUND_LISTENER: &str = "virtualInbound";
@@ -412,8 +413,9 @@ pub(super) fn set_protocol_detection_timeout(l: &mut Listener, mesh: &MeshConfig
     l.continue_on_listener_filters_timeout = true;
 }
 
-/// The sidecar's outbound HCM: the gateway HCM without gateway-only settings (no `server` header
-/// rewrite, no trusting of the remote address, client certificate details sanitized).
+/// The sidecar's outbound HCM: the gateway HCM without gateway-only settings (no trusting of
+/// the remote address, client certificate details sanitized), with the outbound proxy headers
+/// (Envoy's own `server` header).
 pub(crate) fn sidecar_outbound_hcm(
     mesh: &MeshConfig,
     proxy: &Proxy,
@@ -421,8 +423,7 @@ pub(crate) fn sidecar_outbound_hcm(
     stat_prefix: String,
 ) -> HttpConnectionManager {
     let mut h = gateway_connection_manager(mesh, proxy, rds, stat_prefix);
-    h.server_name = String::new();
-    h.server_header_transformation = hcm::ServerHeaderTransformation::Overwrite as i32;
+    ProxyHeaders::of(proxy, mesh, ListenerClass::SidecarOutbound).apply_to_hcm(&mut h);
     h.use_remote_address = Some(BoolValue { value: false });
     h.xff_num_trusted_hops = 0;
     h.forward_client_cert_details = hcm::ForwardClientCertDetails::Sanitize as i32;

@@ -271,15 +271,11 @@ fn inbound_hcm(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain, cluster: 
     };
     let mut h = sidecar_outbound_hcm(mesh, proxy, &route_name, stat_prefix);
     // Istio's `GetProxyHeaders`: only outbound leaves Envoy's `server: envoy`; inbound answers
-    // say `istio-envoy`.
-    h.server_name = super::hcm::SERVER_NAME.into();
-    h.forward_client_cert_details = hcm::ForwardClientCertDetails::AppendForward as i32;
-    h.set_current_client_cert_details = Some(hcm::SetCurrentClientCertDetails {
-        subject: Some(BoolValue { value: true }),
-        dns: true,
-        uri: true,
-        ..Default::default()
-    });
+    // say `istio-envoy`; XFCC appended and forwarded unless `proxyHeaders` says otherwise.
+    let headers =
+        crate::proxy_headers::ProxyHeaders::of(proxy, mesh, crate::proxy_headers::ListenerClass::SidecarInbound);
+    headers.apply_to_hcm(&mut h);
+    headers.apply_inbound_client_cert(&mut h);
     if protocol.is_http2() {
         h.http2_protocol_options = Some(Default::default());
     }

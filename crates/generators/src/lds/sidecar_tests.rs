@@ -239,6 +239,66 @@ fn lds_sidecar_golden() {
     assert_golden("lds_sidecar.json", &serde_json::to_string_pretty(&rendered).unwrap());
 }
 
+/// A sidecar whose ProxyConfig sets every `proxyHeaders` field: its HCMs, router filters and
+/// clusters carry them, and Envoy takes the result.
+#[test]
+fn envoy_accepts_a_sidecar_with_every_proxy_header_setting() {
+    use xds_api::envoy::extensions::filters::network::http_connection_manager::v3::{
+        HttpConnectionManager, http_connection_manager as hcm,
+    };
+    let envoy = envoy_binary();
+    let p = push(mesh());
+    let proxy = crate::testing::node(
+        "sidecar",
+        "10.0.0.9",
+        "default",
+        "default",
+        json!({"PROXY_CONFIG": {"proxyHeaders": {
+            "forwardedClientCert": "SANITIZE_SET", "setCurrentClientCertDetails": {"cert": true, "uri": false},
+            "requestId": {"disabled": true}, "server": {"value": "my-proxy"}, "attemptCount": {"disabled": true},
+            "envoyDebugHeaders": {"disabled": true}, "metadataExchangeHeaders": {"mode": "IN_MESH"},
+            "preserveHttp1HeaderCase": true, "xForwardedPort": {"enabled": true}, "xForwardedHost": {"enabled": true}}}}),
+    );
+    let mut listeners = build_listeners(&proxy, &p);
+    let hcms: Vec<(String, HttpConnectionManager)> = listeners
+        .iter()
+        .flat_map(|l| l.filter_chains.iter().map(move |c| (l.name.clone(), c)))
+        .flat_map(|(l, c)| c.filters.iter().map(move |f| (l.clone(), f)))
+        .filter_map(|(l, f)| match &f.config_type {
+            Some(xds_api::envoy::config::listener::v3::filter::ConfigType::TypedConfig(any))
+                if any.type_url.ends_with("HttpConnectionManager") =>
+            {
+                Some((l, prost::Message::decode(any.value.as_slice()).ok()?))
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(hcms.iter().any(|(l, _)| l == "virtualInbound") && hcms.len() > 1);
+    for (listener, h) in &hcms {
+        assert_eq!(h.server_name, "my-proxy", "{listener}");
+        assert_eq!(h.generate_request_id, Some(xds_api::pbwkt::BoolValue { value: false }), "{listener}");
+        assert!(h.append_x_forwarded_port, "{listener}");
+        assert!(h.http_protocol_options.as_ref().is_some_and(|o| o.header_key_format.is_some()), "{listener}");
+        if listener == "virtualInbound" {
+            assert_eq!(h.forward_client_cert_details, hcm::ForwardClientCertDetails::SanitizeSet as i32);
+            let d = h.set_current_client_cert_details.unwrap_or_default();
+            assert!(d.cert && !d.uri && d.dns && !d.chain, "{d:?}");
+        }
+    }
+    let routes = crate::rds::build_route_configs(&proxy, &p, &["9080".to_owned()]);
+    assert!(routes[0].virtual_hosts.iter().all(|v| !v.include_request_attempt_count));
+    super::envoy_tests::inline_rds(&mut listeners, super::envoy_tests::passthrough_route);
+    let clusters = crate::cds::build_clusters(&proxy, &p);
+    let preserved = clusters
+        .iter()
+        .filter(|c| c.typed_extension_protocol_options.get(crate::cds::HTTP_PROTOCOL_OPTIONS).is_some_and(|o| {
+            String::from_utf8_lossy(&o.value).contains("preserve_case")
+        }))
+        .count();
+    assert!(preserved >= 2, "HTTP clusters keep header case");
+    super::envoy_tests::assert_accepted_with_ads(&envoy, &proxy.node_id, listeners, clusters, "every proxyHeaders setting");
+}
+
 #[test]
 fn envoy_accepts_a_sidecars_listeners_and_clusters() {
     let envoy = envoy_binary();

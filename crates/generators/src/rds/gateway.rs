@@ -35,6 +35,9 @@ pub(crate) fn build_gateway_http_route_config<P: PushView>(
         tracing::debug!(proxy = %proxy.id, route = route_name, "no gateway server for route; empty configuration");
         return empty_route_config(route_name);
     }
+    let attempt_count =
+        crate::proxy_headers::ProxyHeaders::of(proxy, push.mesh(), crate::proxy_headers::ListenerClass::Gateway)
+            .include_request_attempt_count;
     let mut chunks: Vec<Vec<Route>> = Vec::new();
     let mut chunk_by_vs: BTreeMap<(String, String), Option<usize>> = BTreeMap::new();
     let mut vs_by_gateway: BTreeMap<String, Vec<Arc<Config>>> = BTreeMap::new();
@@ -133,7 +136,7 @@ pub(crate) fn build_gateway_http_route_config<P: PushView>(
                 } else {
                     TlsRequirementType::None as i32
                 },
-                include_request_attempt_count: true,
+                include_request_attempt_count: attempt_count,
                 ..Default::default()
             })
             .collect()

@@ -26,6 +26,7 @@ use xds_api::pbwkt::Duration;
 
 use super::{empty_route_config, route_config};
 use crate::names::{PASSTHROUGH_CLUSTER, TrafficDirection, subset_key};
+use crate::proxy_headers::{ListenerClass, ProxyHeaders};
 use crate::route::{self, MESH_GATEWAY, PushView, RouteContext, hash, policy};
 
 /// Istio's `util.PassthroughRouteName`: the catch-all under ALLOW_ANY.
@@ -172,8 +173,12 @@ pub(crate) fn build_sidecar_outbound_http_route_config<P: SidecarPushView>(
         ..
     } = vhosts;
     virtual_hosts.sort_by(|a, b| a.name.cmp(&b.name));
+    let headers = ProxyHeaders::of(proxy, push.mesh(), ListenerClass::SidecarOutbound);
     if only_host.is_none() && !used.contains("*") {
-        virtual_hosts.push(catch_all_virtual_host(push.registry_only(proxy)));
+        virtual_hosts.push(catch_all_virtual_host(push.registry_only(proxy), &headers));
+    }
+    for v in &mut virtual_hosts {
+        v.include_request_attempt_count = headers.include_request_attempt_count;
     }
     // Istio's `getVirtualHostsForSniffedServicePort`: the listener of one service on its own
     // address routes whatever Host header arrives by that service's virtual host.
@@ -402,7 +407,7 @@ fn prefix_match() -> RouteMatch {
 }
 
 /// Istio's `BuildCatchAllVirtualHost`: `allow_any` to PassthroughCluster, or `block_all` (502).
-pub(crate) fn catch_all_virtual_host(registry_only: bool) -> VirtualHost {
+pub(crate) fn catch_all_virtual_host(registry_only: bool, headers: &ProxyHeaders) -> VirtualHost {
     let (name, action) = if registry_only {
         (
             BLACK_HOLE_ROUTE_NAME,
@@ -418,6 +423,7 @@ pub(crate) fn catch_all_virtual_host(registry_only: bool) -> VirtualHost {
             cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(PASSTHROUGH_CLUSTER.into())),
             timeout: Some(no_timeout),
             max_grpc_timeout: Some(no_timeout),
+            append_x_forwarded_host: headers.x_forwarded_host,
             ..Default::default()
         };
         (PASSTHROUGH_ROUTE_NAME, Action::Route(action))
@@ -431,7 +437,7 @@ pub(crate) fn catch_all_virtual_host(registry_only: bool) -> VirtualHost {
             action: Some(action),
             ..Default::default()
         }],
-        include_request_attempt_count: true,
+        include_request_attempt_count: headers.include_request_attempt_count,
         ..Default::default()
     }
 }

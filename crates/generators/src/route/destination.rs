@@ -13,6 +13,7 @@ use xds_api::pbwkt::{BoolValue, UInt32Value};
 
 use super::{PushView, RouteContext, hash, matching, policy};
 use crate::names::{TrafficDirection, subset_key};
+use crate::proxy_headers::{ListenerClass, ProxyHeaders};
 
 /// Cluster name Istio uses when a destination has no host.
 pub(crate) const UNKNOWN_SERVICE: &str = "UnknownService";
@@ -61,6 +62,8 @@ pub(crate) fn route_action<P: PushView>(
     action.timeout = Some(timeout);
 
     if let Some(rewrite) = &http.rewrite {
+        action.append_x_forwarded_host =
+            ProxyHeaders::of(ctx.proxy, ctx.push.mesh(), ListenerClass::SidecarOutbound).x_forwarded_host;
         if let Some(regex) = &rewrite.uri_regex_rewrite {
             action.regex_rewrite = Some(RegexMatchAndSubstitute {
                 pattern: Some(matching::regex_matcher(&regex.match_)),
