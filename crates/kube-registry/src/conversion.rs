@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Pod, Service as KubeService, ServicePort};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use model::networking::WorkloadEntry;
-use model::service::{ServiceAttributes, Visibility};
+use model::service::{ServiceAttributes, TrafficDistribution, Visibility};
 use model::{Config, ConfigKind, ConfigMeta, ConfigSpec, Endpoint, Locality, Port, Protocol, Resolution, Service};
 use registry::{LOCALITY_LABEL, TOPOLOGY_REGION, TOPOLOGY_SUBZONE, TOPOLOGY_ZONE, augment_labels};
 
@@ -113,6 +113,12 @@ pub fn convert_service(svc: &KubeService, ctx: &Context) -> Option<Service> {
             export_to,
             label_selectors: spec.selector.clone().unwrap_or_default(),
             cluster_id: ctx.cluster_id.clone(),
+            traffic_distribution: TrafficDistribution::of(
+                spec.traffic_distribution.as_deref(),
+                annotations
+                    .and_then(|a| a.get(model::service::TRAFFIC_DISTRIBUTION_ANNOTATION))
+                    .map(String::as_str),
+            ),
         },
         origin: format!("Service/{namespace}/{name} ({})", ctx.cluster_id),
     })

@@ -64,6 +64,8 @@ pub(crate) fn key() -> ServiceKey {
     ServiceKey::new(HOST, "default")
 }
 
+use model::service::TrafficDistribution;
+
 #[test]
 fn a_service_converts_as_istios() {
     let r = KubeRegistry::new(ctx());
@@ -88,6 +90,15 @@ fn a_service_converts_as_istios() {
     assert_eq!(s.origin, "Service/default/reviews (Kubernetes)");
     assert_eq!(s.attributes.label_selectors["app"], "reviews");
     assert_eq!(s.attributes.export_to.len(), 2);
+    assert_eq!(s.attributes.traffic_distribution, TrafficDistribution::Any);
+
+    let close = service(json!({"trafficDistribution": "PreferClose", "ports": [{"name": "http", "port": 9080}]}));
+    r.apply(vec![KubeEvent::Service(Change::Apply(close))]);
+    let snap = r.snapshot();
+    assert_eq!(
+        snap.service(HOST, "default").unwrap().attributes.traffic_distribution,
+        TrafficDistribution::PreferSameZone
+    );
 
     let headless = service(json!({"clusterIP": "None", "ports": [{"name": "tcp", "port": 3306}]}));
     r.apply(vec![KubeEvent::Service(Change::Apply(headless))]);

@@ -281,14 +281,19 @@ mod tests {
         let proxy = |m: NodeMetadata| Proxy::parse("sidecar~10.0.0.1~a.default~default.svc.cluster.local", m).unwrap();
         let own = proxy(md(json!({"PROXY_CONFIG": {"proxyHeaders": {"server": {"disabled": true}}}})).unwrap());
         assert_eq!(
-            own.proxy_headers_config(&mesh).and_then(|h| h.server.clone()).and_then(|s| s.disabled),
+            own.proxy_headers_config(&mesh)
+                .and_then(|h| h.server.clone())
+                .and_then(|s| s.disabled),
             Some(true)
         );
         // a ProxyConfig without proxyHeaders has none: the mesh default is not merged in
         let bare = proxy(md(json!({"PROXY_CONFIG": {"concurrency": 2}})).unwrap());
         assert_eq!(bare.proxy_headers_config(&mesh), None);
         let none = proxy(md(json!({})).unwrap());
-        assert_eq!(none.proxy_headers_config(&mesh), mesh.default_config.proxy_headers.as_ref());
+        assert_eq!(
+            none.proxy_headers_config(&mesh),
+            mesh.default_config.proxy_headers.as_ref()
+        );
         for bad in [
             json!({"PROXY_CONFIG": "yes"}),
             json!({"PROXY_CONFIG": {"proxyHeaders": {"server": "off"}}}),

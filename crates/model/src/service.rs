@@ -185,6 +185,48 @@ pub struct ServiceAttributes {
     pub label_selectors: BTreeMap<String, String>,
     /// The cluster a Kubernetes service was read from (`--clusterID`); empty for ServiceEntries.
     pub cluster_id: String,
+    /// Kubernetes `spec.trafficDistribution` or the `networking.istio.io/traffic-distribution`
+    /// annotation: same-zone or same-node endpoints first.
+    pub traffic_distribution: TrafficDistribution,
+}
+
+/// Istio's `TrafficDistribution`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum TrafficDistribution {
+    #[default]
+    Any,
+    /// `PreferSameZone` (or `PreferClose`): zone, then region, then network.
+    PreferSameZone,
+    /// `PreferSameNode`: node, subzone, zone, region, network.
+    PreferSameNode,
+}
+
+/// Istio's annotation for a traffic distribution where the API has no field (ServiceEntries,
+/// Kubernetes versions without `spec.trafficDistribution`).
+pub const TRAFFIC_DISTRIBUTION_ANNOTATION: &str = "networking.istio.io/traffic-distribution";
+
+impl TrafficDistribution {
+    /// Istio's `GetTrafficDistribution`: the spec field, else the annotation (case-insensitive;
+    /// an unknown annotation value is `Any`).
+    pub fn of(spec: Option<&str>, annotation: Option<&str>) -> TrafficDistribution {
+        match spec {
+            Some("PreferSameZone" | "PreferClose") => return TrafficDistribution::PreferSameZone,
+            Some("PreferSameNode") => return TrafficDistribution::PreferSameNode,
+            _ => {}
+        }
+        match annotation.map(str::to_ascii_lowercase).as_deref() {
+            Some("preferclose" | "prefersamezone") => TrafficDistribution::PreferSameZone,
+            Some("prefersamenode") => TrafficDistribution::PreferSameNode,
+            Some(other) if !other.is_empty() => {
+                tracing::warn!(
+                    value = other,
+                    "unknown traffic distribution annotation, defaulting to any"
+                );
+                TrafficDistribution::Any
+            }
+            _ => TrafficDistribution::Any,
+        }
+    }
 }
 
 /// A service of the mesh, keyed by hostname.
@@ -302,6 +344,17 @@ impl std::fmt::Display for ServiceKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn traffic_distribution_from_spec_then_annotation() {
+        use TrafficDistribution as T;
+        assert_eq!(T::of(Some("PreferClose"), Some("PreferSameNode")), T::PreferSameZone);
+        assert_eq!(T::of(Some("PreferSameNode"), None), T::PreferSameNode);
+        assert_eq!(T::of(None, Some("prefersamezone")), T::PreferSameZone);
+        assert_eq!(T::of(Some("Unknown"), Some("PREFERSAMENODE")), T::PreferSameNode);
+        assert_eq!(T::of(None, Some("everywhere")), T::Any);
+        assert_eq!(T::of(None, None), T::Any);
+    }
 
     #[test]
     fn protocol_from_port_follows_istio_precedence() {

@@ -141,6 +141,12 @@ pub(crate) fn convert_services(
                 export_to: export_to.clone(),
                 label_selectors: label_selectors.clone(),
                 cluster_id: String::new(),
+                traffic_distribution: model::service::TrafficDistribution::of(
+                    None,
+                    meta.annotations
+                        .get(model::service::TRAFFIC_DISTRIBUTION_ANNOTATION)
+                        .map(String::as_str),
+                ),
             },
             origin: origin.to_owned(),
         })

@@ -268,7 +268,7 @@ fn apply_outlier_detection(c: &mut cv3::Cluster, outlier: Option<&OutlierDetecti
 fn apply_load_balancer(cw: &mut ClusterWrapper, b: &Builder<'_>, lb: Option<&LoadBalancerSettings>) {
     let original_dst = cw.cluster_type() == cluster::DiscoveryType::OriginalDst;
     let c = &mut cw.cluster;
-    if let Some(setting) = eds::locality::effective_setting(b.push.mesh(), lb) {
+    if let Some(setting) = eds::locality::effective_setting(b.push.mesh(), lb, b.service) {
         let enable_failover = c.outlier_detection.is_some();
         setting.apply_to_cluster(c.common_lb_config.get_or_insert_with(Default::default), enable_failover);
         if let Some(cla) = c.load_assignment.as_mut() {

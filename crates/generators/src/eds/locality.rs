@@ -10,7 +10,8 @@ use std::collections::{BTreeMap, HashSet};
 use model::networking::{
     LoadBalancerSettings, LocalityDistribute, LocalityFailover, LocalityLbSetting, ZoneAwareLbSetting,
 };
-use model::{Endpoint, Locality, MeshConfig};
+use model::service::TrafficDistribution;
+use model::{Endpoint, Locality, MeshConfig, Service};
 use xds_api::envoy::config::cluster::v3::cluster;
 use xds_api::envoy::config::core::v3 as core;
 use xds_api::envoy::config::endpoint::v3::{ClusterLoadAssignment, LocalityLbEndpoints};
@@ -18,43 +19,95 @@ use xds_api::pbwkt;
 
 /// Label naming an endpoint's network (Istio's `topology.istio.io/network`).
 const NETWORK_LABEL: &str = "topology.istio.io/network";
+const TOPOLOGY_REGION: &str = "topology.kubernetes.io/region";
+const TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
+const TOPOLOGY_SUBZONE: &str = "topology.istio.io/subzone";
+/// Istio's `LabelHostname`: the node an endpoint runs on.
+const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+/// Every label a traffic distribution compares (`PreferSameNode`'s, a superset of the zone's).
+pub(crate) const TRAFFIC_DISTRIBUTION_LABELS: [&str; 5] = [
+    NETWORK_LABEL,
+    TOPOLOGY_REGION,
+    TOPOLOGY_ZONE,
+    TOPOLOGY_SUBZONE,
+    HOSTNAME_LABEL,
+];
 
 /// The locality load-balancing semantics in effect for one cluster (Istio's `LBSettings`).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum LbSettings {
-    Locality(LocalityLbSetting),
+    /// `force`: failover whether or not the cluster has outlier detection (a service's traffic
+    /// distribution relies on endpoint health instead).
+    Locality {
+        setting: LocalityLbSetting,
+        force: bool,
+    },
     ZoneAware(ZoneAwareLbSetting),
 }
 
 /// Istio's `GetEffectiveLbSetting`: the DestinationRule's zone-aware setting, else its locality
-/// setting, else the mesh's zone-aware setting, else the mesh's locality setting; a locality
-/// setting with `enabled: false` turns locality load balancing off (a zone-aware one with
-/// `enabled: false` still wins, to switch Envoy's zone-aware routing off). An absent mesh
-/// setting is Istio's default mesh config, `{enabled: true}`.
-pub(crate) fn effective_setting(mesh: &MeshConfig, lb: Option<&LoadBalancerSettings>) -> Option<LbSettings> {
+/// setting, else the service's traffic distribution, else the mesh's zone-aware setting, else the
+/// mesh's locality setting; a locality setting with `enabled: false` turns locality load balancing
+/// off (a zone-aware one with `enabled: false` still wins, to switch Envoy's zone-aware routing
+/// off). An absent mesh setting is Istio's default mesh config, `{enabled: true}`.
+pub(crate) fn effective_setting(
+    mesh: &MeshConfig,
+    lb: Option<&LoadBalancerSettings>,
+    service: &Service,
+) -> Option<LbSettings> {
     if let Some(z) = lb.and_then(|lb| lb.zone_aware_lb_setting.as_ref()) {
         return Some(LbSettings::ZoneAware(z.clone()));
     }
-    let setting = match lb.and_then(|lb| lb.locality_lb_setting.as_ref()) {
-        Some(dr) => dr.clone(),
-        None => {
-            if let Some(z) = &mesh.zone_aware_lb_setting {
-                return Some(LbSettings::ZoneAware(z.clone()));
-            }
-            mesh.locality_lb_setting.clone().unwrap_or(LocalityLbSetting {
-                enabled: Some(true),
-                ..Default::default()
-            })
-        }
+    let locality = |setting: LocalityLbSetting| {
+        (setting.enabled != Some(false)).then_some(LbSettings::Locality { setting, force: false })
     };
-    (setting.enabled != Some(false)).then_some(LbSettings::Locality(setting))
+    if let Some(dr) = lb.and_then(|lb| lb.locality_lb_setting.as_ref()) {
+        return locality(dr.clone());
+    }
+    let labels = |l: &[&str]| l.iter().map(|s| (*s).to_owned()).collect();
+    match service.attributes.traffic_distribution {
+        TrafficDistribution::Any => {}
+        TrafficDistribution::PreferSameZone => {
+            return Some(LbSettings::Locality {
+                setting: LocalityLbSetting {
+                    enabled: Some(true),
+                    failover_priority: labels(&[NETWORK_LABEL, TOPOLOGY_REGION, TOPOLOGY_ZONE]),
+                    ..Default::default()
+                },
+                force: true,
+            });
+        }
+        TrafficDistribution::PreferSameNode => {
+            return Some(LbSettings::Locality {
+                setting: LocalityLbSetting {
+                    enabled: Some(true),
+                    failover_priority: labels(&[
+                        NETWORK_LABEL,
+                        TOPOLOGY_REGION,
+                        TOPOLOGY_ZONE,
+                        TOPOLOGY_SUBZONE,
+                        HOSTNAME_LABEL,
+                    ]),
+                    ..Default::default()
+                },
+                force: true,
+            });
+        }
+    }
+    if let Some(z) = &mesh.zone_aware_lb_setting {
+        return Some(LbSettings::ZoneAware(z.clone()));
+    }
+    locality(mesh.locality_lb_setting.clone().unwrap_or(LocalityLbSetting {
+        enabled: Some(true),
+        ..Default::default()
+    }))
 }
 
 impl LbSettings {
     /// `failoverPriority` labels in use (they make the EDS answer depend on the proxy's labels).
     pub(crate) fn failover_priority(&self) -> &[String] {
         match self {
-            LbSettings::Locality(s) => &s.failover_priority,
+            LbSettings::Locality { setting, .. } => &setting.failover_priority,
             LbSettings::ZoneAware(z) if z.routing_enabled() => &z.failover_priority,
             LbSettings::ZoneAware(_) => &[],
         }
@@ -64,7 +117,8 @@ impl LbSettings {
     pub(crate) fn apply_to_cluster(&self, common: &mut cluster::CommonLbConfig, enable_failover: bool) {
         use cluster::common_lb_config::{LocalityConfigSpecifier, ZoneAwareLbConfig};
         match self {
-            LbSettings::Locality(setting) => {
+            LbSettings::Locality { setting, force } => {
+                let enable_failover = enable_failover || *force;
                 if (enable_failover && (!setting.failover.is_empty() || !setting.failover_priority.is_empty()))
                     || !setting.distribute.is_empty()
                 {
@@ -96,8 +150,15 @@ impl LbSettings {
         enable_failover: bool,
     ) {
         match self {
-            LbSettings::Locality(setting) => {
-                apply(cla, endpoints, proxy_locality, proxy_labels, setting, enable_failover)
+            LbSettings::Locality { setting, force } => {
+                apply(
+                    cla,
+                    endpoints,
+                    proxy_locality,
+                    proxy_labels,
+                    setting,
+                    enable_failover || *force,
+                );
             }
             LbSettings::ZoneAware(z) if z.routing_enabled() => {
                 if !z.failover_priority.is_empty() {

@@ -84,7 +84,11 @@ impl Target {
             &self.subset,
             push.mesh().default_traffic_policy.as_ref(),
         );
-        let setting = locality::effective_setting(push.mesh(), policy.as_ref().and_then(|p| p.load_balancer.as_ref()));
+        let setting = locality::effective_setting(
+            push.mesh(),
+            policy.as_ref().and_then(|p| p.load_balancer.as_ref()),
+            &self.service,
+        );
         let uses_labels = setting.as_ref().is_some_and(|s| !s.failover_priority().is_empty());
         EdsKey {
             name: self.name.clone(),
@@ -125,7 +129,7 @@ impl Target {
         );
         let enable_failover = policy.as_ref().is_some_and(|p| p.outlier_detection.is_some());
         let lb = policy.as_ref().and_then(|p| p.load_balancer.as_ref());
-        if let Some(setting) = locality::effective_setting(push.mesh(), lb) {
+        if let Some(setting) = locality::effective_setting(push.mesh(), lb, &self.service) {
             let istio: Vec<Vec<&Endpoint>> = groups.into_iter().map(|(_, eps)| eps).collect();
             setting.apply(&mut cla, &istio, &proxy.locality, &proxy.labels, enable_failover);
         }

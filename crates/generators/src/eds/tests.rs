@@ -283,6 +283,39 @@ fn zone_aware_settings_rank_regions_and_leave_zones_to_envoy() {
     );
 }
 
+/// Istio's traffic distribution (`networking.istio.io/traffic-distribution` on a ServiceEntry,
+/// `spec.trafficDistribution` on a Kubernetes Service): same zone first, then same region, then
+/// the rest, by the proxy's topology labels, without any DestinationRule or outlier detection.
+#[test]
+fn traffic_distribution_prefers_the_proxys_zone_then_region() {
+    let mut se = service_entry(
+        "svc",
+        "default",
+        json!({
+            "hosts": ["svc.default.svc.cluster.local"], "location": "MESH_INTERNAL", "resolution": "STATIC",
+            "ports": [{"number": 80, "name": "http", "protocol": "HTTP"}],
+            "endpoints": [
+                {"address": "10.0.1.1", "locality": "us-east/zone-a"},
+                {"address": "10.0.1.2", "locality": "us-east/zone-b"},
+                {"address": "10.0.2.1", "locality": "us-west/zone-a"}
+            ]
+        }),
+    );
+    se["metadata"]["annotations"] = json!({"networking.istio.io/traffic-distribution": "PreferClose"});
+    let p = push(vec![se]);
+    let mut proxy = proxy_in("us-east/zone-a");
+    proxy
+        .labels
+        .insert("topology.kubernetes.io/region".into(), "us-east".into());
+    proxy
+        .labels
+        .insert("topology.kubernetes.io/zone".into(), "zone-a".into());
+    assert_eq!(
+        priorities(&cla(&p, &proxy, SVC)),
+        [("us-east/zone-a", 0), ("us-east/zone-b", 1), ("us-west/zone-a", 2)].map(|(l, p)| (l.into(), p))
+    );
+}
+
 #[test]
 fn distribute_sets_locality_weights_and_drops_unlisted_localities() {
     let p = zoned_push(json!({"loadBalancer": {"localityLbSetting": {"distribute": [

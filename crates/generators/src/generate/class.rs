@@ -40,6 +40,15 @@ impl LabelKeys {
         if let Some(setting) = &push.mesh().zone_aware_lb_setting {
             keys.add_failover_priority(&setting.failover_priority);
         }
+        // a service's traffic distribution ranks endpoints by the proxy's topology labels
+        let distributed = push
+            .registry()
+            .services
+            .iter()
+            .any(|s| s.attributes.traffic_distribution != model::service::TrafficDistribution::Any);
+        if distributed {
+            keys.add_failover_priority(&crate::eds::locality::TRAFFIC_DISTRIBUTION_LABELS.map(String::from));
+        }
         for config in push.configs() {
             match &config.spec {
                 ConfigSpec::DestinationRule(dr) => keys.add_destination_rule(dr),

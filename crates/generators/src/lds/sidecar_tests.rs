@@ -276,11 +276,23 @@ fn envoy_accepts_a_sidecar_with_every_proxy_header_setting() {
     assert!(hcms.iter().any(|(l, _)| l == "virtualInbound") && hcms.len() > 1);
     for (listener, h) in &hcms {
         assert_eq!(h.server_name, "my-proxy", "{listener}");
-        assert_eq!(h.generate_request_id, Some(xds_api::pbwkt::BoolValue { value: false }), "{listener}");
+        assert_eq!(
+            h.generate_request_id,
+            Some(xds_api::pbwkt::BoolValue { value: false }),
+            "{listener}"
+        );
         assert!(h.append_x_forwarded_port, "{listener}");
-        assert!(h.http_protocol_options.as_ref().is_some_and(|o| o.header_key_format.is_some()), "{listener}");
+        assert!(
+            h.http_protocol_options
+                .as_ref()
+                .is_some_and(|o| o.header_key_format.is_some()),
+            "{listener}"
+        );
         if listener == "virtualInbound" {
-            assert_eq!(h.forward_client_cert_details, hcm::ForwardClientCertDetails::SanitizeSet as i32);
+            assert_eq!(
+                h.forward_client_cert_details,
+                hcm::ForwardClientCertDetails::SanitizeSet as i32
+            );
             let d = h.set_current_client_cert_details.unwrap_or_default();
             assert!(d.cert && !d.uri && d.dns && !d.chain, "{d:?}");
         }
@@ -291,12 +303,20 @@ fn envoy_accepts_a_sidecar_with_every_proxy_header_setting() {
     let clusters = crate::cds::build_clusters(&proxy, &p);
     let preserved = clusters
         .iter()
-        .filter(|c| c.typed_extension_protocol_options.get(crate::cds::HTTP_PROTOCOL_OPTIONS).is_some_and(|o| {
-            String::from_utf8_lossy(&o.value).contains("preserve_case")
-        }))
+        .filter(|c| {
+            c.typed_extension_protocol_options
+                .get(crate::cds::HTTP_PROTOCOL_OPTIONS)
+                .is_some_and(|o| String::from_utf8_lossy(&o.value).contains("preserve_case"))
+        })
         .count();
     assert!(preserved >= 2, "HTTP clusters keep header case");
-    super::envoy_tests::assert_accepted_with_ads(&envoy, &proxy.node_id, listeners, clusters, "every proxyHeaders setting");
+    super::envoy_tests::assert_accepted_with_ads(
+        &envoy,
+        &proxy.node_id,
+        listeners,
+        clusters,
+        "every proxyHeaders setting",
+    );
 }
 
 #[test]
