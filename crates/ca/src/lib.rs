@@ -3,12 +3,13 @@
 //! certificate from the CA directory (`ROOT_CA_DIR`), the root bundle that clients trust, and the
 //! certificates it signs: today istiod's own serving certificate for the secure xDS port.
 //!
-//! Signing workload CSRs (Istio's `IstioCertificateService`) will go through
-//! [`CertificateAuthority::sign_with_cert_chain`], with the identities the caller proved; the
-//! gRPC service and caller authentication are not here yet.
+//! Workload CSRs (Istio's `IstioCertificateService`) are signed by
+//! [`CertificateAuthority::sign_csr`] for the identities the caller proved; the gRPC service and
+//! caller authentication are the `security` crate's.
 #![forbid(unsafe_code)]
 
 mod certs;
+mod csr;
 mod error;
 mod files;
 mod key;
@@ -27,6 +28,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use time::OffsetDateTime;
 
 pub use certs::CLOCK_SKEW_GRACE_PERIOD;
+pub use csr::{SignError, WorkloadTtl};
 pub use error::CaError;
 pub use files::{CA_CERT_FILE, CA_PRIVATE_KEY_FILE, CERT_CHAIN_FILE, ISTIO_GENERATED, ROOT_CERT_FILE};
 
@@ -142,6 +144,12 @@ impl CertificateAuthority {
     /// The file that holds [`root_cert_pem`](Self::root_cert_pem): `<dir>/root-cert.pem`.
     pub fn root_cert_file(&self) -> PathBuf {
         self.dir.join(ROOT_CERT_FILE)
+    }
+
+    /// When the first root expires, as Unix seconds (`citadel_server_root_cert_expiry_timestamp`).
+    pub fn root_not_after_unix(&self) -> Option<i64> {
+        let (_, root) = x509_parser::parse_x509_certificate(self.roots.first()?).ok()?;
+        Some(root.validity().not_after.timestamp())
     }
 
     pub fn source(&self) -> CaSource {
