@@ -1,23 +1,28 @@
-//! xDS over TLS on `--secureGrpcAddr` (Istio's 15012): the mesh CA from `ROOT_CA_DIR`, istiod's
-//! serving certificate signed by it for istiod's DNS names (Istio's `getDNSNames` in
-//! `pilot/pkg/bootstrap/server.go`), and the ADS service served with it.
+//! The secure gRPC port, `--secureGrpcAddr` (Istio's 15012): the mesh CA from `ROOT_CA_DIR`,
+//! istiod's serving certificate signed by it for istiod's DNS names (Istio's `getDNSNames` in
+//! `pilot/pkg/bootstrap/server.go`), and on it the CA's `IstioCertificateService` and ADS.
 //!
 //! Clients verify istiod with the mesh root, `$ROOT_CA_DIR/root-cert.pem` (Istio distributes it
-//! as the `istio-ca-root-cert` ConfigMap). No client certificate is asked for: Istio
-//! authenticates proxies on 15012 by their JWT, which is not checked here yet.
+//! as the `istio-ca-root-cert` ConfigMap). Callers authenticate as istiod's: a bearer JWT checked
+//! by `JWT_RULE`, or a workload certificate of this CA (asked for, not required, in the TLS
+//! handshake). Both the CA and ADS refuse unauthenticated callers; ADS serves a caller only the
+//! proxies of the identities it proved.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ca::{CertificateAuthority, IssuedCert};
+use ca::{CertificateAuthority, IssuedCert, WorkloadTtl};
 use environment::Environment;
 use model::MeshConfig;
+use rustls::pki_types::CertificateDer;
+use security::{AuthContext, Authenticator, CaMetrics, CaService, ClientCertAuthenticator, JwtAuthenticator, JwtRule};
 use tokio::net::TcpListener;
-use tonic::transport::{Identity, ServerTlsConfig};
-use xds_server::AdsService;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+use xds_server::{AdsService, StreamAuthenticator};
 
 use crate::settings::SettingsError;
 
@@ -33,6 +38,12 @@ pub struct CaSettings {
     /// CITADEL_SELF_SIGNED_CA_CERT_TTL: lifetime of a new self-signed root, and (as Istio) of
     /// istiod's own certificate.
     pub self_signed_ca_cert_ttl: Duration,
+    /// DEFAULT_WORKLOAD_CERT_TTL (24h) and MAX_WORKLOAD_CERT_TTL (90d).
+    pub workload_ttl: WorkloadTtl,
+    /// JWT_RULE: how bearer tokens are checked without a cluster.
+    pub jwt_rule: Option<JwtRule>,
+    /// TOKEN_AUDIENCES (`istio-ca`): the audiences a token must name.
+    pub token_audiences: Vec<String>,
 }
 
 impl CaSettings {
@@ -50,7 +61,43 @@ impl CaSettings {
                 }
             },
         };
+        let duration = |name: &'static str, default: Duration| -> Result<Duration, SettingsError> {
+            match get(name).filter(|v| !v.is_empty()) {
+                None => Ok(default),
+                Some(v) => match model::duration::parse(&v) {
+                    Some(d) if !d.is_zero() => Ok(d),
+                    _ => Err(SettingsError {
+                        name,
+                        value: v,
+                        reason: "not a positive duration (e.g. 24h)",
+                    }),
+                },
+            }
+        };
+        let defaults = WorkloadTtl::default();
+        let workload_ttl = WorkloadTtl {
+            default: duration("DEFAULT_WORKLOAD_CERT_TTL", defaults.default)?,
+            max: duration("MAX_WORKLOAD_CERT_TTL", defaults.max)?,
+        };
+        let jwt_rule = match get("JWT_RULE").filter(|v| !v.trim().is_empty()) {
+            None => None,
+            Some(v) => Some(JwtRule::parse(&v).map_err(|_| SettingsError {
+                name: "JWT_RULE",
+                value: v,
+                reason: "not a JWT rule: JSON with issuer, and jwksUri or jwks, and audiences",
+            })?),
+        };
+        let token_audiences: Vec<String> = get("TOKEN_AUDIENCES")
+            .unwrap_or_else(|| "istio-ca".into())
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(String::from)
+            .collect();
         Ok(CaSettings {
+            workload_ttl,
+            jwt_rule,
+            token_audiences,
             root_ca_dir: get("ROOT_CA_DIR")
                 .filter(|v| !v.is_empty())
                 .unwrap_or_else(|| "./etc/cacerts".into())
@@ -114,11 +161,13 @@ fn discovery_host(address: &str) -> &str {
     }
 }
 
-/// istiod's serving certificate, signed by the mesh CA, ready to serve. (Signing workload CSRs on
-/// this port, Istio's `IstioCertificateService`, will keep the `CertificateAuthority` here.)
+/// istiod's serving certificate, the mesh CA and the authenticators of its callers, ready to serve.
 pub struct SecureGrpc {
     cert: IssuedCert,
     addr: SocketAddr,
+    ca: Arc<CertificateAuthority>,
+    authenticators: Vec<Arc<dyn Authenticator>>,
+    ca_service: CaService,
 }
 
 impl SecureGrpc {
@@ -129,6 +178,7 @@ impl SecureGrpc {
         mesh: &MeshConfig,
         namespace: &str,
         get: impl Fn(&str) -> Option<String>,
+        registry: &mut prometheus_client::registry::Registry,
     ) -> anyhow::Result<SecureGrpc> {
         let settings = CaSettings::from_env(get)?;
         let dir = &settings.root_ca_dir;
@@ -151,32 +201,80 @@ impl SecureGrpc {
             ?ips,
             "mesh CA ready; clients of --secureGrpcAddr verify istiod with the root certificate in root_cert"
         );
-        Ok(SecureGrpc { cert, addr })
+        let ca = Arc::new(ca);
+        let mut authenticators: Vec<Arc<dyn Authenticator>> = vec![Arc::new(ClientCertAuthenticator)];
+        match &settings.jwt_rule {
+            Some(rule) => {
+                tracing::info!(issuer = %rule.issuer, "JWT_RULE: bearer tokens of this issuer authenticate callers");
+                authenticators.push(Arc::new(JwtAuthenticator::new(
+                    rule.clone(),
+                    settings.token_audiences.clone(),
+                    &mesh.trust_domain,
+                )));
+            }
+            None => tracing::warn!(
+                "no JWT_RULE: callers of --secureGrpcAddr can authenticate only with a workload certificate of the mesh CA"
+            ),
+        }
+        let ca_service = CaService::new(
+            ca.clone(),
+            authenticators.clone(),
+            settings.workload_ttl,
+            CaMetrics::register(registry),
+        );
+        Ok(SecureGrpc {
+            cert,
+            addr,
+            ca,
+            authenticators,
+            ca_service,
+        })
     }
 
-    /// Serves `ads` over TLS on `listener` until the server fails.
+    /// Serves the CA and `ads` over TLS on `listener` until the server fails.
     pub async fn serve(
         self,
         builder: tonic::transport::Server,
         listener: TcpListener,
         ads: AdsService<Environment>,
     ) -> anyhow::Result<()> {
-        let tls = ServerTlsConfig::new().identity(Identity::from_pem(&self.cert.cert_chain_pem, &self.cert.key_pem));
+        let tls = ServerTlsConfig::new()
+            .identity(Identity::from_pem(&self.cert.cert_chain_pem, &self.cert.key_pem))
+            .client_ca_root(Certificate::from_pem(self.ca.root_cert_pem()))
+            .client_auth_optional(true);
         let addr = listener.local_addr().unwrap_or(self.addr);
+        let ads = ads.authenticated(Arc::new(XdsAuthenticator(Arc::new(self.authenticators))));
         let server = builder
             .tls_config(tls)
             .with_context(|| format!("--secureGrpcAddr {addr}: TLS configuration"))?
+            .add_service(self.ca_service.into_server())
             .add_service(ads);
-        tracing::info!(%addr, "xDS (TLS) listening");
-        tracing::warn!(
-            %addr,
-            "--secureGrpcAddr: proxies are not authenticated yet (their JWT is not verified); any client that \
-             trusts the mesh root can fetch config"
-        );
+        tracing::info!(%addr, "CA and xDS (TLS) listening");
         server
             .serve_with_incoming(crate::server::incoming(listener))
             .await
             .with_context(|| format!("--secureGrpcAddr {addr}: gRPC server"))
+    }
+}
+
+/// ADS streams on the secure port authenticate as CSRs do.
+struct XdsAuthenticator(Arc<Vec<Arc<dyn Authenticator>>>);
+
+impl StreamAuthenticator for XdsAuthenticator {
+    fn authenticate(
+        &self,
+        headers: tonic::codegen::http::HeaderMap,
+        peer_certs: Option<Arc<Vec<CertificateDer<'static>>>>,
+        peer: Option<SocketAddr>,
+    ) -> tonic::codegen::BoxFuture<Vec<String>, String> {
+        let authenticators = self.0.clone();
+        Box::pin(async move {
+            let ctx = AuthContext::from_http(&headers, peer_certs, peer);
+            security::authenticate(&authenticators, &ctx)
+                .await
+                .map(|caller| caller.identities)
+                .map_err(|e| e.to_string())
+        })
     }
 }
 

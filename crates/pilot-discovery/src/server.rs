@@ -158,6 +158,16 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     }
 
     let process = monitoring::process::ProcessMetrics::register(&mut registry);
+    let secure = match secure_grpc_addr {
+        Some(addr) => Some(crate::secure::SecureGrpc::init(
+            addr,
+            &mesh,
+            &settings.pod_namespace,
+            |k| std::env::var(k).ok(),
+            &mut registry,
+        )?),
+        None => None,
+    };
     let state = AppState {
         server: server.clone(),
         environment: environment.clone(),
@@ -182,8 +192,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         });
         tracing::info!(%addr, "xDS (plaintext) listening");
     }
-    if let Some(addr) = secure_grpc_addr {
-        let secure = crate::secure::SecureGrpc::init(addr, &mesh, &settings.pod_namespace, |k| std::env::var(k).ok())?;
+    if let (Some(addr), Some(secure)) = (secure_grpc_addr, secure) {
         let listener = bind(addr, "secureGrpcAddr").await?;
         tasks.spawn(secure.serve(
             grpc_server(max_connection_age, settings.max_streams),

@@ -15,5 +15,5 @@ pub mod testing;
 
 pub use authn::{AuthContext, AuthError, AuthSource, Authenticator, Caller, authenticate};
 pub use ca_service::{CaMetrics, CaService};
-pub use client_cert::ClientCertAuthenticator;
+pub use client_cert::{ClientCertAuthenticator, uri_sans as spiffe_uri_sans};
 pub use jwt::{JwtAuthenticator, JwtRule};

@@ -230,12 +230,29 @@ impl AdsClient {
         node_id: &str,
         metadata: serde_json::Value,
     ) -> Result<AdsClient> {
+        Self::on_channel_with_token(channel, None, node_id, metadata).await
+    }
+
+    /// [`on_channel`](Self::on_channel) with `authorization: Bearer <token>`, as pilot-agent
+    /// authenticates to the secure port.
+    pub async fn on_channel_with_token(
+        channel: tonic::transport::Channel,
+        token: Option<&str>,
+        node_id: &str,
+        metadata: serde_json::Value,
+    ) -> Result<AdsClient> {
         let mut client = AggregatedDiscoveryServiceClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_SIZE)
             .max_encoding_message_size(MAX_MESSAGE_SIZE);
         let (tx, rx) = mpsc::unbounded_channel();
+        let mut request = tonic::Request::new(UnboundedReceiverStream::new(rx));
+        if let Some(token) = token {
+            request
+                .metadata_mut()
+                .insert("authorization", format!("Bearer {token}").parse().context("token")?);
+        }
         let inbound = client
-            .stream_aggregated_resources(UnboundedReceiverStream::new(rx))
+            .stream_aggregated_resources(request)
             .await
             .context("opening StreamAggregatedResources")?
             .into_inner();

@@ -158,6 +158,7 @@ pub(crate) async fn accept<B: SnapshotBuilder, Req: prost::Message + Default, Re
     inbound: &mut crate::grpc::Requests<Req>,
     out: &crate::outbound::OutSender<Resp>,
     peer: String,
+    identities: Option<Vec<String>>,
     delta: bool,
     node: impl Fn(&Req) -> Option<&Node>,
 ) -> Option<(Req, Registration<B>)> {
@@ -170,8 +171,26 @@ pub(crate) async fn accept<B: SnapshotBuilder, Req: prost::Message + Default, Re
         }
         None => return None,
     };
-    match parse_node(node(&first)) {
+    let authorized = parse_node(node(&first)).and_then(|proxy| match &identities {
+        Some(ids) => crate::auth::authorize(&proxy, ids).map(|_| proxy),
+        None => Ok(proxy),
+    });
+    match authorized {
         Ok(node) => Some((first, server.register(node, peer, delta))),
+        Err(status) if status.code() == tonic::Code::PermissionDenied => {
+            if let Some(suppressed) = monitoring::throttle::allow("ads_unauthorized") {
+                tracing::warn!(suppressed, "ADS: {peer} unauthorized XDS: {}", status.message());
+            }
+            server
+                .metrics
+                .auth_failures
+                .get_or_create(&crate::metrics::ReasonLabel {
+                    reason: "authorization",
+                })
+                .inc();
+            let _ = out.send(crate::outbound::Outbound::message(Err(status))).await;
+            None
+        }
         Err(status) => {
             if let Some(suppressed) = monitoring::throttle::allow("ads_refused_node") {
                 tracing::warn!(suppressed, "ADS: {peer} refused: {}", status.message());

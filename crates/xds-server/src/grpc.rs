@@ -22,6 +22,7 @@ use tonic::server::NamedService;
 use tonic::transport::server::TcpConnectInfo;
 
 use crate::SnapshotBuilder;
+use crate::auth::StreamAuthenticator;
 use crate::delta::Delta;
 use crate::outbound::ResponseStream;
 use crate::server::DiscoveryServer;
@@ -37,19 +38,32 @@ const HEADER_SIZE: usize = 5;
 /// `AggregatedDiscoveryService` over a [`DiscoveryServer`], for `tonic::transport::Server`.
 pub struct AdsService<B: SnapshotBuilder> {
     server: Arc<DiscoveryServer<B>>,
+    /// Set on the secure port: every stream's caller is authenticated first.
+    authenticator: Option<Arc<dyn StreamAuthenticator>>,
 }
 
 impl<B: SnapshotBuilder> Clone for AdsService<B> {
     fn clone(&self) -> Self {
         AdsService {
             server: self.server.clone(),
+            authenticator: self.authenticator.clone(),
         }
     }
 }
 
 impl<B: SnapshotBuilder> AdsService<B> {
     pub(crate) fn new(server: Arc<DiscoveryServer<B>>) -> AdsService<B> {
-        AdsService { server }
+        AdsService {
+            server,
+            authenticator: None,
+        }
+    }
+
+    /// This service, authenticating every stream's caller with `authenticator` and serving only
+    /// proxies of the identities it proves (Istio's secure port).
+    pub fn authenticated(mut self, authenticator: Arc<dyn StreamAuthenticator>) -> AdsService<B> {
+        self.authenticator = Some(authenticator);
+        self
     }
 }
 
@@ -68,6 +82,7 @@ impl<B: SnapshotBuilder> Service<http::Request<Body>> for AdsService<B> {
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         let server = self.server.clone();
+        let authenticator = self.authenticator.clone();
         Box::pin(async move {
             let path = req.uri().path().to_owned();
             if path != SOTW_PATH && path != DELTA_PATH {
@@ -76,12 +91,38 @@ impl<B: SnapshotBuilder> Service<http::Request<Body>> for AdsService<B> {
             if !server.ready() {
                 return Ok(Status::unavailable("server is not ready to serve discovery information").into_http());
             }
-            let peer = peer_of(&req).map_or_else(|| "0.0.0.0".to_owned(), |a| a.to_string());
+            let peer_addr = peer_of(&req);
+            let peer = peer_addr.map_or_else(|| "0.0.0.0".to_owned(), |a| a.to_string());
+            let identities = match &authenticator {
+                None => None,
+                Some(a) => {
+                    let certs = req
+                        .extensions()
+                        .get::<tonic::transport::server::TlsConnectInfo<TcpConnectInfo>>()
+                        .and_then(|i| i.peer_certs());
+                    match a.authenticate(req.headers().clone(), certs, peer_addr).await {
+                        Ok(ids) => Some(ids),
+                        Err(reason) => {
+                            server
+                                .metrics
+                                .auth_failures
+                                .get_or_create(&crate::metrics::ReasonLabel {
+                                    reason: "authentication",
+                                })
+                                .inc();
+                            if let Some(suppressed) = monitoring::throttle::allow("ads_unauthenticated") {
+                                tracing::warn!(suppressed, "ADS: {peer} refused: authentication failure: {reason}");
+                            }
+                            return Ok(Status::unauthenticated(format!("authentication failure: {reason}")).into_http());
+                        }
+                    }
+                }
+            };
             let body = req.into_body();
             Ok(if path == SOTW_PATH {
-                start_stream::<B, Sotw>(server, body, peer)
+                start_stream::<B, Sotw>(server, body, peer, identities)
             } else {
-                start_stream::<B, Delta>(server, body, peer)
+                start_stream::<B, Delta>(server, body, peer, identities)
             })
         })
     }
@@ -92,10 +133,11 @@ fn start_stream<B: SnapshotBuilder, F: Flavour>(
     server: Arc<DiscoveryServer<B>>,
     body: Body,
     peer: String,
+    identities: Option<Vec<String>>,
 ) -> http::Response<Body> {
     let inbound = Requests::<F::Request>::new(body, server.max_recv_msg_size());
     let (tx, rx) = crate::outbound::channel();
-    tokio::spawn(crate::stream::serve::<B, F>(server, inbound, tx, peer));
+    tokio::spawn(crate::stream::serve::<B, F>(server, inbound, tx, peer, identities));
     grpc_response(rx)
 }
 

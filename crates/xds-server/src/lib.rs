@@ -7,6 +7,7 @@
 //! fake mesh while pilot-discovery plugs in the real one.
 #![forbid(unsafe_code)]
 
+mod auth;
 mod clock;
 mod connection;
 mod current;
@@ -26,6 +27,7 @@ mod watched;
 
 use std::sync::Arc;
 
+pub use auth::StreamAuthenticator;
 pub use clock::rfc3339;
 pub use current::{CurrentResources, CurrentResourcesError};
 pub use grpc::AdsService;

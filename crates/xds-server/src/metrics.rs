@@ -62,6 +62,9 @@ pub(crate) struct Metrics {
     /// `pilot_xds_invalid_request`: streams ended for a request that could not be read, by
     /// reason (`malformed`, `too_large`, `compressed`).
     pub invalid_requests: Family<ReasonLabel, Counter>,
+    /// `pilot_xds_auth_failures`: secure-port streams refused, by reason (`authentication`:
+    /// no proven caller; `authorization`: a node of another identity).
+    pub auth_failures: Family<ReasonLabel, Counter>,
     /// `pilot_total_xds_internal_errors`: generation failures (nothing sent for the type).
     pub internal_errors: Counter,
     /// `pilot_xds_config_size_bytes`: size of each response, by type.
@@ -96,6 +99,7 @@ impl Metrics {
             expired_nonce: Family::default(),
             invalid_nodes: Counter::default(),
             invalid_requests: Family::default(),
+            auth_failures: Family::default(),
             internal_errors: Counter::default(),
             config_size: Family::new_with_constructor(config_size_histogram),
         };
@@ -157,6 +161,11 @@ impl Metrics {
             "pilot_xds_invalid_node",
             "Total number of xDS streams refused for a malformed node ID or node metadata.",
             m.invalid_nodes.clone(),
+        );
+        registry.register(
+            "pilot_xds_auth_failures",
+            "Total number of xDS streams refused on the secure port: the caller could not be authenticated, or announced a node of another identity.",
+            m.auth_failures.clone(),
         );
         registry.register(
             "pilot_xds_invalid_request",

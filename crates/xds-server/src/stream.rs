@@ -82,8 +82,10 @@ pub(crate) async fn serve<B: SnapshotBuilder, F: Flavour>(
     mut inbound: Requests<F::Request>,
     out: OutSender<F::Response>,
     peer: String,
+    identities: Option<Vec<String>>,
 ) {
-    let Some((first, registration)) = accept(&server, &mut inbound, &out, peer, F::DELTA, F::node).await else {
+    let Some((first, registration)) = accept(&server, &mut inbound, &out, peer, identities, F::DELTA, F::node).await
+    else {
         return;
     };
     let conn = registration.conn.clone();

@@ -92,7 +92,18 @@ fn discovery_host_forms() {
 }
 
 /// The real environment (empty config) and xDS server behind TLS on 127.0.0.1:0.
-async fn start(ca_dir: &std::path::Path) -> (SocketAddr, String) {
+/// The tokens of the tests' "cluster": `JWT_RULE` names this issuer's inline JWKS.
+fn issuer() -> security::testing::TestIssuer {
+    security::testing::TestIssuer::new("https://kubernetes.default.svc", "k1")
+}
+
+struct Started {
+    addr: SocketAddr,
+    root: String,
+    registry: Arc<std::sync::Mutex<Registry>>,
+}
+
+async fn start(ca_dir: &std::path::Path, issuer: &security::testing::TestIssuer) -> Started {
     let mesh = Arc::new(MeshConfig::default());
     let mut registry = Registry::default();
     let environment = Arc::new(Environment::new(
@@ -105,12 +116,28 @@ async fn start(ca_dir: &std::path::Path) -> (SocketAddr, String) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let dir = ca_dir.display().to_string();
-    let secure = SecureGrpc::init(addr, &mesh, "istio-system", env(&[("ROOT_CA_DIR", &dir)])).unwrap();
+    let rule = serde_json::json!({"issuer": issuer.issuer, "jwks": issuer.jwks()}).to_string();
+    let secure = SecureGrpc::init(
+        addr,
+        &mesh,
+        "istio-system",
+        env(&[
+            ("ROOT_CA_DIR", &dir),
+            ("JWT_RULE", &rule),
+            ("MAX_WORKLOAD_CERT_TTL", "48h"),
+        ]),
+        &mut registry,
+    )
+    .unwrap();
     // Clients trust what the CA directory distributes.
     let root = std::fs::read_to_string(ca_dir.join(ca::ROOT_CERT_FILE)).unwrap();
     tokio::spawn(secure.serve(tonic::transport::Server::builder(), listener, server.ads_service()));
     server.wait_ready().await;
-    (addr, root)
+    Started {
+        addr,
+        root,
+        registry: Arc::new(std::sync::Mutex::new(registry)),
+    }
 }
 
 async fn tls_channel(addr: SocketAddr, root_pem: &str, domain: &str) -> Result<Channel, tonic::transport::Error> {
@@ -125,28 +152,162 @@ async fn tls_channel(addr: SocketAddr, root_pem: &str, domain: &str) -> Result<C
 }
 
 #[tokio::test]
-async fn ads_over_tls_with_the_mesh_root() {
+async fn ads_over_tls_serves_authenticated_callers_their_own_namespace_only() {
     let tmp = tempfile::tempdir().unwrap();
-    let (addr, root) = start(tmp.path()).await;
+    let issuer = issuer();
+    let s = start(tmp.path(), &issuer).await;
     assert_eq!(
         std::fs::read_to_string(tmp.path().join(ca::ROOT_CERT_FILE)).unwrap(),
-        root
+        s.root
     );
+    let channel = || tls_channel(s.addr, &s.root, "istiod.istio-system.svc");
+    let ads = test_support::ads::AdsClient::on_channel_with_token;
 
-    let channel = tls_channel(addr, &root, "istiod.istio-system.svc").await.unwrap();
-    // The shared client checks the protocol on the response (nonce, version, type URLs).
-    let mut client = test_support::ads::AdsClient::on_channel(channel, NODE_ID, serde_json::json!({}))
+    // no token, no client certificate: refused before any config is read
+    let e = ads(channel().await.unwrap(), None, NODE_ID, serde_json::json!({}))
+        .await
+        .err()
+        .unwrap();
+    assert!(format!("{e:#}").contains("authentication failure"), "{e:#}");
+
+    // the gateway's own service account
+    let token = issuer.token("istio-system", "gw", &["istio-ca"], 600);
+    let mut client = ads(channel().await.unwrap(), Some(&token), NODE_ID, serde_json::json!({}))
         .await
         .unwrap();
     client.request(type_url::CLUSTER, &[]).unwrap();
     let names = client.expect_type(type_url::CLUSTER).await.unwrap().names;
     assert!(names.iter().any(|n| n == "BlackHoleCluster"), "{names:?}");
+
+    // a workload of `default` naming a node of istio-system
+    let other = issuer.token("default", "reviews", &["istio-ca"], 600);
+    let mut client = ads(channel().await.unwrap(), Some(&other), NODE_ID, serde_json::json!({}))
+        .await
+        .unwrap();
+    client.request(type_url::CLUSTER, &[]).unwrap();
+    let e = client.expect_type(type_url::CLUSTER).await.err().unwrap();
+    assert!(format!("{e:#}").contains("authorization failed"), "{e:#}");
+}
+
+/// A CSR as pilot-agent makes it: a new P-256 key, asking for `san`.
+fn csr(san: &str) -> (rcgen::KeyPair, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    params.subject_alt_names = vec![rcgen::SanType::URI(san.to_owned().try_into().unwrap())];
+    let pem = params.serialize_request(&key).unwrap().pem().unwrap();
+    (key, pem)
+}
+
+async fn create_certificate(
+    channel: Channel,
+    token: Option<&str>,
+    csr: &str,
+    ttl: i64,
+) -> Result<Vec<String>, tonic::Status> {
+    use istio_api::ca::IstioCertificateRequest;
+    use istio_api::ca::istio_certificate_service_client::IstioCertificateServiceClient;
+    let mut request = tonic::Request::new(IstioCertificateRequest {
+        csr: csr.to_owned(),
+        validity_duration: ttl,
+        metadata: None,
+    });
+    if let Some(t) = token {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    IstioCertificateServiceClient::new(channel)
+        .create_certificate(request)
+        .await
+        .map(|r| r.into_inner().cert_chain)
+}
+
+fn uri_sans(cert_pem: &str) -> Vec<String> {
+    use rustls::pki_types::pem::PemObject;
+    let der = CertificateDer::from_pem_slice(cert_pem.as_bytes()).unwrap();
+    security::spiffe_uri_sans(der.as_ref()).unwrap()
+}
+
+#[tokio::test]
+async fn the_ca_signs_for_the_proven_identity_only_and_says_why_it_refuses() {
+    let tmp = tempfile::tempdir().unwrap();
+    let issuer = issuer();
+    let s = start(tmp.path(), &issuer).await;
+    let channel = || tls_channel(s.addr, &s.root, "istiod.istio-system.svc");
+    let alice = issuer.token("default", "alice", &["istio-ca"], 600);
+
+    // a CSR asking for another identity yields a certificate for the caller's own
+    let (key, admin_csr) = csr("spiffe://cluster.local/ns/istio-system/sa/admin");
+    let chain = create_certificate(channel().await.unwrap(), Some(&alice), &admin_csr, 3600)
+        .await
+        .unwrap();
+    assert_eq!(uri_sans(&chain[0]), ["spiffe://cluster.local/ns/default/sa/alice"]);
+    assert_eq!(chain.last().unwrap(), &s.root, "the root is last");
+
+    let e = create_certificate(channel().await.unwrap(), None, &admin_csr, 0)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    assert!(e.message().contains("no bearer token"), "{}", e.message());
+    let expired = issuer.token("default", "alice", &["istio-ca"], -600);
+    let e = create_certificate(channel().await.unwrap(), Some(&expired), &admin_csr, 0)
+        .await
+        .unwrap_err();
+    assert!(e.message().contains("ExpiredSignature"), "{}", e.message());
+    let e = create_certificate(channel().await.unwrap(), Some(&alice), "garbage", 0)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("CSR"), "{}", e.message());
+    let e = create_certificate(channel().await.unwrap(), Some(&alice), &admin_csr, 72 * 3600)
+        .await
+        .unwrap_err();
+    assert!(
+        e.message().contains("greater than the max allowed TTL"),
+        "{}",
+        e.message()
+    );
+
+    // the certificate itself authenticates its holder (mTLS): a new CSR, and ADS for its namespace
+    let mut identity_pem = chain[..chain.len() - 1].concat();
+    identity_pem.push('\n');
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(&s.root))
+        .domain_name("istiod.istio-system.svc")
+        .identity(tonic::transport::Identity::from_pem(&identity_pem, key.serialize_pem()));
+    let mtls = Endpoint::from_shared(format!("https://{}", s.addr))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let (_, renewal) = csr("spiffe://cluster.local/ns/default/sa/alice");
+    let renewed = create_certificate(mtls.clone(), None, &renewal, 0).await.unwrap();
+    assert_eq!(uri_sans(&renewed[0]), ["spiffe://cluster.local/ns/default/sa/alice"]);
+    let node = "sidecar~10.0.0.5~alice-1.default~default.svc.cluster.local";
+    let mut client = test_support::ads::AdsClient::on_channel(mtls, node, serde_json::json!({}))
+        .await
+        .unwrap();
+    client.request(type_url::CLUSTER, &[]).unwrap();
+    assert!(client.expect_type(type_url::CLUSTER).await.is_ok());
+
+    let metrics = monitoring::render(&s.registry.lock().unwrap()).unwrap();
+    for want in [
+        "citadel_server_csr_count 6",
+        "citadel_server_success_cert_issuance_count 2",
+        "citadel_server_authentication_failure_count 2",
+        "citadel_server_csr_sign_err_count{error=\"TTL_ERROR\"} 1",
+    ] {
+        assert!(metrics.contains(want), "{want} in\n{metrics}");
+    }
 }
 
 #[tokio::test]
 async fn handshake_fails_with_another_root_or_a_name_not_in_the_certificate() {
     let tmp = tempfile::tempdir().unwrap();
-    let (addr, root) = start(tmp.path()).await;
+    let s = start(tmp.path(), &issuer()).await;
+    let (addr, root) = (s.addr, s.root.clone());
     let other = tempfile::tempdir().unwrap();
     let other_root = ca::CertificateAuthority::load_or_create(other.path(), "cluster.local").unwrap();
     assert!(
@@ -169,6 +330,7 @@ fn unusable_ca_dir_names_the_flag_and_the_file() {
         &MeshConfig::default(),
         "istio-system",
         env(&[("ROOT_CA_DIR", &dir)]),
+        &mut Registry::default(),
     )
     .err()
     .expect("an incomplete CA bundle is an error");
