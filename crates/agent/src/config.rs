@@ -106,6 +106,8 @@ pub struct AgentConfig {
     pub discovery_address: String,
     /// CA address: `CA_ADDR`, or the discovery address.
     pub ca_address: String,
+    /// The workload certificate: its requested lifetime and when it is renewed.
+    pub secrets: SecretConfig,
     /// Subject alt names expected of pilot-discovery when `controlPlaneAuthPolicy` is MUTUAL_TLS.
     pub pilot_san: Vec<String>,
     /// `ISTIOD_SAN`: overrides the server name checked on pilot-discovery's certificate.
@@ -137,6 +139,19 @@ pub struct AgentConfig {
     /// `ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS` or the `overload.global_downstream_max_connections`
     /// runtime value; Istio's default is `i32::MAX`.
     pub global_downstream_max_connections: u32,
+}
+
+/// Istio's workload certificate settings (`SECRET_TTL`, `SECRET_GRACE_PERIOD_RATIO`, ...).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SecretConfig {
+    /// `SECRET_TTL` (24h): the lifetime asked of the CA.
+    #[serde(serialize_with = "as_duration")]
+    pub ttl: Duration,
+    /// `SECRET_GRACE_PERIOD_RATIO` (0.5): renewed when this part of the lifetime is left.
+    pub grace_period_ratio: f64,
+    /// `SECRET_GRACE_PERIOD_RATIO_JITTER` (0.01): up to this much more, at random, so that
+    /// workloads started together do not renew together.
+    pub grace_period_ratio_jitter: f64,
 }
 
 /// Files and sockets the agent and Envoy share.

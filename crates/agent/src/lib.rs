@@ -11,5 +11,6 @@ pub mod iptables;
 pub mod logging;
 pub mod proxy;
 pub mod readiness;
+pub mod sds;
 pub mod status;
 pub mod xds_proxy;

@@ -51,6 +51,34 @@ pub fn upstream_tls(cfg: &AgentConfig) -> Option<UpstreamTls> {
     Some(tls)
 }
 
+/// The agent's CA client: `CA_ADDR` (default: the discovery address) over TLS verified as the
+/// xDS connection is, with the pod's token. `None` when the CA would be reached in plaintext
+/// (`:15010`, `controlPlaneAuthPolicy: NONE`): Istio's CA is on the secure port only.
+pub fn ca_client(cfg: &AgentConfig) -> Option<crate::sds::CaClient> {
+    let port = cfg.ca_address.rsplit(':').next().unwrap_or_default();
+    if port == "15010" || cfg.proxy_config.control_plane_auth_policy == "NONE" {
+        return None;
+    }
+    let tls = upstream_tls(cfg)?;
+    Some(crate::sds::CaClient {
+        addr: cfg.ca_address.clone(),
+        root_cert: tls.root_cert,
+        server_name: tls.server_name,
+        token: tls.token_path,
+    })
+}
+
+/// The workload's SPIFFE identity: `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`
+/// (the `default` service account when none is given, as Kubernetes).
+pub fn workload_identity(cfg: &AgentConfig) -> String {
+    let sa = if cfg.service_account.is_empty() {
+        "default"
+    } else {
+        cfg.service_account.as_str()
+    };
+    format!("spiffe://{}/ns/{}/sa/{sa}", cfg.trust_domain, cfg.pod_namespace)
+}
+
 pub fn envoy_config(cfg: &AgentConfig, bootstrap: PathBuf, runtime: &ProxyRuntime) -> EnvoyConfig {
     let binary = runtime
         .envoy_binary
@@ -100,6 +128,23 @@ pub async fn run(cfg: AgentConfig, runtime: ProxyRuntime) -> anyhow::Result<Opti
         .await
         .context("starting the xDS proxy")?;
 
+    let ca = ca_client(&cfg);
+    if ca.is_none() {
+        tracing::warn!(
+            ca_address = %cfg.ca_address,
+            "no CA on a secure port: the workload certificate comes only from files in {CERT_WATCH_DIR}"
+        );
+    }
+    let secrets = crate::sds::SecretManager::new(
+        workload_identity(&cfg),
+        ca,
+        cfg.secrets.clone(),
+        PathBuf::from(CERT_WATCH_DIR),
+    );
+    tokio::spawn(secrets.clone().run());
+    let sds = crate::sds::SdsServer::start(&cfg.paths.sds_uds, secrets)
+        .with_context(|| format!("SDS server on {}", cfg.paths.sds_uds.display()))?;
+
     let (shutdown_tx, mut shutdown_rx) = watch::channel(false);
     let status_task = if cfg.status_port != 0 {
         let options = StatusServerOptions {
@@ -107,6 +152,7 @@ pub async fn run(cfg: AgentConfig, runtime: ProxyRuntime) -> anyhow::Result<Opti
             admin_port: cfg.proxy_admin_port,
             app_probers: runtime.app_probers.clone(),
             scrape_metrics: ScrapeMetrics::register(&mut registry),
+            sds: Some(sds.status()),
             ..StatusServerOptions::default()
         };
         let status = StatusServer::new(options, xds.status(), Arc::new(registry), shutdown_tx.clone())
@@ -150,6 +196,7 @@ pub async fn run(cfg: AgentConfig, runtime: ProxyRuntime) -> anyhow::Result<Opti
         }
     };
     xds.shutdown().await;
+    drop(sds);
     if let Some(task) = status_task {
         let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
     }

@@ -10,7 +10,7 @@ use super::env::{Env, Files, Vars, xds_headers};
 use super::metadata::{self, TypedMetadata};
 use super::{
     AgentConfig, AgentPaths, BOOTSTRAP_FILE, ConfigError, DnsConfig, DrainConfig, LogConfig, POD_ANNOTATIONS_PATH,
-    POD_LABELS_PATH, ProxyArgs, WORKLOAD_IDENTITY_DIR, proxy_config,
+    POD_LABELS_PATH, ProxyArgs, SecretConfig, WORKLOAD_IDENTITY_DIR, proxy_config,
 };
 
 /// Istio's `math.MaxInt32`: no global downstream connection limit.
@@ -189,6 +189,7 @@ pub(super) fn build(args: &ProxyArgs, env: &dyn Env, files: &dyn Files) -> Resul
         labels,
         annotations,
         ca_address: vars.get("CA_ADDR").unwrap_or_else(|| discovery_address.clone()),
+        secrets: secret_config(&vars)?,
         discovery_address,
         pilot_san,
         istiod_san: vars.get("ISTIOD_SAN"),
@@ -216,6 +217,28 @@ pub(super) fn build(args: &ProxyArgs, env: &dyn Env, files: &dyn Files) -> Resul
         pod_namespace,
         mesh_config,
         proxy_config: proxy,
+    })
+}
+
+/// Istio's `SECRET_TTL`, `SECRET_GRACE_PERIOD_RATIO` (in (0, 1)) and its jitter (in [0, 1)).
+fn secret_config(vars: &Vars<'_>) -> Result<SecretConfig, ConfigError> {
+    let ratio = |name: &'static str, default: f64, min_inclusive: bool| -> Result<f64, ConfigError> {
+        match vars.get(name).filter(|v| !v.is_empty()) {
+            None => Ok(default),
+            Some(v) => match v.parse::<f64>() {
+                Ok(r) if r < 1.0 && (r > 0.0 || (min_inclusive && r == 0.0)) => Ok(r),
+                _ => Err(ConfigError::env(name, &v, "not a ratio between 0 and 1")),
+            },
+        }
+    };
+    let ttl = vars.duration("SECRET_TTL", Duration::from_secs(24 * 3600))?;
+    if ttl.is_zero() {
+        return Err(ConfigError::env("SECRET_TTL", "0s", "must be positive"));
+    }
+    Ok(SecretConfig {
+        ttl,
+        grace_period_ratio: ratio("SECRET_GRACE_PERIOD_RATIO", 0.5, false)?,
+        grace_period_ratio_jitter: ratio("SECRET_GRACE_PERIOD_RATIO_JITTER", 0.01, true)?,
     })
 }
 

@@ -60,6 +60,8 @@ pub struct StatusServerOptions {
     pub probe_source: Option<IpAddr>,
     /// Counters of scrapes and failed scrapes (see [`ScrapeMetrics::register`]).
     pub scrape_metrics: ScrapeMetrics,
+    /// The SDS server: not ready while Envoy waits for its workload certificate.
+    pub sds: Option<crate::sds::SdsStatus>,
 }
 
 impl Default for StatusServerOptions {
@@ -72,6 +74,7 @@ impl Default for StatusServerOptions {
             probe_destination: IpAddr::V4(Ipv4Addr::LOCALHOST),
             probe_source: None,
             scrape_metrics: ScrapeMetrics::default(),
+            sds: None,
         }
     }
 }
@@ -120,7 +123,8 @@ impl StatusServer {
     ) -> Result<Self, StatusError> {
         let admin = admin::EnvoyAdmin::new(options.admin_port).map_err(StatusError::AdminClient)?;
         let app = app_probe::AppProbers::new(options.app_probers, options.probe_destination, options.probe_source)?;
-        let ready = ready::ReadinessProbe::new(admin.clone(), options.admin_timeout, xds, shutdown.subscribe());
+        let ready = ready::ReadinessProbe::new(admin.clone(), options.admin_timeout, xds, shutdown.subscribe())
+            .with_sds(options.sds.clone());
         let state = ServerState {
             ready,
             admin,

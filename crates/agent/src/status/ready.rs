@@ -34,6 +34,8 @@ pub enum NotReady {
     WorkersNotStarted,
     #[error("failed to get readiness stats: {0}")]
     Admin(String),
+    #[error("{0}")]
+    CertificateNotDelivered(String),
 }
 
 /// Istio's `ready.Probe`, fed by the xDS proxy's [`XdsStatus`] instead of Envoy's update stats.
@@ -44,6 +46,7 @@ pub(crate) struct ReadinessProbe {
     shutdown: watch::Receiver<bool>,
     received_first_update: AtomicBool,
     at_least_once_ready: AtomicBool,
+    sds: Option<crate::sds::SdsStatus>,
 }
 
 impl ReadinessProbe {
@@ -60,7 +63,14 @@ impl ReadinessProbe {
             shutdown,
             received_first_update: AtomicBool::new(false),
             at_least_once_ready: AtomicBool::new(false),
+            sds: None,
         }
+    }
+
+    /// Also not ready while Envoy waits for the workload certificate it asked SDS for.
+    pub(crate) fn with_sds(mut self, sds: Option<crate::sds::SdsStatus>) -> Self {
+        self.sds = sds;
+        self
     }
 
     /// Istio's order: config first, then termination, then Envoy's own state.
@@ -68,6 +78,9 @@ impl ReadinessProbe {
         self.check_config_status()?;
         if *self.shutdown.borrow() {
             return Err(NotReady::Terminated);
+        }
+        if let Some(reason) = self.sds.as_ref().and_then(crate::sds::SdsStatus::pending) {
+            return Err(NotReady::CertificateNotDelivered(reason));
         }
         if self.at_least_once_ready.load(Ordering::Acquire) {
             return Ok(());

@@ -300,7 +300,7 @@ impl Drop for XdsProxy {
 }
 
 /// Istio's `uds.NewListener`: make the directory, remove a stale socket, listen.
-fn bind(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
+pub(crate) fn bind(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }

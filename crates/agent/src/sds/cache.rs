@@ -1,0 +1,288 @@
+//! The secret manager (Istio's `SecretManagerClient`, security/pkg/nodeagent/cache): the
+//! workload's certificate (`default`) and the mesh root (`ROOTCA`), signed by the CA from a key
+//! made here, or read from files mounted at `./etc/certs`; any files named by `file-cert:` and
+//! `file-root:` resources. The workload certificate is renewed when `SECRET_GRACE_PERIOD_RATIO`
+//! (with jitter) of its life is left; files are watched. Every change bumps a generation that the
+//! SDS streams follow, so Envoy gets the new secrets without restarting or dropping connections.
+
+use std::collections::BTreeMap;
+use std::hash::{BuildHasher, RandomState};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+
+use super::ca_client::{CaClient, CaClientError, Signed};
+use crate::config::SecretConfig;
+
+/// Istio's `WorkloadKeyCertResourceName`.
+pub const WORKLOAD: &str = "default";
+/// Istio's `RootCertReqResourceName`.
+pub const ROOT: &str = "ROOTCA";
+pub const FILE_CERT_PREFIX: &str = "file-cert:";
+pub const FILE_ROOT_PREFIX: &str = "file-root:";
+/// Istio's mounted-certificate files (`./etc/certs`).
+pub const CERT_CHAIN_FILE: &str = "cert-chain.pem";
+pub const KEY_FILE: &str = "key.pem";
+pub const ROOT_CERT_FILE: &str = "root-cert.pem";
+
+const FILE_POLL: Duration = Duration::from_secs(2);
+const RETRY_MIN: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// One secret as SDS serves it.
+#[derive(Clone, PartialEq, Eq)]
+pub enum SecretItem {
+    Certificate { cert_chain_pem: String, key_pem: String },
+    Root { root_pem: String },
+}
+
+impl std::fmt::Debug for SecretItem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SecretItem::Certificate { cert_chain_pem, .. } => {
+                f.debug_struct("Certificate").field("cert_chain_pem", cert_chain_pem).finish_non_exhaustive()
+            }
+            SecretItem::Root { root_pem } => f.debug_struct("Root").field("root_pem", root_pem).finish(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    #[error("unknown secret {0:?} (served: default, ROOTCA, file-cert:<cert>~<key>, file-root:<root>)")]
+    Unknown(String),
+    #[error("reading {path}: {source}")]
+    File {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Ca(#[from] CaClientError),
+    #[error("no CA to sign the workload certificate and no certificate files in {0}")]
+    NoCa(PathBuf),
+}
+
+#[derive(Debug, Clone)]
+struct Workload {
+    signed: Signed,
+    not_before: SystemTime,
+    not_after: SystemTime,
+}
+
+struct Inner {
+    identity: String,
+    ca: Option<CaClient>,
+    config: SecretConfig,
+    cert_dir: PathBuf,
+    workload: tokio::sync::Mutex<Option<Workload>>,
+    /// Bumped on every change of a secret.
+    generation: watch::Sender<u64>,
+    /// Modification times of the files served, for the watcher.
+    files: Mutex<BTreeMap<PathBuf, Option<SystemTime>>>,
+}
+
+/// Shared by the SDS server and the renewal task.
+#[derive(Clone)]
+pub struct SecretManager {
+    inner: Arc<Inner>,
+}
+
+impl SecretManager {
+    /// A manager for `identity` (`spiffe://<td>/ns/<ns>/sa/<sa>`) signed by `ca`, serving the
+    /// files of `cert_dir` instead when they are there.
+    pub fn new(identity: String, ca: Option<CaClient>, config: SecretConfig, cert_dir: PathBuf) -> SecretManager {
+        SecretManager {
+            inner: Arc::new(Inner {
+                identity,
+                ca,
+                config,
+                cert_dir,
+                workload: tokio::sync::Mutex::new(None),
+                generation: watch::channel(0).0,
+                files: Mutex::new(BTreeMap::new()),
+            }),
+        }
+    }
+
+    pub fn identity(&self) -> &str {
+        &self.inner.identity
+    }
+
+    /// Changes: the value is bumped whenever a secret changed.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.inner.generation.subscribe()
+    }
+
+    /// Whether the workload certificate comes from `./etc/certs` (Istio's mounted certs).
+    fn from_files(&self) -> bool {
+        let d = &self.inner.cert_dir;
+        d.join(CERT_CHAIN_FILE).is_file() && d.join(KEY_FILE).is_file()
+    }
+
+    /// The secret `name`, signing the workload certificate first if there is none yet.
+    pub async fn generate(&self, name: &str) -> Result<SecretItem, SecretError> {
+        let dir = self.inner.cert_dir.clone();
+        match name {
+            WORKLOAD if self.from_files() => Ok(SecretItem::Certificate {
+                cert_chain_pem: self.read(&dir.join(CERT_CHAIN_FILE))?,
+                key_pem: self.read(&dir.join(KEY_FILE))?,
+            }),
+            ROOT if self.from_files() && dir.join(ROOT_CERT_FILE).is_file() => Ok(SecretItem::Root {
+                root_pem: self.read(&dir.join(ROOT_CERT_FILE))?,
+            }),
+            WORKLOAD => {
+                let w = self.workload().await?;
+                Ok(SecretItem::Certificate {
+                    cert_chain_pem: w.signed.cert_chain_pem,
+                    key_pem: w.signed.key_pem,
+                })
+            }
+            ROOT => Ok(SecretItem::Root {
+                root_pem: self.workload().await?.signed.root_pem,
+            }),
+            _ => {
+                if let Some(paths) = name.strip_prefix(FILE_CERT_PREFIX) {
+                    let (cert, key) = paths.split_once('~').ok_or_else(|| SecretError::Unknown(name.to_owned()))?;
+                    Ok(SecretItem::Certificate {
+                        cert_chain_pem: self.read(Path::new(cert))?,
+                        key_pem: self.read(Path::new(key))?,
+                    })
+                } else if let Some(path) = name.strip_prefix(FILE_ROOT_PREFIX) {
+                    Ok(SecretItem::Root {
+                        root_pem: self.read(Path::new(path))?,
+                    })
+                } else {
+                    Err(SecretError::Unknown(name.to_owned()))
+                }
+            }
+        }
+    }
+
+    /// Reads a served file and remembers it for the watcher.
+    fn read(&self, path: &Path) -> Result<String, SecretError> {
+        let text = std::fs::read_to_string(path).map_err(|source| SecretError::File {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        lock(&self.inner.files).insert(path.to_path_buf(), modified(path));
+        Ok(text)
+    }
+
+    /// The current workload certificate, signed now if there is none or it expired.
+    async fn workload(&self) -> Result<Workload, SecretError> {
+        let mut current = self.inner.workload.lock().await;
+        if let Some(w) = current.as_ref().filter(|w| w.not_after > SystemTime::now()) {
+            return Ok(w.clone());
+        }
+        let w = self.sign().await?;
+        *current = Some(w.clone());
+        Ok(w)
+    }
+
+    async fn sign(&self) -> Result<Workload, SecretError> {
+        let ca = self
+            .inner
+            .ca
+            .as_ref()
+            .ok_or_else(|| SecretError::NoCa(self.inner.cert_dir.clone()))?;
+        let signed = ca.sign(&self.inner.identity, self.inner.config.ttl).await?;
+        let (not_before, not_after) = validity(&signed.cert_chain_pem).unwrap_or_else(|| {
+            let now = SystemTime::now();
+            (now, now + self.inner.config.ttl)
+        });
+        tracing::info!(
+            identity = %self.inner.identity,
+            expires_in = ?not_after.duration_since(SystemTime::now()).unwrap_or_default(),
+            "workload certificate signed"
+        );
+        Ok(Workload {
+            signed,
+            not_before,
+            not_after,
+        })
+    }
+
+    /// When the current workload certificate is to be renewed (Istio's `rotateTime`): its expiry
+    /// minus `grace ± jitter` of its lifetime.
+    fn renew_at(&self, w: &Workload) -> SystemTime {
+        let cfg = &self.inner.config;
+        let random = RandomState::new().hash_one(SystemTime::now()) as f64 / u64::MAX as f64;
+        let jitter = (random * 2.0 - 1.0) * cfg.grace_period_ratio_jitter;
+        let ratio = (cfg.grace_period_ratio + jitter).clamp(0.0, 1.0);
+        let life = w.not_after.duration_since(w.not_before).unwrap_or_default();
+        w.not_after - life.mul_f64(ratio)
+    }
+
+    /// Renews the workload certificate before it expires and watches the served files, for as
+    /// long as the agent runs.
+    pub async fn run(self) {
+        let mut retry = RETRY_MIN;
+        loop {
+            let current = self.inner.workload.lock().await.clone();
+            let due = current.filter(|_| !self.from_files()).map(|w| self.renew_at(&w));
+            let now = SystemTime::now();
+            match due {
+                Some(at) if at <= now => {
+                    match self.sign().await {
+                        Ok(w) => {
+                            retry = RETRY_MIN;
+                            *self.inner.workload.lock().await = Some(w);
+                            self.inner.generation.send_modify(|g| *g += 1);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, ?retry, "renewing the workload certificate failed; the current one stays until it expires");
+                            tokio::time::sleep(retry).await;
+                            retry = (retry * 2).min(RETRY_MAX);
+                        }
+                    }
+                    continue;
+                }
+                Some(at) => tokio::time::sleep(at.duration_since(now).unwrap_or_default().min(FILE_POLL)).await,
+                // nothing signed yet: SDS signs on Envoy's first request
+                None => tokio::time::sleep(FILE_POLL).await,
+            }
+            self.check_files();
+        }
+    }
+
+    /// Bumps the generation when a served file changed.
+    fn check_files(&self) {
+        let changed = {
+            let mut files = lock(&self.inner.files);
+            let mut changed = false;
+            for (path, stamp) in files.iter_mut() {
+                let now = modified(path);
+                if now != *stamp {
+                    *stamp = now;
+                    changed = true;
+                }
+            }
+            changed
+        };
+        if changed {
+            tracing::info!("certificate files changed: pushing them to Envoy");
+            self.inner.generation.send_modify(|g| *g += 1);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// The leaf's validity period.
+pub(crate) fn validity(chain_pem: &str) -> Option<(SystemTime, SystemTime)> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let der = CertificateDer::from_pem_slice(chain_pem.as_bytes()).ok()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
+    let at = |t: i64| -> Option<SystemTime> { Some(UNIX_EPOCH + Duration::from_secs(u64::try_from(t).ok()?)) };
+    Some((at(cert.validity().not_before.timestamp())?, at(cert.validity().not_after.timestamp())?))
+}

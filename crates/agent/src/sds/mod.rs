@@ -1,0 +1,10 @@
+//! Workload identity in the agent: the secret manager that gets the workload certificate from
+//! the mesh CA (or mounted files) and renews it, and the SDS server that hands it to Envoy.
+
+mod ca_client;
+mod cache;
+mod server;
+
+pub use ca_client::{CaClient, CaClientError, Signed};
+pub use cache::{ROOT, SecretError, SecretItem, SecretManager, WORKLOAD};
+pub use server::{SdsServer, SdsStatus};
