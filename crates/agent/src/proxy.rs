@@ -51,20 +51,20 @@ pub fn upstream_tls(cfg: &AgentConfig) -> Option<UpstreamTls> {
     Some(tls)
 }
 
-/// The agent's CA client: `CA_ADDR` (default: the discovery address) over TLS verified as the
-/// xDS connection is, with the pod's token. `None` when the CA would be reached in plaintext
-/// (`:15010`, `controlPlaneAuthPolicy: NONE`): Istio's CA is on the secure port only.
+/// The agent's CA client: `CA_ADDR` (default: the discovery address) over TLS verified with
+/// `XDS_ROOT_CA` (or Istio's mounted root) and the istiod name, with the pod's token. `None` when
+/// the CA address is the plaintext port (`:15010`): Istio's CA is on the secure port only.
 pub fn ca_client(cfg: &AgentConfig) -> Option<crate::sds::CaClient> {
-    let port = cfg.ca_address.rsplit(':').next().unwrap_or_default();
-    if port == "15010" || cfg.proxy_config.control_plane_auth_policy == "NONE" {
+    if cfg.ca_address.rsplit(':').next() == Some("15010") {
         return None;
     }
-    let tls = upstream_tls(cfg)?;
+    let root = cfg.xds_root_ca.clone().unwrap_or_else(|| DEFAULT_ROOT_CERT.to_owned());
+    let defaults = UpstreamTls::new(PathBuf::from(&root));
     Some(crate::sds::CaClient {
         addr: cfg.ca_address.clone(),
-        root_cert: tls.root_cert,
-        server_name: tls.server_name,
-        token: tls.token_path,
+        root_cert: PathBuf::from(root),
+        server_name: cfg.istiod_san.clone().unwrap_or(defaults.server_name),
+        token: Path::new(DEFAULT_TOKEN).exists().then(|| PathBuf::from(DEFAULT_TOKEN)),
     })
 }
 

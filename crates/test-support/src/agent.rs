@@ -30,6 +30,9 @@ pub struct AgentOptions {
     pub env: Vec<(String, String)>,
     /// Extra ProxyConfig fields (merged into PROXY_CONFIG).
     pub proxy_config: serde_json::Value,
+    /// Files written into the agent's working directory before it starts (relative path,
+    /// contents), e.g. `var/run/secrets/tokens/istio-token`.
+    pub files: Vec<(PathBuf, String)>,
 }
 
 impl AgentOptions {
@@ -43,6 +46,7 @@ impl AgentOptions {
             discovery,
             env: Vec::new(),
             proxy_config: json!({}),
+            files: Vec::new(),
         }
     }
 }
@@ -77,6 +81,13 @@ impl Agent {
         });
         if let (Some(base), Some(extra)) = (proxy_config.as_object_mut(), opts.proxy_config.as_object()) {
             base.extend(extra.clone());
+        }
+        for (rel, contents) in &opts.files {
+            let path = dir.path().join(rel);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::write(&path, contents).with_context(|| format!("writing {}", path.display()))?;
         }
         let log_path = dir.path().join("pilot-agent.log");
         let log = std::fs::File::create(&log_path)?;

@@ -226,6 +226,33 @@ fn socket_paths_and_headers_are_configurable() {
 }
 
 #[test]
+fn workload_certificate_settings() {
+    let none = files(&[]);
+    let cfg = build(&ProxyArgs::default(), &env(&[]), &none);
+    assert_eq!(cfg.secrets.ttl, std::time::Duration::from_secs(24 * 3600));
+    assert_eq!(
+        (cfg.secrets.grace_period_ratio, cfg.secrets.grace_period_ratio_jitter),
+        (0.5, 0.01)
+    );
+    let cfg = build(
+        &ProxyArgs::default(),
+        &env(&[
+            ("SECRET_TTL", "1h"),
+            ("SECRET_GRACE_PERIOD_RATIO", "0.25"),
+            ("SECRET_GRACE_PERIOD_RATIO_JITTER", "0"),
+        ]),
+        &none,
+    );
+    assert_eq!(cfg.secrets.ttl, std::time::Duration::from_secs(3600));
+    assert_eq!(
+        (cfg.secrets.grace_period_ratio, cfg.secrets.grace_period_ratio_jitter),
+        (0.25, 0.0)
+    );
+    assert!(error(&env(&[("SECRET_GRACE_PERIOD_RATIO", "1.5")]), &none).contains("SECRET_GRACE_PERIOD_RATIO"));
+    assert!(error(&env(&[("SECRET_TTL", "soon")]), &none).contains("SECRET_TTL"));
+}
+
+#[test]
 fn bad_inputs_are_clear_errors() {
     let none = files(&[]);
     type Case = (BTreeMap<String, String>, BTreeMap<PathBuf, String>, &'static str);

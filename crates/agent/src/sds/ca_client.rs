@@ -45,7 +45,9 @@ pub struct Signed {
 
 impl std::fmt::Debug for Signed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Signed").field("cert_chain_pem", &self.cert_chain_pem).finish_non_exhaustive()
+        f.debug_struct("Signed")
+            .field("cert_chain_pem", &self.cert_chain_pem)
+            .finish_non_exhaustive()
     }
 }
 
@@ -64,7 +66,8 @@ pub struct CaClient {
 impl CaClient {
     /// Asks for a certificate of `identity` valid for `ttl`.
     pub async fn sign(&self, identity: &str, ttl: Duration) -> Result<Signed, CaClientError> {
-        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(|e| CaClientError::Key(e.to_string()))?;
+        let key =
+            KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(|e| CaClientError::Key(e.to_string()))?;
         let mut params = CertificateParams::default();
         let uri = identity
             .to_owned()
@@ -75,10 +78,12 @@ impl CaClient {
             .serialize_request(&key)
             .and_then(|r| r.pem())
             .map_err(|e| CaClientError::Key(e.to_string()))?;
-        let root = tokio::fs::read(&self.root_cert).await.map_err(|source| CaClientError::File {
-            path: self.root_cert.clone(),
-            source,
-        })?;
+        let root = tokio::fs::read(&self.root_cert)
+            .await
+            .map_err(|source| CaClientError::File {
+                path: self.root_cert.clone(),
+                source,
+            })?;
         let connect = |reason: String| CaClientError::Connect {
             addr: self.addr.clone(),
             reason,
@@ -101,10 +106,12 @@ impl CaClient {
             metadata: None,
         });
         if let Some(path) = &self.token {
-            let token = tokio::fs::read_to_string(path).await.map_err(|source| CaClientError::File {
-                path: path.clone(),
-                source,
-            })?;
+            let token = tokio::fs::read_to_string(path)
+                .await
+                .map_err(|source| CaClientError::File {
+                    path: path.clone(),
+                    source,
+                })?;
             let value = format!("Bearer {}", token.trim())
                 .parse()
                 .map_err(|_| CaClientError::Key(format!("the token in {} is not a header value", path.display())))?;
@@ -122,7 +129,10 @@ impl CaClient {
         let Some((root, certs)) = chain.split_last().filter(|(_, certs)| !certs.is_empty()) else {
             return Err(CaClientError::Answer {
                 addr: self.addr.clone(),
-                reason: format!("{} certificates; want the leaf, any intermediates and the root", chain.len()),
+                reason: format!(
+                    "{} certificates; want the leaf, any intermediates and the root",
+                    chain.len()
+                ),
             });
         };
         let mut cert_chain_pem = String::new();

@@ -41,9 +41,10 @@ pub enum SecretItem {
 impl std::fmt::Debug for SecretItem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            SecretItem::Certificate { cert_chain_pem, .. } => {
-                f.debug_struct("Certificate").field("cert_chain_pem", cert_chain_pem).finish_non_exhaustive()
-            }
+            SecretItem::Certificate { cert_chain_pem, .. } => f
+                .debug_struct("Certificate")
+                .field("cert_chain_pem", cert_chain_pem)
+                .finish_non_exhaustive(),
             SecretItem::Root { root_pem } => f.debug_struct("Root").field("root_pem", root_pem).finish(),
         }
     }
@@ -68,7 +69,8 @@ pub enum SecretError {
 #[derive(Debug, Clone)]
 struct Workload {
     signed: Signed,
-    not_before: SystemTime,
+    /// When the agent got it.
+    created: SystemTime,
     not_after: SystemTime,
 }
 
@@ -117,7 +119,7 @@ impl SecretManager {
     }
 
     /// Whether the workload certificate comes from `./etc/certs` (Istio's mounted certs).
-    fn from_files(&self) -> bool {
+    fn uses_mounted_files(&self) -> bool {
         let d = &self.inner.cert_dir;
         d.join(CERT_CHAIN_FILE).is_file() && d.join(KEY_FILE).is_file()
     }
@@ -126,11 +128,11 @@ impl SecretManager {
     pub async fn generate(&self, name: &str) -> Result<SecretItem, SecretError> {
         let dir = self.inner.cert_dir.clone();
         match name {
-            WORKLOAD if self.from_files() => Ok(SecretItem::Certificate {
+            WORKLOAD if self.uses_mounted_files() => Ok(SecretItem::Certificate {
                 cert_chain_pem: self.read(&dir.join(CERT_CHAIN_FILE))?,
                 key_pem: self.read(&dir.join(KEY_FILE))?,
             }),
-            ROOT if self.from_files() && dir.join(ROOT_CERT_FILE).is_file() => Ok(SecretItem::Root {
+            ROOT if self.uses_mounted_files() && dir.join(ROOT_CERT_FILE).is_file() => Ok(SecretItem::Root {
                 root_pem: self.read(&dir.join(ROOT_CERT_FILE))?,
             }),
             WORKLOAD => {
@@ -145,7 +147,9 @@ impl SecretManager {
             }),
             _ => {
                 if let Some(paths) = name.strip_prefix(FILE_CERT_PREFIX) {
-                    let (cert, key) = paths.split_once('~').ok_or_else(|| SecretError::Unknown(name.to_owned()))?;
+                    let (cert, key) = paths
+                        .split_once('~')
+                        .ok_or_else(|| SecretError::Unknown(name.to_owned()))?;
                     Ok(SecretItem::Certificate {
                         cert_chain_pem: self.read(Path::new(cert))?,
                         key_pem: self.read(Path::new(key))?,
@@ -189,10 +193,10 @@ impl SecretManager {
             .as_ref()
             .ok_or_else(|| SecretError::NoCa(self.inner.cert_dir.clone()))?;
         let signed = ca.sign(&self.inner.identity, self.inner.config.ttl).await?;
-        let (not_before, not_after) = validity(&signed.cert_chain_pem).unwrap_or_else(|| {
-            let now = SystemTime::now();
-            (now, now + self.inner.config.ttl)
-        });
+        // The lifetime counts from now, not from the certificate's notBefore (backdated for
+        // clock skew), as Istio's `rotateTime` counts from the secret's creation.
+        let created = SystemTime::now();
+        let not_after = validity(&signed.cert_chain_pem).map_or(created + self.inner.config.ttl, |(_, end)| end);
         tracing::info!(
             identity = %self.inner.identity,
             expires_in = ?not_after.duration_since(SystemTime::now()).unwrap_or_default(),
@@ -200,7 +204,7 @@ impl SecretManager {
         );
         Ok(Workload {
             signed,
-            not_before,
+            created,
             not_after,
         })
     }
@@ -212,7 +216,7 @@ impl SecretManager {
         let random = RandomState::new().hash_one(SystemTime::now()) as f64 / u64::MAX as f64;
         let jitter = (random * 2.0 - 1.0) * cfg.grace_period_ratio_jitter;
         let ratio = (cfg.grace_period_ratio + jitter).clamp(0.0, 1.0);
-        let life = w.not_after.duration_since(w.not_before).unwrap_or_default();
+        let life = w.not_after.duration_since(w.created).unwrap_or_default();
         w.not_after - life.mul_f64(ratio)
     }
 
@@ -222,7 +226,9 @@ impl SecretManager {
         let mut retry = RETRY_MIN;
         loop {
             let current = self.inner.workload.lock().await.clone();
-            let due = current.filter(|_| !self.from_files()).map(|w| self.renew_at(&w));
+            let due = current
+                .filter(|_| !self.uses_mounted_files())
+                .map(|w| self.renew_at(&w));
             let now = SystemTime::now();
             match due {
                 Some(at) if at <= now => {
@@ -284,5 +290,8 @@ pub(crate) fn validity(chain_pem: &str) -> Option<(SystemTime, SystemTime)> {
     let der = CertificateDer::from_pem_slice(chain_pem.as_bytes()).ok()?;
     let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
     let at = |t: i64| -> Option<SystemTime> { Some(UNIX_EPOCH + Duration::from_secs(u64::try_from(t).ok()?)) };
-    Some((at(cert.validity().not_before.timestamp())?, at(cert.validity().not_after.timestamp())?))
+    Some((
+        at(cert.validity().not_before.timestamp())?,
+        at(cert.validity().not_after.timestamp())?,
+    ))
 }

@@ -8,3 +8,6 @@ mod server;
 pub use ca_client::{CaClient, CaClientError, Signed};
 pub use cache::{ROOT, SecretError, SecretItem, SecretManager, WORKLOAD};
 pub use server::{SdsServer, SdsStatus};
+
+#[cfg(test)]
+mod tests;

@@ -128,7 +128,9 @@ impl SecretDiscoveryService for SdsService {
         &self,
         _request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaSecretsStream>, Status> {
-        Err(Status::unimplemented("SDS is served as state of the world (StreamSecrets), as Istio's agent"))
+        Err(Status::unimplemented(
+            "SDS is served as state of the world (StreamSecrets), as Istio's agent",
+        ))
     }
 
     async fn stream_secrets(
@@ -262,7 +264,10 @@ fn to_secret(name: &str, item: &SecretItem) -> Secret {
         ..Default::default()
     };
     let r#type = match item {
-        SecretItem::Certificate { cert_chain_pem, key_pem } => secret::Type::TlsCertificate(TlsCertificate {
+        SecretItem::Certificate {
+            cert_chain_pem,
+            key_pem,
+        } => secret::Type::TlsCertificate(TlsCertificate {
             certificate_chain: Some(inline(cert_chain_pem)),
             private_key: Some(inline(key_pem)),
             ..Default::default()
