@@ -35,13 +35,14 @@ pub enum ConfigKind {
 }
 
 impl ConfigKind {
-    pub const SUPPORTED: [ConfigKind; 6] = [
+    pub const SUPPORTED: [ConfigKind; 7] = [
         ConfigKind::VirtualService,
         ConfigKind::DestinationRule,
         ConfigKind::Gateway,
         ConfigKind::ServiceEntry,
         ConfigKind::WorkloadEntry,
         ConfigKind::Sidecar,
+        ConfigKind::PeerAuthentication,
     ];
 
     /// Looks a kind up by its API group, version and kind, as Istio's schema collections.
@@ -185,6 +186,7 @@ pub enum ConfigSpec {
     ServiceEntry(ServiceEntry),
     WorkloadEntry(WorkloadEntry),
     Sidecar(Sidecar),
+    PeerAuthentication(crate::security::PeerAuthentication),
     /// An Istio kind that is kept but not yet acted on.
     Unsupported(Value),
     /// A core Kubernetes object, whole (metadata, spec, status, EndpointSlice endpoints, ...).
@@ -312,6 +314,7 @@ fn decode_spec(kind: ConfigKind, v: Value) -> Result<ConfigSpec, String> {
         ConfigKind::ServiceEntry => ConfigSpec::ServiceEntry(de(v)?),
         ConfigKind::WorkloadEntry => ConfigSpec::WorkloadEntry(de(v)?),
         ConfigKind::Sidecar => ConfigSpec::Sidecar(de(v)?),
+        ConfigKind::PeerAuthentication => ConfigSpec::PeerAuthentication(de(v)?),
         _ => ConfigSpec::Unsupported(v),
     })
 }

@@ -12,6 +12,7 @@ pub mod networking;
 pub mod proxy;
 pub mod proxy_headers;
 pub mod push;
+pub mod security;
 pub mod service;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

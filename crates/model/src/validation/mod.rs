@@ -9,6 +9,7 @@ mod hosts;
 mod http_policy;
 mod http_route;
 mod load_balancer;
+mod peer_authentication;
 mod mesh;
 mod service_entry;
 mod sidecar;
@@ -49,6 +50,7 @@ pub fn validate(config: &Config) -> Vec<String> {
         ConfigSpec::ServiceEntry(se) => service_entry::check_service_entry(&mut errs, config, se),
         ConfigSpec::WorkloadEntry(we) => workload_entry::check_workload_entry(&mut errs, "spec", we),
         ConfigSpec::Sidecar(sc) => sidecar::check_sidecar(&mut errs, sc),
+        ConfigSpec::PeerAuthentication(pa) => peer_authentication::check_peer_authentication(&mut errs, pa),
         ConfigSpec::Unsupported(_) | ConfigSpec::Kubernetes(_) => {}
     }
     if !matches!(config.spec, ConfigSpec::Unsupported(_) | ConfigSpec::Kubernetes(_))
@@ -94,8 +96,11 @@ pub(crate) fn errors_of(kind: &str, spec: serde_json::Value) -> Vec<String> {
 
 #[cfg(test)]
 pub(crate) fn errors_with_meta(kind: &str, metadata: serde_json::Value, spec: serde_json::Value) -> Vec<String> {
-    let doc =
-        serde_json::json!({"apiVersion": "networking.istio.io/v1", "kind": kind, "metadata": metadata, "spec": spec});
+    let group = match kind {
+        "PeerAuthentication" | "AuthorizationPolicy" | "RequestAuthentication" => "security.istio.io",
+        _ => "networking.istio.io",
+    };
+    let doc = serde_json::json!({"apiVersion": format!("{group}/v1"), "kind": kind, "metadata": metadata, "spec": spec});
     match crate::config::parse_config(doc, "default") {
         Ok(_) => Vec::new(),
         Err(crate::config::ConfigError::Invalid { errors, .. }) => errors,
