@@ -17,10 +17,13 @@ use test_support::agent::{Agent, AgentOptions};
 use test_support::backend::{Backend, BackendOptions, HttpResponse, http_get};
 use test_support::discovery::{Discovery, DiscoveryOptions};
 use test_support::envoy::{parse_stats, update_rejected_total};
+use test_support::mesh_ca::MeshCa;
 use test_support::ports::free_port;
 
 struct AgentMesh {
     dir: tempfile::TempDir,
+    /// The gateway's identity comes from pilot-discovery's CA, as an Istio gateway's does.
+    ca: MeshCa,
     _backends: BTreeMap<&'static str, Backend>,
     discovery: Discovery,
     agent: Agent,
@@ -43,15 +46,17 @@ impl AgentMesh {
         let grpc_port = free_port();
         let dir = tempfile::tempdir()?;
         write_mesh_config(dir.path(), gateway_port, &backends)?;
-        let opts = DiscoveryOptions {
+        let ca = MeshCa::loopback()?;
+        let opts = ca.serve(DiscoveryOptions {
             grpc_port: Some(grpc_port),
             ..Default::default()
-        };
+        });
         let discovery = Discovery::start(dir.path(), opts).await?;
-        let mut agent = Agent::start(AgentOptions::ingress_gateway(discovery.grpc_addr)).await?;
+        let mut agent = Agent::start(ca.agent(AgentOptions::ingress_gateway(discovery.grpc_addr))).await?;
         agent.wait_ready(Duration::from_secs(30)).await?;
         let mesh = AgentMesh {
             dir,
+            ca,
             _backends: backends,
             discovery,
             agent,
@@ -174,10 +179,10 @@ async fn discovery_restart_keeps_routing_and_picks_up_changes() -> anyhow::Resul
     }
     // A change made while pilot-discovery is down: all of /reviews to v2.
     std::fs::write(mesh.dir.path().join("virtual-service.yaml"), virtual_service_yaml(0))?;
-    let opts = DiscoveryOptions {
+    let opts = mesh.ca.serve(DiscoveryOptions {
         grpc_port: Some(mesh.grpc_port),
         ..Default::default()
-    };
+    });
     mesh.discovery = Discovery::start(mesh.dir.path(), opts).await?;
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut in_a_row = 0;

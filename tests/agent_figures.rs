@@ -155,10 +155,12 @@ async fn measure_startup(runs: usize) -> anyhow::Result<Value> {
     let gateway_port = free_port();
     let dir = tempfile::tempdir()?;
     common::write_mesh_config(dir.path(), gateway_port, &backends)?;
-    let discovery = Discovery::start(dir.path(), DiscoveryOptions::default()).await?;
+    // the gateway's identity from pilot-discovery's CA, as an Istio gateway's
+    let ca = test_support::mesh_ca::MeshCa::loopback()?;
+    let discovery = Discovery::start(dir.path(), ca.serve(DiscoveryOptions::default())).await?;
     let (mut ready_ms, mut rss, mut hwm, mut envoy_rss) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..runs {
-        let mut agent = Agent::start(AgentOptions::ingress_gateway(discovery.grpc_addr)).await?;
+        let mut agent = Agent::start(ca.agent(AgentOptions::ingress_gateway(discovery.grpc_addr))).await?;
         let run = startup_run(&mut agent, gateway_port).await;
         // Also on failure: a killed agent would leave its Envoy running.
         stop(&mut agent).await?;

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use serde_json::json;
 use test_support::discovery::{Discovery, DiscoveryOptions};
+use test_support::mesh_ca::MeshCa;
 use test_support::netns::{Network, Pod};
 
 const VIP: &str = "240.240.0.10";
@@ -27,7 +28,7 @@ struct SidecarMesh {
     client: Pod,
     reviews: BTreeMap<&'static str, Pod>,
     discovery: Discovery,
-    _net: Network,
+    net: Network,
 }
 
 /// Fails the test, saying what is missing, when this machine cannot run pods.
@@ -48,6 +49,7 @@ metadata: {{name: {name}, namespace: default}}
 spec:
   address: {ip}
   labels: {{app: reviews, version: {version}}}
+  serviceAccount: default
 "#
     )
 }
@@ -133,6 +135,13 @@ impl SidecarMesh {
     /// a TCP app on 9092 where web.example.com declares HTTP, and an HTTP app on 7777 that no
     /// service declares) and reviews-v2, with `virtual_service` for reviews.
     async fn start_with(virtual_service: &str, outbound_policy: &str) -> anyhow::Result<SidecarMesh> {
+        SidecarMesh::start_full(virtual_service, outbound_policy, "").await
+    }
+
+    /// As [`start_with`](Self::start_with), with `extra` config documents (PeerAuthentication, ...).
+    /// Every sidecar has its workload identity from pilot-discovery's CA (secure port on the
+    /// host, tokens checked by `JWT_RULE`), so sidecars talk mutual TLS as Istio's do.
+    async fn start_full(virtual_service: &str, outbound_policy: &str, extra: &str) -> anyhow::Result<SidecarMesh> {
         let net = Network::create()?;
         let hosts = [
             format!("{VIP} reviews.default.svc.cluster.local reviews"),
@@ -152,14 +161,15 @@ impl SidecarMesh {
             config.push_str(&workload_entry(&pod.name, version, pod.ip));
         }
         std::fs::write(dir.path().join("services.yaml"), config)?;
-        std::fs::write(dir.path().join("vs.yaml"), virtual_service)?;
+        std::fs::write(dir.path().join("vs.yaml"), format!("{virtual_service}\n---\n{extra}"))?;
         let mesh = dir.path().join("mesh.yaml");
         std::fs::write(&mesh, format!("outboundTrafficPolicy: {{mode: {outbound_policy}}}\n"))?;
-        let opts = DiscoveryOptions {
+        let ca = MeshCa::new(net.host_ip())?;
+        let opts = ca.serve(DiscoveryOptions {
             grpc_ip: Some(net.host_ip().into()),
             args: vec!["--meshConfig".into(), mesh.to_string_lossy().into_owned()],
             ..Default::default()
-        };
+        });
         let config_dir = dir.path().join("config");
         std::fs::create_dir(&config_dir)?;
         for f in ["services.yaml", "vs.yaml"] {
@@ -167,6 +177,7 @@ impl SidecarMesh {
         }
         let discovery = Discovery::start(&config_dir, opts).await?;
         let xds = discovery.grpc_addr;
+        let identity = ca.workload_identity("default")?;
 
         for (version, pod) in reviews.iter_mut() {
             pod.start_app(9080)?;
@@ -178,16 +189,21 @@ impl SidecarMesh {
                 pod.start_app(7777)?;
             }
             pod.capture()?;
-            pod.start_sidecar(xds, "default", &json!({"app": "reviews", "version": version}))?;
+            pod.start_sidecar_with(
+                xds,
+                "default",
+                &json!({"app": "reviews", "version": version}),
+                Some(&identity),
+            )?;
         }
         client.capture()?;
-        client.start_sidecar(xds, "default", &json!({"app": "productpage"}))?;
+        client.start_sidecar_with(xds, "default", &json!({"app": "productpage"}), Some(&identity))?;
         Ok(SidecarMesh {
             dir,
             client,
             reviews,
             discovery,
-            _net: net,
+            net,
         })
     }
 
@@ -433,10 +449,12 @@ mod netns {
         assert_eq!(greeting, "reviews-v1 ready");
 
         // Raw TCP to a port that a mesh service declares HTTP, at an address that is no service:
-        // not parsed as HTTP, but passed through to its destination, as Istio sniffs it.
+        // not parsed as HTTP, but passed through to its destination, as Istio sniffs it. (At least
+        // the 5 bytes of a TLS record header: the server side's passthrough chains accept mTLS too,
+        // and Envoy's TLS inspector, as in Istio's PERMISSIVE mode, waits for that much.)
         let other = mesh.reviews["v1"].ip.to_string();
-        let answer = mesh.client.tcp_app(&other, 9092, "raw").unwrap();
-        assert_eq!(answer, "reviews-v1 raw");
+        let answer = mesh.client.tcp_app(&other, 9092, "raw bytes").unwrap();
+        assert_eq!(answer, "reviews-v1 raw bytes");
 
         // ALLOW_ANY: an address and port no service declares passes through to its destination.
         let url = format!("http://{}:7777/", mesh.reviews["v1"].ip);
@@ -449,6 +467,89 @@ mod netns {
                 .unwrap()
                 >= 1
         );
+        mesh.assert_no_rejects().unwrap();
+    }
+
+    const STRICT_MESH: &str = "apiVersion: security.istio.io/v1\nkind: PeerAuthentication\n\
+        metadata: {name: default, namespace: istio-system}\nspec: {mtls: {mode: STRICT}}\n";
+
+    /// Mutual TLS as Istio's: every sidecar holds its SPIFFE certificate from the CA, sidecars
+    /// reach each other over mTLS (the server's inbound TLS handshakes count it); PERMISSIVE lets a
+    /// pod without sidecar in, mesh-wide STRICT keeps it out while meshed clients still get
+    /// through.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn sidecars_talk_mutual_tls_and_strict_keeps_plaintext_out() {
+        require_netns();
+        let handshakes = |pod: &Pod| -> u64 {
+            pod.envoy_stats()
+                .unwrap()
+                .iter()
+                .filter(|(k, _)| k.starts_with("listener.") && k.ends_with(".ssl.handshake"))
+                .map(|(_, v)| v)
+                .sum()
+        };
+        // PERMISSIVE (no PeerAuthentication)
+        let mesh = SidecarMesh::start(0, "ALLOW_ANY").await.unwrap();
+        mesh.wait_for_backend("reviews-v2", 3).unwrap();
+        let (_, certs) = mesh.client.curl_root("http://127.0.0.1:15000/certs").unwrap();
+        assert!(
+            certs.contains("spiffe://cluster.local/ns/default/sa/default"),
+            "{certs}"
+        );
+        // the client's sidecar keeps its connection: one handshake for the requests so far
+        assert!(handshakes(&mesh.reviews["v2"]) >= 1, "sidecar to sidecar is mTLS");
+        let hosts: [&str; 0] = [];
+        let legacy = mesh.net.pod("legacy", &hosts).unwrap();
+        let direct = format!("http://{}:9080/", mesh.reviews["v2"].ip);
+        let (code, _) = legacy.curl_root(&direct).unwrap();
+        assert_eq!(code, 200, "PERMISSIVE takes plaintext from a pod without sidecar");
+        mesh.assert_no_rejects().unwrap();
+        drop(legacy);
+        drop(mesh);
+
+        // mesh-wide STRICT
+        let mesh = SidecarMesh::start_full(&virtual_service(0), "ALLOW_ANY", STRICT_MESH)
+            .await
+            .unwrap();
+        mesh.wait_for_backend("reviews-v2", 3).unwrap();
+        let legacy = mesh.net.pod("legacy", &hosts).unwrap();
+        let direct = format!("http://{}:9080/", mesh.reviews["v2"].ip);
+        let (code, _) = legacy.curl_root(&direct).unwrap();
+        assert_eq!(
+            code, 0,
+            "STRICT refuses plaintext (the connection is closed, no HTTP answer)"
+        );
+        assert!(
+            mesh.who().as_deref() == Some("reviews-v2"),
+            "meshed clients still get through"
+        );
+        mesh.assert_no_rejects().unwrap();
+    }
+
+    /// A DestinationRule that turns TLS off towards a STRICT workload fails as in Istio: the
+    /// client's plaintext is refused by the server sidecar, the client gets 503.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn destination_rule_disable_towards_strict_fails_as_in_istio() {
+        require_netns();
+        let disable = "apiVersion: networking.istio.io/v1\nkind: DestinationRule\n\
+            metadata: {name: reviews-plaintext, namespace: default}\n\
+            spec: {host: reviews.default.svc.cluster.local, trafficPolicy: {tls: {mode: DISABLE}}}\n";
+        let mesh = SidecarMesh::start_full(
+            &virtual_service(0),
+            "ALLOW_ANY",
+            &format!("{STRICT_MESH}---\n{disable}"),
+        )
+        .await
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (code, _) = mesh.client.curl_app(URL, &[]).unwrap();
+            if code == 503 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "plaintext to a STRICT sidecar got {code}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
         mesh.assert_no_rejects().unwrap();
     }
 }

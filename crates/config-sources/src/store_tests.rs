@@ -187,13 +187,13 @@ fn duplicate_key_first_sorted_path_wins_and_is_reported() {
 fn unknown_kinds_skipped_and_unsupported_kinds_kept_with_warnings() {
     let tmp = tempfile::tempdir().unwrap();
     let text = "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\n---\n\
-                apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {name: strict, namespace: istio-system}\n\
-                spec: {mtls: {mode: STRICT}}\n";
+                apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: deny, namespace: istio-system}\n\
+                spec: {}\n";
     write(tmp.path(), "policy.yaml", text);
     let store = FileConfigStore::load(tmp.path()).unwrap();
     let configs = store.configs();
     assert_eq!(configs.len(), 1);
-    assert_eq!(configs[0].kind, ConfigKind::PeerAuthentication);
+    assert_eq!(configs[0].kind, ConfigKind::AuthorizationPolicy);
     let errors = store.errors();
     assert_eq!(errors.len(), 2, "{errors:?}");
     assert!(errors.iter().all(|e| e.level == Level::Warning), "{errors:?}");

@@ -10,6 +10,7 @@ mod cds;
 mod eds;
 mod generate;
 mod lds;
+mod mtls;
 mod names;
 mod proxy_headers;
 mod rds;

@@ -21,6 +21,12 @@ pub(crate) fn subset_key(direction: TrafficDirection, subset: &str, host: &str, 
     format!("{}|{}|{}|{}", direction.as_str(), port, subset, host)
 }
 
+/// `direction_.port_.subset_.hostname`, as Istio's `model.BuildDNSSrvSubsetKey`: the SNI of
+/// ISTIO_MUTUAL clusters (a DNS-safe form of the cluster name).
+pub(crate) fn dns_srv_subset_key(direction: TrafficDirection, subset: &str, host: &str, port: u16) -> String {
+    format!("{}_.{}_.{}_.{}", direction.as_str(), port, subset, host)
+}
+
 /// Parses a subset key back into (direction, subset, host, port), as Istio's `ParseSubsetKey`.
 pub(crate) fn parse_subset_key(key: &str) -> Option<(TrafficDirection, &str, &str, u16)> {
     let mut parts = key.splitn(4, '|');

@@ -56,6 +56,12 @@ pub(crate) fn config(kind: &str, name: &str, ns: &str, spec: Value) -> Value {
         "metadata": {"name": name, "namespace": ns}, "spec": spec})
 }
 
+/// A config document of any API group (`security.istio.io/v1`, ...).
+pub(crate) fn config_in(api_version: &str, kind: &str, name: &str, ns: &str, spec: Value) -> Value {
+    json!({"apiVersion": api_version, "kind": kind,
+        "metadata": {"name": name, "namespace": ns}, "spec": spec})
+}
+
 /// A ServiceEntry with `spec` as given.
 pub(crate) fn service_entry(name: &str, ns: &str, spec: Value) -> Value {
     config("ServiceEntry", name, ns, spec)
@@ -106,8 +112,13 @@ pub(crate) fn reviews() -> Value {
 
 /// A proxy with node ID `<node_type>~<ip>~p.<ns>~<domain_ns>.svc.cluster.local` and node
 /// `metadata` (its `NAMESPACE` set to `ns`).
+/// Proxies run beside an agent with a workload identity (`WORKLOAD_IDENTITY_SOCKET_FILE`), as
+/// pilot-agent's and Istio's do, unless `metadata` sets it to `""`.
 pub(crate) fn node(node_type: &str, ip: &str, ns: &str, domain_ns: &str, mut metadata: Value) -> Proxy {
     metadata["NAMESPACE"] = json!(ns);
+    if metadata.get("WORKLOAD_IDENTITY_SOCKET_FILE").is_none() {
+        metadata["WORKLOAD_IDENTITY_SOCKET_FILE"] = json!("socket");
+    }
     let md = NodeMetadata::from_json("test", &metadata).unwrap();
     Proxy::parse(&format!("{node_type}~{ip}~p.{ns}~{domain_ns}.svc.cluster.local"), md).unwrap()
 }

@@ -113,6 +113,7 @@ pub fn convert_service(svc: &KubeService, ctx: &Context) -> Option<Service> {
             export_to,
             label_selectors: spec.selector.clone().unwrap_or_default(),
             cluster_id: ctx.cluster_id.clone(),
+            service_accounts: Vec::new(),
             traffic_distribution: TrafficDistribution::of(
                 spec.traffic_distribution.as_deref(),
                 annotations

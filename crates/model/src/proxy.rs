@@ -242,6 +242,17 @@ impl Proxy {
         self.node_type == NodeType::Router
     }
 
+    /// Whether the proxy runs beside an agent that serves it workload certificates over SDS: Istio's
+    /// agents (and pilot-agent) send `WORKLOAD_IDENTITY_SOCKET_FILE`. An Envoy bootstrapped by
+    /// hand without one has no identity, and is served plaintext where Istio would use mTLS.
+    pub fn has_workload_identity(&self) -> bool {
+        self.metadata
+            .raw
+            .get("WORKLOAD_IDENTITY_SOCKET_FILE")
+            .and_then(serde_json::Value::as_str)
+            .is_some_and(|s| !s.is_empty())
+    }
+
     /// The `proxyHeaders` in effect (Istio's `ProxyConfigOrDefault(...).GetProxyHeaders()`):
     /// the proxy's own ProxyConfig's if it sent one, else the mesh's `defaultConfig`.
     pub fn proxy_headers_config<'a>(

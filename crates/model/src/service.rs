@@ -188,6 +188,9 @@ pub struct ServiceAttributes {
     /// Kubernetes `spec.trafficDistribution` or the `networking.istio.io/traffic-distribution`
     /// annotation: same-zone or same-node endpoints first.
     pub traffic_distribution: TrafficDistribution,
+    /// Identities the service's workloads may present besides their endpoints' service accounts:
+    /// a ServiceEntry's `subjectAltNames` (Istio's `Service.ServiceAccounts`).
+    pub service_accounts: Vec<String>,
 }
 
 /// Istio's `TrafficDistribution`.

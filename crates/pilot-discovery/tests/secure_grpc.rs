@@ -1,6 +1,6 @@
 //! The real `pilot-discovery discovery` binary with `--secureGrpcAddr`: xDS over TLS with the
-//! mesh root from `ROOT_CA_DIR`, the same root after a restart, and startup errors that name the
-//! flag and the file and exit non-zero.
+//! mesh root from `ROOT_CA_DIR` for a caller authenticated by its token (`JWT_RULE`), the same
+//! root after a restart, and startup errors that name the flag and the file and exit non-zero.
 #![allow(clippy::unwrap_used)]
 
 use std::net::SocketAddr;
@@ -14,6 +14,12 @@ use xds_api::type_url;
 
 const NODE_ID: &str = "router~127.0.0.1~gw.istio-system~istio-system.svc.cluster.local";
 
+/// The issuer of the tests' service account tokens, named by `JWT_RULE`.
+fn issuer() -> &'static security::testing::TestIssuer {
+    static ISSUER: std::sync::OnceLock<security::testing::TestIssuer> = std::sync::OnceLock::new();
+    ISSUER.get_or_init(|| security::testing::TestIssuer::new("https://kubernetes.default.svc", "k1"))
+}
+
 /// pilot-discovery with only the secure gRPC port, in `work` (its working directory).
 fn command(work: &Path, ca_dir: &Path, secure_addr: &str) -> Command {
     let config_dir = work.join("config");
@@ -25,6 +31,10 @@ fn command(work: &Path, ca_dir: &Path, secure_addr: &str) -> Command {
         .args(["--grpcAddr", "", "--httpAddr", "", "--monitoringAddr", ""])
         .args(["--secureGrpcAddr", secure_addr])
         .env("ROOT_CA_DIR", ca_dir)
+        .env(
+            "JWT_RULE",
+            serde_json::json!({"issuer": issuer().issuer, "jwks": issuer().jwks()}).to_string(),
+        )
         .current_dir(work)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -61,11 +71,14 @@ async fn wait_serving(child: &mut Child, addr: SocketAddr, ca_dir: &Path) -> Cha
     }
 }
 
-/// Cluster names of the first CDS response to a router, protocol-checked by the shared client.
+/// Cluster names of the first CDS response to a router authenticated as `istio-system/gw`,
+/// protocol-checked by the shared client.
 async fn cds(channel: Channel) -> Vec<String> {
-    let mut client = test_support::ads::AdsClient::on_channel(channel, NODE_ID, serde_json::json!({}))
-        .await
-        .unwrap();
+    let token = issuer().token("istio-system", "gw", &["istio-ca"], 600);
+    let mut client =
+        test_support::ads::AdsClient::on_channel_with_token(channel, Some(&token), NODE_ID, serde_json::json!({}))
+            .await
+            .unwrap();
     client.request(type_url::CLUSTER, &[]).unwrap();
     client.expect_type(type_url::CLUSTER).await.unwrap().names
 }

@@ -13,6 +13,7 @@ mod dependencies;
 mod destination_rules;
 mod gateways;
 mod instances;
+pub mod peer_authn;
 mod services;
 mod sidecar_scope;
 #[cfg(any(test, feature = "testing"))]
@@ -67,6 +68,7 @@ pub struct PushContext {
     destination_rules: Arc<DestinationRuleIndex>,
     virtual_services: Arc<VirtualServiceIndex>,
     gateways: Arc<GatewayIndex>,
+    peer_authn: Arc<peer_authn::PeerAuthnIndex>,
     /// Service instances by endpoint address, built on first use.
     instances: instances::InstancesByAddress,
     /// Configs by key and `proxy_sees` answers, for push filtering.
@@ -100,6 +102,10 @@ impl PushContext {
         let destination_rules = Arc::new(DestinationRuleIndex::new(&input.configs, &input.mesh, &input.domain));
         let virtual_services = Arc::new(VirtualServiceIndex::new(&input.configs, &input.mesh, &input.domain));
         let gateways = Arc::new(GatewayIndex::new(&input.configs));
+        let peer_authn = Arc::new(peer_authn::PeerAuthnIndex::new(
+            &input.configs,
+            &input.mesh.root_namespace,
+        ));
         PushContext {
             version: input.version,
             mesh: input.mesh,
@@ -111,6 +117,7 @@ impl PushContext {
             destination_rules,
             virtual_services,
             gateways,
+            peer_authn,
             instances: Default::default(),
             dependencies: Default::default(),
             sidecar_scopes: Mutex::default(),
@@ -145,6 +152,14 @@ impl PushContext {
         } else {
             self.gateways.clone()
         };
+        let peer_authn = if touched(ConfigKind::PeerAuthentication) {
+            Arc::new(peer_authn::PeerAuthnIndex::new(
+                &input.configs,
+                &input.mesh.root_namespace,
+            ))
+        } else {
+            self.peer_authn.clone()
+        };
         PushContext {
             version: input.version,
             mesh: input.mesh,
@@ -156,6 +171,7 @@ impl PushContext {
             destination_rules,
             virtual_services,
             gateways,
+            peer_authn,
             instances: Default::default(),
             dependencies: Default::default(),
             sidecar_scopes: Mutex::default(),
@@ -181,6 +197,27 @@ impl PushContext {
     /// Every config of this push, as given.
     pub fn configs(&self) -> &[Arc<Config>] {
         &self.configs
+    }
+
+    /// The PeerAuthentication in effect for a workload of `namespace` with `labels`.
+    pub fn peer_authentication(
+        &self,
+        namespace: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> peer_authn::MergedPeerAuthentication {
+        self.peer_authn.effective(namespace, labels)
+    }
+
+    /// Istio's `BestEffortInferServiceMTLSMode` without the DestinationRule: what mTLS the
+    /// workloads of `service` accept, as far as namespace- and mesh-wide policies tell (PERMISSIVE
+    /// when they do not; DISABLE for services outside the mesh).
+    pub fn service_mtls_mode(&self, service: &Service) -> model::security::MtlsMode {
+        if service.mesh_external {
+            return model::security::MtlsMode::Disable;
+        }
+        self.peer_authn
+            .namespace_mode(service.namespace())
+            .unwrap_or(model::security::MtlsMode::Permissive)
     }
 
     pub fn registry(&self) -> &registry::RegistrySnapshot {

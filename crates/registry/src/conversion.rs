@@ -141,6 +141,7 @@ pub(crate) fn convert_services(
                 export_to: export_to.clone(),
                 label_selectors: label_selectors.clone(),
                 cluster_id: String::new(),
+                service_accounts: se.subject_alt_names.clone(),
                 traffic_distribution: model::service::TrafficDistribution::of(
                     None,
                     meta.annotations
@@ -311,11 +312,14 @@ pub(crate) fn host_endpoint(service: &Service, port: &ServicePort, number: u16) 
     })
 }
 
-/// The mTLS mode of an endpoint, as Istio's `getTLSModeFromWorkloadEntry`: the
-/// `security.istio.io/tlsMode` label if set, else `istio` when it has a service account, else `disabled`.
+/// The mTLS mode of an endpoint: the `security.istio.io/tlsMode` label (set on Pods by sidecar
+/// injection) if any; else, for Kubernetes endpoints, `disabled` (Istio's `PodTLSMode`), and for
+/// WorkloadEntries and ServiceEntry endpoints `istio` when they have a service account
+/// (`getTLSModeFromWorkloadEntry`).
 pub fn tls_mode(endpoint: &Endpoint) -> &str {
     match endpoint.labels.get(TLS_MODE_LABEL) {
         Some(mode) => mode,
+        None if endpoint.origin.starts_with("EndpointSlice/") || endpoint.origin.starts_with("Pod/") => "disabled",
         None if !endpoint.service_account.is_empty() => "istio",
         None => "disabled",
     }

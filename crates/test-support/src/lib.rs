@@ -9,6 +9,7 @@ pub mod bootstrap;
 pub mod discovery;
 pub mod envoy;
 pub mod kube_api;
+pub mod mesh_ca;
 pub mod netns;
 pub mod ports;
 pub mod tls;

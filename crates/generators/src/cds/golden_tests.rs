@@ -93,6 +93,7 @@ fn render(clusters: &[Cluster]) -> String {
         let metadata = bare.metadata.take();
         let options = std::mem::take(&mut bare.typed_extension_protocol_options);
         let tls = bare.transport_socket.as_mut().and_then(|t| t.config_type.take());
+        let matches = std::mem::take(&mut bare.transport_socket_matches);
         let dns = bare
             .typed_dns_resolver_config
             .as_mut()
@@ -114,6 +115,19 @@ fn render(clusters: &[Cluster]) -> String {
                 "transport_socket: {:#?}\n",
                 UpstreamTlsContext::decode(any.value.as_slice()).unwrap()
             ));
+        }
+        for m in matches {
+            let socket = m
+                .transport_socket
+                .as_ref()
+                .map_or(serde_json::Value::Null, |t| match &t.config_type {
+                    Some(core::transport_socket::ConfigType::TypedConfig(any)) => {
+                        xds_api::json::any_to_json(any).unwrap()
+                    }
+                    None => serde_json::Value::Null,
+                });
+            let matched = m.r#match.as_ref().map(xds_api::struct_to_json).unwrap_or_default();
+            out.push_str(&format!("transport_socket_match {}: {matched} -> {socket:#}\n", m.name));
         }
         if let Some(any) = dns {
             out.push_str(&format!(

@@ -8,6 +8,7 @@ mod tls;
 mod traffic_policy;
 mod wrapper;
 
+pub(crate) use tls::TLS_MODE_KEY;
 pub(crate) use wrapper::ClusterWrapper;
 
 #[cfg(test)]

@@ -480,25 +480,118 @@ fn simple_tls_originates_with_sni_ca_and_sans() {
     assert!(upstream.auto_sni && !upstream.auto_san_validation);
 }
 
+/// Istio's upstream TLS for in-mesh destinations: ISTIO_MUTUAL explicit (SNI
+/// `outbound_.<port>_.<subset>_.<host>`, the endpoints' SPIFFE identities, Istio's ALPN), DISABLE
+/// plaintext, no `tls` at all: auto mTLS by the endpoints' `tlsMode` metadata, unless
+/// `enableAutoMtls` is off or the destination's PeerAuthentication disables mTLS.
 #[test]
-fn istio_mutual_and_disable_leave_the_cluster_plaintext() {
-    for mode in ["DISABLE", "ISTIO_MUTUAL"] {
-        let p = push(vec![
-            reviews(),
-            destination_rule(
-                "reviews",
-                "default",
-                json!({"host": "reviews", "trafficPolicy": {"tls": {"mode": mode}}}),
-            ),
-        ]);
-        let clusters = build_clusters(&sidecar("default"), &p);
-        assert!(
-            find(&clusters, &format!("outbound|9080||{REVIEWS}"))
-                .transport_socket
-                .is_none(),
-            "{mode}"
-        );
-    }
+fn istio_mutual_explicit_and_auto_as_istio() {
+    use cluster::TransportSocketMatch;
+    let reviews_with_identity = || {
+        service_entry(
+            "reviews",
+            "default",
+            json!({"hosts": [REVIEWS], "location": "MESH_INTERNAL", "resolution": "STATIC",
+                "ports": [{"number": 9080, "name": "http", "protocol": "HTTP"}],
+                "endpoints": [{"address": "10.0.0.7", "serviceAccount": "bookinfo-reviews"}]}),
+        )
+    };
+    let upstream = |ts: &core::TransportSocket| match &ts.config_type {
+        Some(core::transport_socket::ConfigType::TypedConfig(any)) => {
+            UpstreamTlsContext::decode(any.value.as_slice()).unwrap()
+        }
+        None => panic!("no config"),
+    };
+    let cluster_with = |docs: Vec<serde_json::Value>, mesh: serde_json::Value| {
+        let p = crate::testing::push_with_mesh(model::MeshConfig::from_value(mesh).unwrap(), docs);
+        find(
+            &build_clusters(&sidecar("default"), &p),
+            &format!("outbound|9080||{REVIEWS}"),
+        )
+        .clone()
+    };
+    let rule = |mode: &str| {
+        destination_rule(
+            "reviews",
+            "default",
+            json!({"host": "reviews", "trafficPolicy": {"tls": {"mode": mode}}}),
+        )
+    };
+
+    let explicit = cluster_with(vec![reviews_with_identity(), rule("ISTIO_MUTUAL")], json!({}));
+    let ctx = upstream(explicit.transport_socket.as_ref().expect("ISTIO_MUTUAL is TLS"));
+    assert_eq!(ctx.sni, format!("outbound_.9080_._.{REVIEWS}"));
+    let common = ctx.common_tls_context.unwrap();
+    assert_eq!(common.alpn_protocols, ["istio-peer-exchange", "istio"]);
+    assert_eq!(common.tls_certificate_sds_secret_configs[0].name, "default");
+    let Some(common_tls_context::ValidationContextType::CombinedValidationContext(v)) = common.validation_context_type
+    else {
+        panic!("combined validation context");
+    };
+    assert_eq!(v.validation_context_sds_secret_config.unwrap().name, "ROOTCA");
+    let sans = v.default_validation_context.unwrap().match_typed_subject_alt_names;
+    assert_eq!(sans.len(), 1);
+    assert!(format!("{:?}", sans[0]).contains("spiffe://cluster.local/ns/default/sa/bookinfo-reviews"));
+
+    // a ServiceEntry's subjectAltNames are identities of the destination too
+    let mut with_sans = reviews_with_identity();
+    with_sans["spec"]["subjectAltNames"] = json!(["spiffe://cluster.local/ns/legacy/sa/reviews"]);
+    let explicit = cluster_with(vec![with_sans, rule("ISTIO_MUTUAL")], json!({}));
+    let text = format!("{:?}", upstream(explicit.transport_socket.as_ref().unwrap()));
+    assert!(
+        text.contains("ns/legacy/sa/reviews") && text.contains("sa/bookinfo-reviews"),
+        "{text}"
+    );
+
+    let disabled = cluster_with(vec![reviews_with_identity(), rule("DISABLE")], json!({}));
+    assert!(disabled.transport_socket.is_none() && disabled.transport_socket_matches.is_empty());
+
+    let auto = cluster_with(vec![reviews_with_identity()], json!({}));
+    assert!(auto.transport_socket.is_none());
+    let names: Vec<&str> = auto
+        .transport_socket_matches
+        .iter()
+        .map(|m: &TransportSocketMatch| m.name.as_str())
+        .collect();
+    assert_eq!(names, ["tlsMode-istio", "tlsMode-disabled"]);
+    assert_eq!(
+        xds_api::struct_to_json(auto.transport_socket_matches[0].r#match.as_ref().unwrap()),
+        json!({"tlsMode": "istio"})
+    );
+
+    let off = cluster_with(vec![reviews_with_identity()], json!({"enableAutoMtls": false}));
+    assert!(off.transport_socket_matches.is_empty());
+    let pa = |ns: &str, mode: &str| {
+        crate::testing::config_in(
+            "security.istio.io/v1",
+            "PeerAuthentication",
+            "pa",
+            ns,
+            json!({"mtls": {"mode": mode}}),
+        )
+    };
+    let ns_disabled = cluster_with(vec![reviews_with_identity(), pa("default", "DISABLE")], json!({}));
+    assert!(
+        ns_disabled.transport_socket_matches.is_empty(),
+        "the namespace disables mTLS"
+    );
+    let strict = cluster_with(vec![reviews_with_identity(), pa("istio-system", "STRICT")], json!({}));
+    assert_eq!(strict.transport_socket_matches.len(), 2);
+
+    // an Envoy without an agent (no WORKLOAD_IDENTITY_SOCKET_FILE) has no certificate to present
+    let p = push(vec![reviews_with_identity()]);
+    let bare = crate::testing::node(
+        "sidecar",
+        "10.0.0.9",
+        "default",
+        "default",
+        json!({"WORKLOAD_IDENTITY_SOCKET_FILE": ""}),
+    );
+    assert!(
+        find(&build_clusters(&bare, &p), &format!("outbound|9080||{REVIEWS}"))
+            .transport_socket_matches
+            .is_empty()
+    );
 }
 
 #[test]

@@ -3,8 +3,12 @@
 //! verification and `insecureSkipVerify`. Envoy reads the files itself (Istio serves them over
 //! SDS through its agent; upstream Envoy does not need that).
 //!
-//! `ISTIO_MUTUAL` and auto-mTLS need the mesh CA and the agent's SDS workload certificates, which
-//! do not exist yet: such clusters get no transport socket (plaintext) for now.
+//! `ISTIO_MUTUAL` and auto mTLS (Istio's `buildUpstreamTLSSettings`, `applyUpstreamTLSSettings`):
+//! the workload certificate and mesh root from the agent's SDS, SNI
+//! `outbound_.<port>_.<subset>_.<host>`, the destination's SPIFFE identities; without a
+//! DestinationRule `tls`, `enableAutoMtls` sends mTLS to endpoints labelled
+//! `security.istio.io/tlsMode: istio` and plaintext to the others (`transport_socket_matches`),
+//! unless the destination's namespace- or mesh-wide PeerAuthentication disables mTLS.
 
 use model::networking::ClientTlsSettings;
 use xds_api::envoy::config::core::v3 as core;
@@ -22,11 +26,28 @@ const SDS_CLUSTER: &str = "sds-grpc";
 const SDS_CA_SUFFIX: &str = "-cacert";
 
 pub(super) fn apply(cw: &mut ClusterWrapper, b: &Builder<'_>, settings: Option<&ClientTlsSettings>) {
-    let Some(settings) = settings else { return };
+    let Some(settings) = settings else {
+        auto_mtls(cw, b);
+        return;
+    };
     let mutual = match settings.mode.as_deref() {
         Some("SIMPLE") => false,
         Some("MUTUAL") => true,
-        // DISABLE: plaintext. ISTIO_MUTUAL: not served yet (see the module docs).
+        Some("ISTIO_MUTUAL") => {
+            let sni = settings
+                .sni
+                .clone()
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| istio_sni(&cw.cluster.name));
+            let sans = if settings.subject_alt_names.is_empty() {
+                service_accounts(b)
+            } else {
+                settings.subject_alt_names.clone()
+            };
+            cw.cluster.transport_socket = Some(crate::mtls::upstream_istio_mutual(&sni, &sans, cw.is_http2()));
+            return;
+        }
+        // DISABLE (also a `tls` without mode): plaintext.
         _ => return,
     };
     let credential = settings.credential_name.as_deref().filter(|c| !c.is_empty());
@@ -48,6 +69,72 @@ pub(super) fn apply(cw: &mut ClusterWrapper, b: &Builder<'_>, settings: Option<&
         name: "envoy.transport_sockets.tls".into(),
         config_type: Some(core::transport_socket::ConfigType::TypedConfig(xds_api::pack(&context))),
     });
+}
+
+/// Istio's auto mTLS: mTLS to the endpoints with a sidecar (`tlsMode: istio` in their EDS
+/// metadata), plaintext to the others; only for proxies with a workload identity to present.
+fn auto_mtls(cw: &mut ClusterWrapper, b: &Builder<'_>) {
+    use model::security::MtlsMode;
+    if !b.push.mesh().enable_auto_mtls
+        || !b.proxy.has_workload_identity()
+        || b.service.mesh_external
+        || cw.cluster_type() == xds_api::envoy::config::cluster::v3::cluster::DiscoveryType::OriginalDst
+        || b.push.service_mtls_mode(b.service) == MtlsMode::Disable
+    {
+        return;
+    }
+    let istio = crate::mtls::upstream_istio_mutual(&istio_sni(&cw.cluster.name), &service_accounts(b), cw.is_http2());
+    let tls_mode = |mode: &str| xds_api::pbwkt::Struct {
+        fields: [(
+            TLS_MODE_KEY.to_owned(),
+            xds_api::pbwkt::Value {
+                kind: Some(xds_api::pbwkt::value::Kind::StringValue(mode.to_owned())),
+            },
+        )]
+        .into(),
+    };
+    use xds_api::envoy::config::cluster::v3::cluster::TransportSocketMatch;
+    cw.cluster.transport_socket_matches = vec![
+        TransportSocketMatch {
+            name: "tlsMode-istio".into(),
+            r#match: Some(tls_mode("istio")),
+            transport_socket: Some(istio),
+        },
+        TransportSocketMatch {
+            name: "tlsMode-disabled".into(),
+            r#match: Some(xds_api::pbwkt::Struct::default()),
+            transport_socket: Some(crate::mtls::raw_buffer()),
+        },
+    ];
+}
+
+/// The SNI of an ISTIO_MUTUAL cluster: `outbound_.<port>_.<subset>_.<host>`.
+fn istio_sni(cluster: &str) -> String {
+    match crate::names::parse_subset_key(cluster) {
+        Some((direction, subset, host, port)) => crate::names::dns_srv_subset_key(direction, subset, host, port),
+        None => cluster.to_owned(),
+    }
+}
+
+/// The key of endpoint metadata `envoy.transport_socket_match` (Istio's `TLSModeLabelShortname`).
+pub(crate) const TLS_MODE_KEY: &str = "tlsMode";
+
+/// The SPIFFE identities of the destination (Istio's `push.ServiceAccounts` plus a
+/// ServiceEntry's `subjectAltNames`): those of its endpoints, sorted.
+fn service_accounts(b: &Builder<'_>) -> Vec<String> {
+    let key = model::ServiceKey::new(b.service.hostname.clone(), b.service.namespace());
+    let mut out: Vec<String> = b
+        .push
+        .registry()
+        .endpoints_of(&key)
+        .iter()
+        .map(|e| e.service_account.clone())
+        .filter(|sa| !sa.is_empty())
+        .chain(b.service.attributes.service_accounts.iter().cloned())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 fn is_empty(s: &Option<String>) -> bool {

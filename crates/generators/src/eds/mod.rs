@@ -116,9 +116,18 @@ impl Target {
             return empty(&self.name);
         }
         let groups = group_by_locality(&selected);
+        // Istio's `mtlsChecker`: an endpoint whose own PeerAuthentication disables mTLS on its
+        // port is reached in plaintext even if it has a sidecar.
+        let mtls = |e: &Endpoint| {
+            registry::tls_mode(e) == "istio"
+                && push
+                    .peer_authentication(&e.namespace, &e.labels)
+                    .for_port(u32::from(e.endpoint_port))
+                    != model::security::MtlsMode::Disable
+        };
         let mut cla = ClusterLoadAssignment {
             cluster_name: self.name.clone(),
-            endpoints: groups.iter().map(|(l, eps)| locality_group(l, eps)).collect(),
+            endpoints: groups.iter().map(|(l, eps)| locality_group(l, eps, &mtls)).collect(),
             ..Default::default()
         };
         let policy = cluster_policy(
@@ -153,15 +162,20 @@ pub(crate) fn group_by_locality<'a>(endpoints: &[&'a Endpoint]) -> Vec<(&'a mode
 /// Locality groups for a cluster's `load_assignment` (DNS clusters: addresses may be hostnames).
 pub(crate) fn locality_lb_endpoints(endpoints: &[Endpoint]) -> Vec<LocalityLbEndpoints> {
     let refs: Vec<&Endpoint> = endpoints.iter().collect();
+    let mtls = |e: &Endpoint| registry::tls_mode(e) == "istio";
     group_by_locality(&refs)
         .iter()
-        .map(|(l, eps)| locality_group(l, eps))
+        .map(|(l, eps)| locality_group(l, eps, &mtls))
         .collect()
 }
 
 /// One `LocalityLbEndpoints`: its weight is the sum of its endpoints' weights.
-fn locality_group(locality: &model::Locality, endpoints: &[&Endpoint]) -> LocalityLbEndpoints {
-    let lb_endpoints: Vec<LbEndpoint> = endpoints.iter().map(|e| lb_endpoint(e)).collect();
+fn locality_group(
+    locality: &model::Locality,
+    endpoints: &[&Endpoint],
+    mtls: &dyn Fn(&Endpoint) -> bool,
+) -> LocalityLbEndpoints {
+    let lb_endpoints: Vec<LbEndpoint> = endpoints.iter().map(|e| lb_endpoint(e, mtls(e))).collect();
     let weight = lb_endpoints.iter().fold(0u32, |acc, e| {
         acc.saturating_add(e.load_balancing_weight.as_ref().map_or(0, |w| w.value))
     });
@@ -173,8 +187,10 @@ fn locality_group(locality: &model::Locality, endpoints: &[&Endpoint]) -> Locali
     }
 }
 
-/// An Envoy endpoint: `address:endpoint_port` (or a Unix socket), weight 1 when unset.
-fn lb_endpoint(e: &Endpoint) -> LbEndpoint {
+/// An Envoy endpoint: `address:endpoint_port` (or a Unix socket), weight 1 when unset; with
+/// `mtls`, the `envoy.transport_socket_match` metadata `tlsMode: istio` that auto mTLS clusters
+/// match (Istio's `AppendLbEndpointMetadata`).
+fn lb_endpoint(e: &Endpoint, mtls: bool) -> LbEndpoint {
     let address = match e.address.strip_prefix(UNIX_PREFIX) {
         Some(path) => core::address::Address::Pipe(core::Pipe {
             path: path.to_owned(),
@@ -197,6 +213,22 @@ fn lb_endpoint(e: &Endpoint) -> LbEndpoint {
         )),
         health_status: core::HealthStatus::Healthy as i32,
         load_balancing_weight: Some(pbwkt::UInt32Value { value: e.weight.max(1) }),
+        metadata: mtls.then(tls_mode_metadata),
+    }
+}
+
+fn tls_mode_metadata() -> core::Metadata {
+    let istio = pbwkt::Struct {
+        fields: [(
+            crate::cds::TLS_MODE_KEY.to_owned(),
+            pbwkt::Value {
+                kind: Some(pbwkt::value::Kind::StringValue("istio".into())),
+            },
+        )]
+        .into(),
+    };
+    core::Metadata {
+        filter_metadata: [("envoy.transport_socket_match".to_owned(), istio)].into(),
         ..Default::default()
     }
 }

@@ -15,9 +15,10 @@ use model::proxy_headers::ProxyHeaders;
 use model::{ConfigKey, ConfigSpec, NodeType, Protocol, Proxy};
 use push_index::PushContext;
 
-/// Node metadata (`metadata.raw`) keys that listeners read: `HTTP10` (HTTP/1.0 on HCMs) and
-/// `IDLE_TIMEOUT` (HCM and tcp_proxy idle timeouts).
-const LDS_METADATA_KEYS: &[&str] = &["HTTP10", "IDLE_TIMEOUT"];
+/// Node metadata (`metadata.raw`) keys that listeners read: `HTTP10` (HTTP/1.0 on HCMs),
+/// `IDLE_TIMEOUT` (HCM and tcp_proxy idle timeouts), `WORKLOAD_IDENTITY_SOCKET_FILE` (mTLS chains
+/// only with a workload identity).
+const LDS_METADATA_KEYS: &[&str] = &["HTTP10", "IDLE_TIMEOUT", "WORKLOAD_IDENTITY_SOCKET_FILE"];
 
 /// Label keys that the configs of one push can read from a proxy's labels, collected once per
 /// push (`PushCache`).
@@ -198,6 +199,8 @@ pub(super) struct CdsKey {
     inbound: Vec<crate::cds::inbound::InboundClusterSpec>,
     /// `proxyHeaders.preserveHttp1HeaderCase` (upstream HTTP/1 options).
     preserve_header_case: bool,
+    /// Auto mTLS needs a workload identity.
+    workload_identity: bool,
 }
 
 impl CdsKey {
@@ -207,6 +210,7 @@ impl CdsKey {
             ip_family: IpFamily::of(&proxy.ip_addresses),
             inbound: crate::cds::inbound::inbound_cluster_specs(proxy, push),
             preserve_header_case: crate::cds::preserve_header_case(proxy, push),
+            workload_identity: proxy.has_workload_identity(),
         }
     }
 }

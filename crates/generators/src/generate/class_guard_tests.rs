@@ -24,7 +24,16 @@ const COMMON: &[&str] = &[
 /// Source directories (or files) under `src/` of each type, and what else its key covers.
 const READS: &[(&str, &[&str])] = &[
     // `proxy_headers_config`: `preserveHttp1HeaderCase` (`preserve_header_case`)
-    ("cds", &["locality", "ip_addresses", "proxy_headers_config"]),
+    // `has_workload_identity`: auto mTLS (keyed as `workload_identity`)
+    (
+        "cds",
+        &[
+            "locality",
+            "ip_addresses",
+            "proxy_headers_config",
+            "has_workload_identity",
+        ],
+    ),
     ("traffic_policy.rs", &["locality", "ip_addresses"]),
     // `eds::locality` names the proxy's `Locality` `proxy` too
     ("eds", &["locality", "region"]),
@@ -32,7 +41,8 @@ const READS: &[(&str, &[&str])] = &[
     ("rds", &["dns_domain"]),
     ("route", &["dns_domain"]),
     // `ip_addresses`: the bind of Sidecar ingress listeners with capture mode NONE (`ingress_bind`)
-    ("lds", &["metadata", "ip_addresses"]),
+    // `has_workload_identity` reads `WORKLOAD_IDENTITY_SOCKET_FILE`, an LDS metadata key
+    ("lds", &["metadata", "ip_addresses", "has_workload_identity"]),
 ];
 
 fn sources(path: &Path, out: &mut Vec<PathBuf>) {

@@ -3,6 +3,7 @@
 
 pub(crate) mod gateway;
 pub(crate) mod hcm;
+mod inbound_mtls;
 mod inspectors;
 pub(crate) mod merged_gateway;
 pub(crate) mod sidecar;

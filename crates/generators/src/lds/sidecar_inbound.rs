@@ -10,6 +10,7 @@
 
 use std::net::IpAddr;
 
+use model::security::MtlsMode;
 use model::{MeshConfig, Protocol, Proxy};
 use push_index::{PushContext, ServiceInstance, SidecarScope};
 use xds_api::envoy::config::core::v3::TrafficDirection;
@@ -25,9 +26,8 @@ use xds_api::pbwkt::{BoolValue, Duration};
 
 use super::gateway::WILDCARD_ADDRESS;
 use super::sidecar::{
-    INBOUND_LISTEN_PORT, PLAINTEXT_HTTP_ALPNS, VIRTUAL_INBOUND_LISTENER, destination_port_match, hcm_filter,
-    original_dst, set_bind_to_port, set_protocol_detection_timeout, sidecar_outbound_hcm, socket_address,
-    tcp_proxy_filter,
+    INBOUND_LISTEN_PORT, VIRTUAL_INBOUND_LISTENER, destination_port_match, hcm_filter, original_dst, set_bind_to_port,
+    set_protocol_detection_timeout, sidecar_outbound_hcm, socket_address, tcp_proxy_filter,
 };
 use crate::cds::inbound::inbound_cluster_name;
 use crate::names;
@@ -44,15 +44,36 @@ pub(crate) struct InboundChain {
     /// The tracing decorator of its route, Istio's `TraceOperation(InstanceHostname, port)`:
     /// `<service host>:<service port>/*`, `<sidecar>.<namespace>:<port>/*` for Sidecar ingress.
     pub(crate) operation: String,
+    /// The PeerAuthentication mode of the port.
+    pub(crate) mtls: MtlsMode,
 }
 
 /// `virtualInbound` with the proxy's application chains, then a listener per bound ingress listener.
 pub(crate) fn inbound_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listener> {
     let (bound, redirected): (Vec<InboundChain>, Vec<InboundChain>) =
         inbound_chains(proxy, push).into_iter().partition(|c| c.bind.is_some());
-    let mut out = vec![virtual_inbound_listener_for(push.mesh(), proxy, &redirected)];
+    let passthrough = identity_mode(
+        proxy,
+        push.peer_authentication(&proxy.config_namespace, &proxy.labels).mode,
+    );
+    let mut out = vec![virtual_inbound_listener_for(
+        push.mesh(),
+        proxy,
+        &redirected,
+        passthrough,
+    )];
     out.extend(bound.iter().map(|c| bound_inbound_listener(push.mesh(), proxy, c)));
     out
+}
+
+/// A proxy without a workload identity cannot terminate mTLS: PERMISSIVE is plaintext there
+/// (STRICT stays STRICT, and refuses what it cannot check).
+fn identity_mode(proxy: &Proxy, mode: MtlsMode) -> MtlsMode {
+    if proxy.has_workload_identity() || mode == MtlsMode::Strict {
+        mode
+    } else {
+        MtlsMode::Disable
+    }
 }
 
 /// Istio's `buildInboundChainConfigs`: the Sidecar's ingress listeners if it has some, else the
@@ -60,10 +81,16 @@ pub(crate) fn inbound_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listen
 /// protocol); ports are unique and never 15006.
 pub(crate) fn inbound_chains(proxy: &Proxy, push: &PushContext) -> Vec<InboundChain> {
     let scope = push.sidecar_scope(proxy);
-    if scope.has_ingress_listener() {
-        return ingress_chains(&scope, ingress_default_bind(proxy, &scope));
+    let mut chains = if scope.has_ingress_listener() {
+        ingress_chains(&scope, ingress_default_bind(proxy, &scope))
+    } else {
+        instance_chains(&push.service_instances(proxy))
+    };
+    let peer_authn = push.peer_authentication(&proxy.config_namespace, &proxy.labels);
+    for c in &mut chains {
+        c.mtls = identity_mode(proxy, peer_authn.for_port(u32::from(c.port)));
     }
-    instance_chains(&push.service_instances(proxy))
+    chains
 }
 
 /// The chains of the proxy's service instances.
@@ -79,6 +106,7 @@ pub(crate) fn instance_chains(instances: &[ServiceInstance]) -> Vec<InboundChain
             protocol: instance.service_port.protocol,
             bind: None,
             operation: format!("{}:{}/*", instance.service.hostname, instance.service_port.port),
+            mtls: MtlsMode::Permissive,
         });
     }
     out
@@ -114,6 +142,7 @@ fn ingress_chains(scope: &SidecarScope, default_bind: Option<IpAddr>) -> Vec<Inb
             protocol,
             bind,
             operation: format!("{host}:{port}/*"),
+            mtls: MtlsMode::Permissive,
         });
     }
     out.sort_by_key(|c| c.port);
@@ -143,8 +172,14 @@ fn is_global_unicast(ip: &IpAddr) -> bool {
     !(ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() || link_local)
 }
 
-/// `virtualInbound` for the given application chains (those without a bind of their own).
-pub(crate) fn virtual_inbound_listener_for(mesh: &MeshConfig, proxy: &Proxy, app_chains: &[InboundChain]) -> Listener {
+/// `virtualInbound` for the given application chains (those without a bind of their own), with
+/// the passthrough chains for every other port under the workload's mTLS mode `passthrough`.
+pub(crate) fn virtual_inbound_listener_for(
+    mesh: &MeshConfig,
+    proxy: &Proxy,
+    app_chains: &[InboundChain],
+    passthrough: MtlsMode,
+) -> Listener {
     let mut chains = vec![FilterChain {
         name: "virtualInbound-blackhole".into(),
         filter_chain_match: Some(destination_port_match(INBOUND_LISTEN_PORT)),
@@ -156,32 +191,33 @@ pub(crate) fn virtual_inbound_listener_for(mesh: &MeshConfig, proxy: &Proxy, app
         ..Default::default()
     }];
     chains.extend(app_chains.iter().flat_map(|c| filter_chains(mesh, proxy, c)));
-    let passthrough = names::INBOUND_PASSTHROUGH_CLUSTER_IPV4;
-    chains.push(FilterChain {
-        name: "virtualInbound-catchall-http".into(),
-        filter_chain_match: Some(FilterChainMatch {
-            application_protocols: http_alpns(),
-            ..Default::default()
-        }),
-        // Istio's passthrough chains: port 0, hence the decorator `:0/*`.
-        filters: vec![hcm_filter(&inbound_hcm(
-            mesh,
-            proxy,
-            &InboundChain {
-                port: 0,
-                protocol: Protocol::Unsupported,
-                bind: None,
-                operation: ":0/*".into(),
+    // Istio's passthrough chains: port 0 (hence the decorator `:0/*`), protocol unknown.
+    let cluster = names::INBOUND_PASSTHROUGH_CLUSTER_IPV4;
+    let catchall = InboundChain {
+        port: 0,
+        protocol: Protocol::Unsupported,
+        bind: None,
+        operation: ":0/*".into(),
+        mtls: passthrough,
+    };
+    for option in super::inbound_mtls::match_options(Protocol::Unsupported, passthrough) {
+        let filters = if option.http {
+            vec![hcm_filter(&inbound_hcm(mesh, proxy, &catchall, cluster))]
+        } else {
+            vec![tcp_proxy_filter(mesh, cluster, cluster)]
+        };
+        chains.push(FilterChain {
+            name: if option.http {
+                "virtualInbound-catchall-http".into()
+            } else {
+                VIRTUAL_INBOUND_LISTENER.into()
             },
-            passthrough,
-        ))],
-        ..Default::default()
-    });
-    chains.push(FilterChain {
-        name: VIRTUAL_INBOUND_LISTENER.into(),
-        filters: vec![tcp_proxy_filter(mesh, passthrough, passthrough)],
-        ..Default::default()
-    });
+            filter_chain_match: Some(chain_match(None, &option)),
+            filters,
+            transport_socket: option.mtls.then(|| crate::mtls::downstream_istio_mutual(!option.http)),
+            ..Default::default()
+        });
+    }
     // Istio's `populateListenerFilters`: the inspectors only where a chain needs them, so that
     // ports declared TCP (server-first protocols, short messages) are never held for sniffing.
     let mut listener_filters = vec![original_dst()];
@@ -196,6 +232,16 @@ pub(crate) fn virtual_inbound_listener_for(mesh: &MeshConfig, proxy: &Proxy, app
     };
     set_protocol_detection_timeout(&mut l, mesh);
     l
+}
+
+/// The match of one chain option on `port` (`None`: every port).
+fn chain_match(port: Option<u16>, option: &super::inbound_mtls::ChainMatch) -> FilterChainMatch {
+    let base = port.map_or_else(FilterChainMatch::default, |p| destination_port_match(u32::from(p)));
+    FilterChainMatch {
+        transport_protocol: option.transport.to_owned(),
+        application_protocols: option.alpns.iter().map(|s| (*s).to_owned()).collect(),
+        ..base
+    }
 }
 
 /// Istio's `inboundCustomListener`: `<bind>_<port>` bound to that address, with the chain's filter
@@ -216,38 +262,24 @@ fn bound_inbound_listener(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain
     l
 }
 
-/// The filter chains of one application port: HTTP (HCM), TCP (tcp_proxy), or both when sniffed.
+/// The filter chains of one application port: HTTP (HCM), TCP (tcp_proxy), or both when sniffed,
+/// each as plaintext and/or mutual TLS as the port's PeerAuthentication mode says.
 fn filter_chains(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain) -> Vec<FilterChain> {
-    let InboundChain { port, protocol, .. } = *chain;
-    let cluster = inbound_cluster_name(port);
-    let http = || FilterChain {
-        name: cluster.clone(),
-        filter_chain_match: Some(FilterChainMatch {
-            application_protocols: if protocol == Protocol::Unsupported {
-                http_alpns()
+    let cluster = inbound_cluster_name(chain.port);
+    super::inbound_mtls::match_options(chain.protocol, chain.mtls)
+        .iter()
+        .map(|option| FilterChain {
+            name: cluster.clone(),
+            filter_chain_match: Some(chain_match(Some(chain.port), option)),
+            filters: if option.http {
+                vec![hcm_filter(&inbound_hcm(mesh, proxy, chain, &cluster))]
             } else {
-                Vec::new()
+                vec![tcp_proxy_filter(mesh, &cluster, &cluster)]
             },
-            ..destination_port_match(u32::from(port))
-        }),
-        filters: vec![hcm_filter(&inbound_hcm(mesh, proxy, chain, &cluster))],
-        ..Default::default()
-    };
-    let tcp = || FilterChain {
-        name: cluster.clone(),
-        filter_chain_match: Some(destination_port_match(u32::from(port))),
-        filters: vec![tcp_proxy_filter(mesh, &cluster, &cluster)],
-        ..Default::default()
-    };
-    match protocol {
-        p if p.is_http() => vec![http()],
-        Protocol::Unsupported => vec![http(), tcp()],
-        _ => vec![tcp()],
-    }
-}
-
-fn http_alpns() -> Vec<String> {
-    PLAINTEXT_HTTP_ALPNS.iter().map(|s| s.to_string()).collect()
+            transport_socket: option.mtls.then(|| crate::mtls::downstream_istio_mutual(!option.http)),
+            ..Default::default()
+        })
+        .collect()
 }
 
 /// Istio's inbound HCM: stat prefix `inbound_0.0.0.0_<port>;`, client certificate details

@@ -329,7 +329,10 @@ fn inbound_ports_are_the_ingress_listeners_going_to_their_default_endpoint() {
         .find(|l| l.name == "10.0.0.9_9100")
         .unwrap();
     assert_eq!(bound.bind_to_port, None, "binds its port");
-    assert!(bound.listener_filters.is_empty());
+    // PERMISSIVE (no PeerAuthentication): mTLS or plaintext, told apart by the TLS inspector; a TCP
+    // port needs no HTTP inspector
+    let filters: Vec<&str> = bound.listener_filters.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(filters, ["envoy.filters.listener.tls_inspector"]);
 }
 
 /// In `bound`: egress on 9080 with capture mode NONE (127.0.0.1) for reviews, on 3306 bound to

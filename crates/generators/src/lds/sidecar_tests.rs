@@ -225,6 +225,82 @@ fn virtual_inbound_sends_each_instance_port_to_its_inbound_cluster_and_others_th
     );
 }
 
+/// PeerAuthentication on the inbound chains (Istio's filter chain match options): the transport
+/// protocols `virtualInbound` accepts on the HTTP port 8080, TCP 9090 and for passthrough, and
+/// which of those chains terminate mTLS.
+#[test]
+fn peer_authentication_decides_the_inbound_chains() {
+    let chains = |extra: Vec<Value>, proxy: model::Proxy| {
+        let mut docs = mesh();
+        docs.extend(extra);
+        let ls = build_listeners(&proxy, &push(docs));
+        let vi = listener(&ls, "virtualInbound").clone();
+        let of = |port: Option<u32>| -> Vec<(String, bool)> {
+            vi.filter_chains
+                .iter()
+                .filter(|c| {
+                    c.filter_chain_match
+                        .as_ref()
+                        .and_then(|m| m.destination_port.as_ref())
+                        .map(|p| p.value)
+                        == port
+                })
+                .map(|c| {
+                    let m = c.filter_chain_match.clone().unwrap_or_default();
+                    (m.transport_protocol, c.transport_socket.is_some())
+                })
+                .collect()
+        };
+        (of(Some(8080)), of(Some(9090)), of(None))
+    };
+    let pa =
+        |ns: &str, spec: Value| crate::testing::config_in("security.istio.io/v1", "PeerAuthentication", "pa", ns, spec);
+    let tls = |mtls| ("tls".to_owned(), mtls);
+    let raw = || ("raw_buffer".to_owned(), false);
+
+    // PERMISSIVE by default: mTLS (terminated) and plaintext
+    let (http, tcp, _) = chains(vec![], sidecar("default"));
+    assert_eq!(http, [tls(true), raw()]);
+    assert_eq!(tcp, [tls(true), tls(false), raw()]);
+    // mesh-wide STRICT: mTLS only, on passthrough ports too
+    let (http, tcp, passthrough) = chains(
+        vec![pa("istio-system", json!({"mtls": {"mode": "STRICT"}}))],
+        sidecar("default"),
+    );
+    assert_eq!(http, [tls(true)]);
+    assert_eq!(tcp, [tls(true)]);
+    assert!(
+        passthrough.iter().all(|(t, mtls)| t == "tls" && *mtls),
+        "{passthrough:?}"
+    );
+    // namespace DISABLE, and a workload-level port exception to STRICT
+    let (http, tcp, _) = chains(
+        vec![
+            pa("default", json!({"mtls": {"mode": "DISABLE"}})),
+            crate::testing::config_in(
+                "security.istio.io/v1",
+                "PeerAuthentication",
+                "ratings",
+                "default",
+                json!({"selector": {"matchLabels": {"app": "ratings"}}, "portLevelMtls": {"9090": {"mode": "STRICT"}}}),
+            ),
+        ],
+        crate::testing::proxy("sidecar", "default", json!({"app": "ratings"})),
+    );
+    assert_eq!(http, [raw()]);
+    assert_eq!(tcp, [tls(true)]);
+    // an Envoy without a workload identity: plaintext where PERMISSIVE allows it
+    let bare = crate::testing::node(
+        "sidecar",
+        "10.0.0.9",
+        "default",
+        "default",
+        json!({"WORKLOAD_IDENTITY_SOCKET_FILE": ""}),
+    );
+    let (http, _, _) = chains(vec![], bare);
+    assert_eq!(http, [raw()]);
+}
+
 #[test]
 fn routers_keep_gateway_listeners_only() {
     let gateway = crate::testing::proxy("router", "istio-system", json!({"istio": "ingressgateway"}));

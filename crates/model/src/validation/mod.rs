@@ -9,8 +9,8 @@ mod hosts;
 mod http_policy;
 mod http_route;
 mod load_balancer;
-mod peer_authentication;
 mod mesh;
+mod peer_authentication;
 mod service_entry;
 mod sidecar;
 mod virtual_service;
@@ -100,7 +100,8 @@ pub(crate) fn errors_with_meta(kind: &str, metadata: serde_json::Value, spec: se
         "PeerAuthentication" | "AuthorizationPolicy" | "RequestAuthentication" => "security.istio.io",
         _ => "networking.istio.io",
     };
-    let doc = serde_json::json!({"apiVersion": format!("{group}/v1"), "kind": kind, "metadata": metadata, "spec": spec});
+    let doc =
+        serde_json::json!({"apiVersion": format!("{group}/v1"), "kind": kind, "metadata": metadata, "spec": spec});
     match crate::config::parse_config(doc, "default") {
         Ok(_) => Vec::new(),
         Err(crate::config::ConfigError::Invalid { errors, .. }) => errors,

@@ -7,7 +7,10 @@ pub(crate) fn check_peer_authentication(errs: &mut Errors, pa: &PeerAuthenticati
     let labels = pa.selector.as_ref().map(|s| &s.match_labels);
     if let Some(ports) = &pa.port_level_mtls {
         if ports.is_empty() {
-            errs.add("spec.portLevelMtls", "spec.portLevelMtls in body should have at least 1 properties");
+            errs.add(
+                "spec.portLevelMtls",
+                "spec.portLevelMtls in body should have at least 1 properties",
+            );
         }
         if labels.is_none_or(|l| l.is_empty()) {
             errs.add("spec.portLevelMtls", "portLevelMtls requires selector");
@@ -33,8 +36,11 @@ mod tests {
     fn peer_authentication_as_istio() {
         assert!(errors_of("PeerAuthentication", json!({"mtls": {"mode": "STRICT"}})).is_empty());
         assert!(
-            errors_of("PeerAuthentication", json!({"portLevelMtls": {"80": {"mode": "STRICT"}}}))[0]
-                .contains("portLevelMtls requires selector")
+            errors_of(
+                "PeerAuthentication",
+                json!({"portLevelMtls": {"80": {"mode": "STRICT"}}})
+            )[0]
+            .contains("portLevelMtls requires selector")
         );
         assert!(
             errors_of(

@@ -146,6 +146,17 @@ impl Drop for Network {
 }
 
 /// A network namespace with one interface (eth0) on a [`Network`], and the processes started in it.
+/// What a pod's agent needs to get a workload certificate from pilot-discovery's CA.
+#[derive(Debug, Clone)]
+pub struct WorkloadIdentity {
+    /// The CA (pilot-discovery's secure port).
+    pub ca: std::net::SocketAddr,
+    /// The mesh root (`$ROOT_CA_DIR/root-cert.pem`).
+    pub root_pem: String,
+    /// A service account token the CA accepts (`JWT_RULE`).
+    pub token: String,
+}
+
 pub struct Pod {
     pub name: String,
     pub ns: String,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use serde_json::json;
 
-use super::{ADMIN_PORT, PROXY_UID, Pod, STATUS_PORT};
+use super::{ADMIN_PORT, PROXY_UID, Pod, STATUS_PORT, WorkloadIdentity};
 use crate::bin::cargo_bin;
 use crate::envoy::envoy_bin;
 
@@ -151,8 +151,34 @@ socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
         namespace: &str,
         labels: &serde_json::Value,
     ) -> anyhow::Result<()> {
+        self.start_sidecar_with(discovery, namespace, labels, None)
+    }
+
+    /// [`start_sidecar`](Self::start_sidecar) with a workload identity: the agent asks the CA at
+    /// `identity.ca` for its certificate with `identity.token`, trusting `identity.root_pem`
+    /// (written where Istio mounts them: `var/run/secrets/tokens/istio-token` and
+    /// `var/run/secrets/istio/root-cert.pem`).
+    pub fn start_sidecar_with(
+        &mut self,
+        discovery: SocketAddr,
+        namespace: &str,
+        labels: &serde_json::Value,
+        identity: Option<&WorkloadIdentity>,
+    ) -> anyhow::Result<()> {
         let bin = cargo_bin("agent", "pilot-agent")?;
         let dir = self.dir.path().to_path_buf();
+        if let Some(id) = identity {
+            for (rel, contents) in [
+                ("var/run/secrets/tokens/istio-token", &id.token),
+                ("var/run/secrets/istio/root-cert.pem", &id.root_pem),
+            ] {
+                let path = dir.join(rel);
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                std::fs::write(&path, contents)?;
+            }
+        }
         let proxy_config = json!({
             "discoveryAddress": discovery.to_string(),
             "proxyAdminPort": ADMIN_PORT,
@@ -185,6 +211,7 @@ socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
+        .chain(identity.map(|id| ("CA_ADDR".to_owned(), id.ca.to_string())))
         .collect();
         // As in an injected pod, pilot-agent and Envoy run as istio-proxy (1337), which the
         // capture excludes; they own their working directory.
