@@ -14,6 +14,7 @@ mod request;
 mod secure;
 mod server;
 mod settings;
+mod token_review;
 mod validate;
 mod version;
 

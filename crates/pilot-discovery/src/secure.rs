@@ -179,6 +179,7 @@ impl SecureGrpc {
         namespace: &str,
         get: impl Fn(&str) -> Option<String>,
         registry: &mut prometheus_client::registry::Registry,
+        kube: Option<kube::Client>,
     ) -> anyhow::Result<SecureGrpc> {
         let settings = CaSettings::from_env(get)?;
         let dir = &settings.root_ca_dir;
@@ -203,6 +204,14 @@ impl SecureGrpc {
         );
         let ca = Arc::new(ca);
         let mut authenticators: Vec<Arc<dyn Authenticator>> = vec![Arc::new(ClientCertAuthenticator)];
+        if let Some(client) = kube {
+            tracing::info!(audiences = ?settings.token_audiences, "bearer tokens are checked by Kubernetes TokenReviews");
+            authenticators.push(Arc::new(crate::token_review::TokenReviewAuthenticator::new(
+                client,
+                settings.token_audiences.clone(),
+                &mesh.trust_domain,
+            )));
+        }
         match &settings.jwt_rule {
             Some(rule) => {
                 tracing::info!(issuer = %rule.issuer, "JWT_RULE: bearer tokens of this issuer authenticate callers");
@@ -212,9 +221,10 @@ impl SecureGrpc {
                     &mesh.trust_domain,
                 )));
             }
-            None => tracing::warn!(
-                "no JWT_RULE: callers of --secureGrpcAddr can authenticate only with a workload certificate of the mesh CA"
+            None if authenticators.len() == 1 => tracing::warn!(
+                "no cluster and no JWT_RULE: callers of --secureGrpcAddr can authenticate only with a workload certificate of the mesh CA"
             ),
+            None => {}
         }
         let ca_service = CaService::new(
             ca.clone(),

@@ -113,7 +113,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         );
     };
 
-    let mut kubernetes = match (client, kube_is_registry) {
+    let mut kubernetes = match (client.clone(), kube_is_registry) {
         (Some(c), true) => Some(crate::kubernetes::start(c, &args, &mesh, watch_metrics).await?),
         _ => None,
     };
@@ -165,6 +165,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
             &settings.pod_namespace,
             |k| std::env::var(k).ok(),
             &mut registry,
+            client.clone(),
         )?),
         None => None,
     };

@@ -13,7 +13,7 @@ pub mod spiffe;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-pub use authn::{AuthContext, AuthError, AuthSource, Authenticator, Caller, authenticate};
+pub use authn::{AuthContext, AuthError, AuthFuture, AuthSource, Authenticator, Caller, authenticate};
 pub use ca_service::{CaMetrics, CaService};
 pub use client_cert::{ClientCertAuthenticator, uri_sans as spiffe_uri_sans};
 pub use jwt::{JwtAuthenticator, JwtRule};

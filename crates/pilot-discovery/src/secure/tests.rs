@@ -127,6 +127,7 @@ async fn start(ca_dir: &std::path::Path, issuer: &security::testing::TestIssuer)
             ("MAX_WORKLOAD_CERT_TTL", "48h"),
         ]),
         &mut registry,
+        None,
     )
     .unwrap();
     // Clients trust what the CA directory distributes.
@@ -331,6 +332,7 @@ fn unusable_ca_dir_names_the_flag_and_the_file() {
         "istio-system",
         env(&[("ROOT_CA_DIR", &dir)]),
         &mut Registry::default(),
+        None,
     )
     .err()
     .expect("an incomplete CA bundle is an error");

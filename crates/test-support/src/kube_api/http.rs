@@ -301,6 +301,13 @@ pub(crate) async fn handle(
                 list(&s, &filter, &q)
             }
         }
+        (Target::Collection { rt, .. }, Method::POST) if rt.plural == "tokenreviews" => {
+            let review = match body_json(&headers, &body) {
+                Ok(v) => v,
+                Err(e) => return error(&e),
+            };
+            json_response(StatusCode::CREATED, &token_review(&s, review))
+        }
         (Target::Collection { rt, version, ns }, Method::POST) => {
             let obj = match body_json(&headers, &body) {
                 Ok(v) => v,
@@ -363,6 +370,37 @@ pub(crate) async fn handle(
             format!("{m} is not supported here"),
         )),
     }
+}
+
+/// The API server's answer to a TokenReview: authenticated with the user and the audiences the
+/// token and the review share, or not, saying why.
+fn token_review(s: &Shared, mut review: Value) -> Value {
+    let token = review
+        .pointer("/spec/token")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let wanted: Vec<String> = review
+        .pointer("/spec/audiences")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+        .unwrap_or_default();
+    let status = match lock(&s.tokens).get(&token) {
+        None => json!({"authenticated": false, "error": "[invalid bearer token, token lookup failed]"}),
+        Some((user, audiences)) => {
+            let shared: Vec<&String> = audiences
+                .iter()
+                .filter(|a| wanted.is_empty() || wanted.contains(a))
+                .collect();
+            if shared.is_empty() {
+                json!({"authenticated": false, "error": "[invalid bearer token, token audiences is invalid]"})
+            } else {
+                json!({"authenticated": true, "user": {"username": user}, "audiences": shared})
+            }
+        }
+    };
+    review["status"] = status;
+    review
 }
 
 fn body_json(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {

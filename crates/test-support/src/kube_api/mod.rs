@@ -40,6 +40,8 @@ pub(crate) struct Shared {
     requests: Mutex<Vec<String>>,
     addr: SocketAddr,
     bookmark_interval: Duration,
+    /// TokenReview answers: token → (username, audiences).
+    tokens: Mutex<std::collections::BTreeMap<String, (String, Vec<String>)>>,
 }
 
 impl Shared {
@@ -113,12 +115,22 @@ impl FakeApiServer {
             requests: Mutex::default(),
             addr,
             bookmark_interval: opts.bookmark_interval,
+            tokens: Mutex::default(),
         });
         let app = axum::Router::new().fallback(http::handle).with_state(shared.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
         Ok(FakeApiServer { shared, task })
+    }
+
+    /// Makes TokenReviews of `token` authenticate `username` (`system:serviceaccount:<ns>:<sa>`)
+    /// for `audiences`, as the API server does for a projected service account token.
+    pub fn add_token(&self, token: &str, username: &str, audiences: &[&str]) {
+        lock(&self.shared.tokens).insert(
+            token.to_owned(),
+            (username.to_owned(), audiences.iter().map(|a| (*a).to_owned()).collect()),
+        );
     }
 
     pub fn addr(&self) -> SocketAddr {

@@ -77,6 +77,16 @@ pub const RESOURCES: &[ResourceType] = &[
     core("endpoints", "endpoints", "Endpoints", true, &["ep"]),
     core("configmaps", "configmap", "ConfigMap", true, &["cm"]),
     core("serviceaccounts", "serviceaccount", "ServiceAccount", true, &["sa"]),
+    // create-only: answered from the server's known tokens (`FakeApiServer::add_token`)
+    ResourceType {
+        group: "authentication.k8s.io",
+        versions: &["v1"],
+        plural: "tokenreviews",
+        singular: "tokenreview",
+        kind: "TokenReview",
+        namespaced: false,
+        short_names: &[],
+    },
     ResourceType {
         group: "discovery.k8s.io",
         versions: &["v1"],

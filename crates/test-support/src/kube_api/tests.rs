@@ -307,3 +307,41 @@ async fn kubectl_creates_gets_watches_patches_and_deletes_through_the_fake() {
     all.args(["get", "svc", "-o", "name"]);
     assert_eq!(run(all).await.trim(), "service/ratings");
 }
+
+/// kubectl's TokenReview (`kubectl create -f review.yaml -o json`), answered as the API server
+/// answers: authenticated with the user for a known token and a shared audience, not otherwise.
+#[tokio::test]
+async fn kubectl_token_reviews_are_answered_as_the_api_server_does() {
+    let api = FakeApiServer::start().await.unwrap();
+    api.add_token("good", "system:serviceaccount:default:reviews", &["istio-ca"]);
+    let dir = tempfile::tempdir().unwrap();
+    api.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
+    let review = |token: &str, audience: &str| {
+        format!(
+            "apiVersion: authentication.k8s.io/v1\nkind: TokenReview\nspec: {{token: {token}, audiences: [{audience}]}}\n"
+        )
+    };
+    let create = |file: &str| {
+        let mut c = kubectl(dir.path());
+        c.args(["create", "-o", "json", "-f"]).arg(dir.path().join(file));
+        c
+    };
+    std::fs::write(dir.path().join("good.yaml"), review("good", "istio-ca")).unwrap();
+    let answer: Value = serde_json::from_str(&run(create("good.yaml")).await).unwrap();
+    assert_eq!(answer["status"]["authenticated"], true, "{answer}");
+    assert_eq!(
+        answer["status"]["user"]["username"],
+        "system:serviceaccount:default:reviews"
+    );
+    std::fs::write(dir.path().join("aud.yaml"), review("good", "vault")).unwrap();
+    let answer: Value = serde_json::from_str(&run(create("aud.yaml")).await).unwrap();
+    assert_eq!(answer["status"]["authenticated"], false, "{answer}");
+    std::fs::write(dir.path().join("bad.yaml"), review("bad", "istio-ca")).unwrap();
+    let answer: Value = serde_json::from_str(&run(create("bad.yaml")).await).unwrap();
+    assert!(
+        answer["status"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("token lookup failed")),
+        "{answer}"
+    );
+}
