@@ -11,6 +11,7 @@ mod metrics;
 mod nacks;
 mod registryz;
 mod request;
+mod root_cert;
 mod secure;
 mod server;
 mod settings;

@@ -241,6 +241,11 @@ impl SecureGrpc {
         })
     }
 
+    /// The mesh root, PEM.
+    pub fn root_pem(&self) -> String {
+        self.ca.root_cert_pem().to_owned()
+    }
+
     /// Serves the CA and `ads` over TLS on `listener` until the server fails.
     pub async fn serve(
         self,

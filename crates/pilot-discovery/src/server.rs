@@ -169,6 +169,14 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         )?),
         None => None,
     };
+    // With a cluster, every namespace gets the mesh root (Istio's `istio-ca-root-cert`).
+    if let (Some(secure), Some(client)) = (&secure, &client) {
+        tokio::spawn(crate::root_cert::publish(
+            client.clone(),
+            secure.root_pem(),
+            mesh.clone(),
+        ));
+    }
     let state = AppState {
         server: server.clone(),
         environment: environment.clone(),
