@@ -44,6 +44,7 @@ pub(crate) async fn discovery_server() -> Arc<DiscoveryServer<Environment>> {
         max_recv_msg_size: 4 << 20,
         max_resource_names: xds_server::DEFAULT_MAX_RESOURCE_NAMES,
         debug_endpoint_auth: true,
+        ..Default::default()
     };
     let server = DiscoveryServer::new(Arc::new(env), opts, &mut Registry::default());
     server.start();

@@ -150,6 +150,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         max_recv_msg_size: settings.max_recv_msg_size,
         max_resource_names: settings.max_resource_names,
         debug_endpoint_auth: settings.enable_debug_endpoint_auth,
+        system_namespace: settings.pod_namespace.clone(),
     };
     let server = DiscoveryServer::new(environment.clone(), opts, &mut registry);
     server.start();

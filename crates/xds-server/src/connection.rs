@@ -32,6 +32,9 @@ pub(crate) struct Connection<S> {
     /// locality of its workload), replaced when they change (`DiscoveryServer::proxy_update`).
     proxy: Mutex<Arc<Proxy>>,
     pub peer: String,
+    /// The SPIFFE identity the caller proved that the proxy belongs to (secure port only; Istio's
+    /// `VerifiedIdentity`).
+    pub verified_identity: Option<String>,
     pub connected_at: SystemTime,
     pub delta: bool,
     pub watched: Mutex<HashMap<String, Watch>>,
@@ -50,6 +53,7 @@ impl<S> Connection<S> {
             node,
             proxy: Mutex::new(Arc::new(proxy)),
             peer,
+            verified_identity: None,
             connected_at: SystemTime::now(),
             delta,
             watched: Mutex::default(),
@@ -172,11 +176,11 @@ pub(crate) async fn accept<B: SnapshotBuilder, Req: prost::Message + Default, Re
         None => return None,
     };
     let authorized = parse_node(node(&first)).and_then(|proxy| match &identities {
-        Some(ids) => crate::auth::authorize(&proxy, ids).map(|_| proxy),
-        None => Ok(proxy),
+        Some(ids) => crate::auth::authorize(&proxy, ids).map(|id| (proxy, Some(id))),
+        None => Ok((proxy, None)),
     });
     match authorized {
-        Ok(node) => Some((first, server.register(node, peer, delta))),
+        Ok((node, identity)) => Some((first, server.register(node, peer, identity, delta))),
         Err(status) if status.code() == tonic::Code::PermissionDenied => {
             if let Some(suppressed) = monitoring::throttle::allow("ads_unauthorized") {
                 tracing::warn!(suppressed, "ADS: {peer} unauthorized XDS: {}", status.message());

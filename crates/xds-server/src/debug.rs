@@ -47,11 +47,12 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
         type_url: &str,
         names: &[String],
     ) -> Result<Vec<Resource>, tonic::Status> {
-        if self.debug_requires_loopback() && !is_loopback(&requester.peer) {
+        if self.debug_requires_loopback() && !is_loopback(&requester.peer) && !self.is_system_identity(requester) {
             tracing::warn!(
-                "ADS: {} is not authorized to receive debug info: only loopback callers are, while \
-                 ENABLE_DEBUG_ENDPOINT_AUTH is on",
-                requester.id
+                "ADS: {} is not authorized to receive debug info: only callers proven to be of {} (or on \
+                 loopback) are, while ENABLE_DEBUG_ENDPOINT_AUTH is on",
+                requester.id,
+                self.system_namespace()
             );
             return Err(tonic::Status::unauthenticated("authentication required"));
         }
@@ -225,6 +226,27 @@ impl HasName for xds_api::envoy::config::listener::v3::Listener {
     }
 }
 
+impl<B: SnapshotBuilder> DiscoveryServer<B> {
+    /// Istio's debug authorization: a caller proven (secure port) to be of the system namespace.
+    fn is_system_identity(&self, requester: &Connection<B::Snapshot>) -> bool {
+        requester
+            .verified_identity
+            .as_deref()
+            .and_then(identity_namespace)
+            .is_some_and(|ns| ns == self.system_namespace())
+    }
+}
+
+/// The namespace of `spiffe://<td>/ns/<ns>/sa/<sa>`.
+fn identity_namespace(id: &str) -> Option<&str> {
+    let rest = id.strip_prefix("spiffe://")?;
+    let mut p = rest.split('/');
+    match (p.next(), p.next(), p.next(), p.next()) {
+        (Some(_), Some("ns"), Some(ns), Some("sa")) if !ns.is_empty() => Some(ns),
+        _ => None,
+    }
+}
+
 fn is_loopback(peer: &str) -> bool {
     peer.parse::<SocketAddr>().is_ok_and(|a| a.ip().is_loopback())
 }
@@ -241,5 +263,11 @@ mod tests {
         assert_eq!(sync_status("bad cluster", "4", "3"), ConfigStatus::Error);
         assert!(is_loopback("127.0.0.1:5000") && is_loopback("[::1]:5000"));
         assert!(!is_loopback("10.0.0.1:5000") && !is_loopback("unix:/x"));
+        assert_eq!(
+            identity_namespace("spiffe://cluster.local/ns/istio-system/sa/istioctl"),
+            Some("istio-system")
+        );
+        assert_eq!(identity_namespace("spiffe://cluster.local/ns//sa/x"), None);
+        assert_eq!(identity_namespace("https://cluster.local/ns/istio-system/sa/x"), None);
     }
 }

@@ -40,6 +40,9 @@ pub struct ServerOptions {
     /// ENABLE_DEBUG_ENDPOINT_AUTH: the xDS debug types (`istio.io/debug/...`) are answered to
     /// authenticated callers only; without caller identities yet, to callers on loopback.
     pub debug_endpoint_auth: bool,
+    /// pilot-discovery's own namespace (`POD_NAMESPACE`): callers proven to be of it may ask for
+    /// the debug types (Istio's `SystemNamespace`).
+    pub system_namespace: String,
 }
 
 /// Default of `PILOT_XDS_MAX_RESOURCE_NAMES`: above the EDS clusters of the largest meshes, far
@@ -56,6 +59,7 @@ impl Default for ServerOptions {
             max_recv_msg_size: 4 * 1024 * 1024,
             max_resource_names: DEFAULT_MAX_RESOURCE_NAMES,
             debug_endpoint_auth: true,
+            system_namespace: "istio-system".into(),
         }
     }
 }
@@ -230,12 +234,20 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
     }
 
     /// Registers a connection for the proxy its node describes, completed by the registries.
-    pub(crate) fn register(self: &Arc<Self>, node: Proxy, peer: String, delta: bool) -> Registration<B> {
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        node: Proxy,
+        peer: String,
+        verified_identity: Option<String>,
+        delta: bool,
+    ) -> Registration<B> {
         let n = self.counter.fetch_add(1, Ordering::Relaxed) + 1;
         let id = format!("{}-{n}", node.id);
         let mut proxy = node.clone();
         self.builder.init_proxy(&mut proxy);
-        let conn = Arc::new(Connection::new(id.clone(), node, proxy, peer, delta));
+        let mut conn = Connection::new(id.clone(), node, proxy, peer, delta);
+        conn.verified_identity = verified_identity;
+        let conn = Arc::new(conn);
         lock(&self.connections).insert(id, conn.clone());
         self.metrics.xds_clients.get_or_create(&version_label(&conn.node)).inc();
         tracing::info!(
@@ -274,6 +286,10 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
 
     pub(crate) fn debug_requires_loopback(&self) -> bool {
         self.opts.debug_endpoint_auth
+    }
+
+    pub(crate) fn system_namespace(&self) -> &str {
+        &self.opts.system_namespace
     }
 
     /// Every connection, sorted by connection ID.
