@@ -31,6 +31,7 @@ pub fn generate(
         type_url::ENDPOINT => Ok(load_assignments(push, cache, proxy, names)),
         type_url::LISTENER => Ok(listeners(push, cache, proxy).as_ref().clone()),
         type_url::ROUTE => Ok(route_configs(push, cache, proxy, names)),
+        type_url::SECRET => Ok(crate::sds::secrets(push, proxy, names)),
         other => Err(GenerateError::UnsupportedType(other.to_owned())),
     }
 }

@@ -15,6 +15,7 @@ mod names;
 mod proxy_headers;
 mod rds;
 mod route;
+mod sds;
 #[cfg(test)]
 mod testing;
 mod traffic_policy;

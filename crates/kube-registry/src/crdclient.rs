@@ -23,18 +23,48 @@ use tokio::sync::{mpsc, watch};
 use crate::Change;
 use crate::watch::{WatchMetrics, changes};
 
-/// The Istio kinds read from the API server: `(kind, plural)`.
-pub const ISTIO_KINDS: &[(ConfigKind, &str)] = &[
-    (ConfigKind::VirtualService, "virtualservices"),
-    (ConfigKind::DestinationRule, "destinationrules"),
-    (ConfigKind::Gateway, "gateways"),
-    (ConfigKind::ServiceEntry, "serviceentries"),
-    (ConfigKind::WorkloadEntry, "workloadentries"),
-    (ConfigKind::Sidecar, "sidecars"),
+/// The kinds read from the API server as config: `(kind, group, versions in preference order,
+/// plural)`: Istio's networking and security kinds, and Secrets (gateway credentials).
+pub const ISTIO_KINDS: &[(ConfigKind, &str, &[&str], &str)] = &[
+    (
+        ConfigKind::VirtualService,
+        NETWORKING,
+        NETWORKING_VERSIONS,
+        "virtualservices",
+    ),
+    (
+        ConfigKind::DestinationRule,
+        NETWORKING,
+        NETWORKING_VERSIONS,
+        "destinationrules",
+    ),
+    (ConfigKind::Gateway, NETWORKING, NETWORKING_VERSIONS, "gateways"),
+    (
+        ConfigKind::ServiceEntry,
+        NETWORKING,
+        NETWORKING_VERSIONS,
+        "serviceentries",
+    ),
+    (
+        ConfigKind::WorkloadEntry,
+        NETWORKING,
+        NETWORKING_VERSIONS,
+        "workloadentries",
+    ),
+    (ConfigKind::Sidecar, NETWORKING, NETWORKING_VERSIONS, "sidecars"),
+    (
+        ConfigKind::PeerAuthentication,
+        SECURITY,
+        SECURITY_VERSIONS,
+        "peerauthentications",
+    ),
+    (ConfigKind::Secret, "", &["v1"], "secrets"),
 ];
 
-const GROUP: &str = "networking.istio.io";
-const VERSIONS: &[&str] = &["v1", "v1beta1", "v1alpha3"];
+const NETWORKING: &str = "networking.istio.io";
+const NETWORKING_VERSIONS: &[&str] = &["v1", "v1beta1", "v1alpha3"];
+const SECURITY: &str = "security.istio.io";
+const SECURITY_VERSIONS: &[&str] = &["v1", "v1beta1"];
 
 /// The config source: as `config_sources::ConfigDirWatch`.
 pub struct KubeConfigSource {
@@ -142,11 +172,11 @@ pub async fn start(
         ));
         let _ = first_rx.await;
     }
-    for &(kind, plural) in ISTIO_KINDS {
-        let Some(api) = served(&client, kind, plural).await else {
+    for &(kind, group, versions, plural) in ISTIO_KINDS {
+        let Some(api) = served(&client, kind, group, versions, plural).await else {
             tracing::warn!(
                 kind = kind.as_str(),
-                group = GROUP,
+                group,
                 "CRD not installed: {kind} is not read from the API server"
             );
             continue;
@@ -175,9 +205,15 @@ pub async fn start(
 }
 
 /// The API of `kind` at the first version the server serves; `None` when no version is.
-async fn served(client: &Client, kind: ConfigKind, plural: &str) -> Option<Api<DynamicObject>> {
-    for v in VERSIONS {
-        let gvk = GroupVersionKind::gvk(GROUP, v, kind.as_str());
+async fn served(
+    client: &Client,
+    kind: ConfigKind,
+    group: &str,
+    versions: &[&str],
+    plural: &str,
+) -> Option<Api<DynamicObject>> {
+    for v in versions {
+        let gvk = GroupVersionKind::gvk(group, v, kind.as_str());
         let ar = ApiResource::from_gvk_with_plural(&gvk, plural);
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
         match api.list(&ListParams::default().limit(1)).await {
@@ -244,6 +280,15 @@ fn name_of(kind: ConfigKind, o: &DynamicObject) -> String {
     )
 }
 
+/// `<group>/<first version>` of a kind read from the API server (`v1` for core kinds).
+fn default_api_version(kind: ConfigKind) -> String {
+    match ISTIO_KINDS.iter().find(|(k, ..)| *k == kind) {
+        Some((_, "", versions, _)) => versions.first().copied().unwrap_or("v1").to_owned(),
+        Some((_, group, versions, _)) => format!("{group}/{}", versions.first().copied().unwrap_or("v1")),
+        None => format!("{NETWORKING}/v1"),
+    }
+}
+
 /// The object as a config, or the reason it is not one (recorded).
 fn parse(st: &mut State, kind: ConfigKind, o: &DynamicObject) -> Option<Config> {
     let mut v = match serde_json::to_value(o) {
@@ -255,7 +300,8 @@ fn parse(st: &mut State, kind: ConfigKind, o: &DynamicObject) -> Option<Config> 
     };
     if let Some(m) = v.as_object_mut() {
         m.entry("kind").or_insert_with(|| kind.as_str().into());
-        m.entry("apiVersion").or_insert_with(|| format!("{GROUP}/v1").into());
+        m.entry("apiVersion")
+            .or_insert_with(|| default_api_version(kind).into());
     }
     match model::config::parse_config(v, "default") {
         Ok(c) => {

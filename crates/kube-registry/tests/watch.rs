@@ -176,10 +176,31 @@ async fn istio_config_is_read_per_served_version_and_missing_crds_are_skipped() 
         "spec": {"hosts": ["r"], "http": [{"route": [{"destination": {"host": "r"}}]}]}}),
     )
     .unwrap();
+    // security.istio.io kinds and gateway credentials (Secrets) are config too
+    api.apply(
+        json!({"apiVersion": "security.istio.io/v1", "kind": "PeerAuthentication",
+        "metadata": {"name": "default", "namespace": "istio-system"}, "spec": {"mtls": {"mode": "STRICT"}}}),
+    )
+    .unwrap();
+    api.apply(
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "gw-cert", "namespace": "istio-system"},
+        "type": "kubernetes.io/tls", "data": {"tls.crt": "Q0VSVA==", "tls.key": "S0VZ"}}),
+    )
+    .unwrap();
     let (_dir, client) = client_for(&api).await;
     let source = kube_registry::crdclient::start(client.clone(), WatchMetrics::default(), Vec::new(), None).await;
-    assert_eq!(source.initial.events.len(), 1);
-    assert_eq!(source.state.borrow().configs.len(), 1);
+    assert_eq!(source.initial.events.len(), 3);
+    let kinds: Vec<String> = source
+        .state
+        .borrow()
+        .configs
+        .keys()
+        .map(|k| k.kind.as_str().to_owned())
+        .collect();
+    assert_eq!(kinds.len(), 3, "{kinds:?}");
+    for kind in ["VirtualService", "PeerAuthentication", "Secret"] {
+        assert!(kinds.iter().any(|k| k == kind), "{kind} in {kinds:?}");
+    }
 
     drop(client);
 

@@ -32,10 +32,12 @@ pub enum ConfigKind {
     Pod,
     Node,
     Namespace,
+    /// A Kubernetes Secret: gateway credentials (`credentialName`), served over SDS.
+    Secret,
 }
 
 impl ConfigKind {
-    pub const SUPPORTED: [ConfigKind; 7] = [
+    pub const SUPPORTED: [ConfigKind; 8] = [
         ConfigKind::VirtualService,
         ConfigKind::DestinationRule,
         ConfigKind::Gateway,
@@ -43,6 +45,7 @@ impl ConfigKind {
         ConfigKind::WorkloadEntry,
         ConfigKind::Sidecar,
         ConfigKind::PeerAuthentication,
+        ConfigKind::Secret,
     ];
 
     /// Looks a kind up by its API group, version and kind, as Istio's schema collections.
@@ -53,6 +56,7 @@ impl ConfigKind {
             ("", "v1", "Pod") => return Some(ConfigKind::Pod),
             ("", "v1", "Node") => return Some(ConfigKind::Node),
             ("", "v1", "Namespace") => return Some(ConfigKind::Namespace),
+            ("", "v1", "Secret") => return Some(ConfigKind::Secret),
             ("discovery.k8s.io", "v1", "EndpointSlice") => return Some(ConfigKind::EndpointSlice),
             _ => {}
         }
@@ -130,6 +134,7 @@ impl ConfigKind {
             ConfigKind::Pod => "Pod",
             ConfigKind::Node => "Node",
             ConfigKind::Namespace => "Namespace",
+            ConfigKind::Secret => "Secret",
         }
     }
 }
@@ -285,6 +290,15 @@ pub fn parse_config(doc: Value, default_namespace: &str) -> Result<Config, Confi
         });
     }
     obj.remove("metadata");
+    if kind == ConfigKind::Secret {
+        // No `spec`: its `type`, `data` and `stringData`, kept for the SDS generator (and never
+        // shown in /debug/configz, which leaves Kubernetes objects out).
+        return Ok(Config {
+            kind,
+            meta,
+            spec: ConfigSpec::Kubernetes(Value::Object(obj)),
+        });
+    }
     let key = ConfigKey {
         kind,
         namespace: meta.namespace.clone(),

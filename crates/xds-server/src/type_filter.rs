@@ -13,6 +13,7 @@ use ConfigKind::*;
 
 /// Istio's `skippedCdsConfigs`.
 const SKIPPED_CDS: &[ConfigKind] = &[
+    Secret,
     Gateway,
     WorkloadEntry,
     WorkloadGroup,
@@ -25,6 +26,7 @@ const SKIPPED_CDS: &[ConfigKind] = &[
 
 /// Istio's `skippedEdsConfigs`: routes never change endpoints.
 const SKIPPED_EDS: &[ConfigKind] = &[
+    Secret,
     Gateway,
     VirtualService,
     WorkloadGroup,
@@ -36,13 +38,14 @@ const SKIPPED_EDS: &[ConfigKind] = &[
 ];
 
 /// Istio's `skippedLdsConfigs[Router]`.
-const SKIPPED_LDS_ROUTER: &[ConfigKind] = &[WorkloadGroup, WorkloadEntry, ProxyConfig];
+const SKIPPED_LDS_ROUTER: &[ConfigKind] = &[Secret, WorkloadGroup, WorkloadEntry, ProxyConfig];
 
 /// Istio's `skippedLdsConfigs[SidecarProxy]` (and `Waypoint`): Gateways shape gateways only.
-const SKIPPED_LDS_SIDECAR: &[ConfigKind] = &[Gateway, WorkloadGroup, WorkloadEntry, ProxyConfig];
+const SKIPPED_LDS_SIDECAR: &[ConfigKind] = &[Secret, Gateway, WorkloadGroup, WorkloadEntry, ProxyConfig];
 
 /// Istio's `skippedRdsConfigs`.
 const SKIPPED_RDS: &[ConfigKind] = &[
+    Secret,
     WorkloadEntry,
     WorkloadGroup,
     AuthorizationPolicy,
@@ -64,6 +67,8 @@ pub fn type_needs_push(type_url: &str, node: NodeType, req: &PushRequest) -> boo
         type_url::LISTENER if node == NodeType::Router => SKIPPED_LDS_ROUTER,
         type_url::LISTENER => SKIPPED_LDS_SIDECAR,
         type_url::ROUTE => SKIPPED_RDS,
+        // Istio's SDS pushes on credential changes only
+        type_url::SECRET => return req.configs_updated.changes().any(|k| k.kind() == Secret),
         _ => &[],
     };
     req.configs_updated.changes().any(|k| !skipped.contains(&k.kind()))

@@ -1,15 +1,17 @@
 //! TLS termination on gateway servers: Istio's `BuildListenerTLSContext` for SIMPLE, MUTUAL and
 //! OPTIONAL_MUTUAL servers whose certificates are files on the gateway (`serverCertificate`,
-//! `privateKey`, `caCertificates`), as a `DownstreamTlsContext` with filename data sources.
+//! `privateKey`, `caCertificates`), as a `DownstreamTlsContext` with filename data sources, or a
+//! `credentialName`, served by pilot-discovery over ADS (SDS `kubernetes://<name>` and, to check
+//! clients, `kubernetes://<name>-cacert`; see `crate::sds`).
 //!
-//! Not yet: `credentialName` (needs SDS from istiod) and ISTIO_MUTUAL (needs workload certificates);
-//! such servers get no TLS context and are skipped by the listener builder with a warning.
+//! Not yet: ISTIO_MUTUAL gateway servers; such servers get no TLS context and are skipped by the
+//! listener builder with a warning.
 
 use model::networking::ServerTlsSettings;
 use xds_api::envoy::config::core::v3::{DataSource, TransportSocket, data_source, transport_socket};
 use xds_api::envoy::extensions::transport_sockets::tls::v3::{
-    CertificateValidationContext, CommonTlsContext, DownstreamTlsContext, TlsCertificate, TlsParameters,
-    certificate_validation_context, common_tls_context, tls_parameters::TlsProtocol,
+    CertificateValidationContext, CommonTlsContext, DownstreamTlsContext, SdsSecretConfig, TlsCertificate,
+    TlsParameters, certificate_validation_context, common_tls_context, tls_parameters::TlsProtocol,
 };
 use xds_api::pbwkt::BoolValue;
 
@@ -24,10 +26,6 @@ pub(crate) const TRANSPORT_SOCKET_TLS: &str = "envoy.transport_sockets.tls";
 pub(crate) enum TlsContextError {
     #[error("tls mode {0} is not supported on gateways yet (hint: use SIMPLE or MUTUAL with certificate files)")]
     UnsupportedMode(String),
-    #[error(
-        "credentialName {0:?} needs SDS, which is not served yet (hint: mount the certificate and set serverCertificate/privateKey)"
-    )]
-    CredentialName(String),
     #[error("serverCertificate and privateKey are required for tls mode {0}")]
     MissingCertificate(String),
 }
@@ -40,52 +38,50 @@ pub(crate) fn downstream_tls_context(tls: &ServerTlsSettings) -> Result<Downstre
         "MUTUAL" => true,
         other => return Err(TlsContextError::UnsupportedMode(other.to_owned())),
     };
-    if let Some(name) = tls
+    let credential = tls
         .credential_names
         .first()
         .or(Some(&tls.credential_name))
-        .filter(|n| !n.is_empty())
-    {
-        return Err(TlsContextError::CredentialName(name.clone()));
-    }
-    if tls.server_certificate.is_empty() || tls.private_key.is_empty() {
-        return Err(TlsContextError::MissingCertificate(mode.to_owned()));
-    }
+        .filter(|n| !n.is_empty());
+    let validate_client = require_client_certificate || mode == "OPTIONAL_MUTUAL";
     let file = |path: &str| DataSource {
         specifier: Some(data_source::Specifier::Filename(path.to_owned())),
         ..Default::default()
     };
     let mut common = CommonTlsContext {
         alpn_protocols: ALPN_HTTP.iter().map(|s| s.to_string()).collect(),
-        tls_certificates: vec![TlsCertificate {
+        ..Default::default()
+    };
+    if let Some(name) = credential {
+        let resource = crate::sds::resource_name(name);
+        common.tls_certificate_sds_secret_configs.push(ads_secret(&resource));
+        if validate_client {
+            common.validation_context_type =
+                Some(common_tls_context::ValidationContextType::CombinedValidationContext(
+                    common_tls_context::CombinedCertificateValidationContext {
+                        default_validation_context: Some(client_validation(tls, None)),
+                        validation_context_sds_secret_config: Some(ads_secret(&format!(
+                            "{resource}{}",
+                            crate::sds::CA_SUFFIX
+                        ))),
+                        ..Default::default()
+                    },
+                ));
+        }
+    } else {
+        if tls.server_certificate.is_empty() || tls.private_key.is_empty() {
+            return Err(TlsContextError::MissingCertificate(mode.to_owned()));
+        }
+        common.tls_certificates.push(TlsCertificate {
             certificate_chain: Some(file(&tls.server_certificate)),
             private_key: Some(file(&tls.private_key)),
             ..Default::default()
-        }],
-        ..Default::default()
-    };
-    let validate_client = require_client_certificate || mode == "OPTIONAL_MUTUAL";
-    if validate_client && !tls.ca_certificates.is_empty() {
-        #[allow(deprecated)] // Istio matches client SANs exactly with match_subject_alt_names
-        let validation = CertificateValidationContext {
-            trusted_ca: Some(file(&tls.ca_certificates)),
-            crl: (!tls.ca_crl.is_empty()).then(|| file(&tls.ca_crl)),
-            match_subject_alt_names: tls
-                .subject_alt_names
-                .iter()
-                .filter_map(|san| string_matcher(&model::networking::StringMatch::exact(san)))
-                .collect(),
-            verify_certificate_spki: tls.verify_certificate_spki.clone(),
-            verify_certificate_hash: tls.verify_certificate_hash.clone(),
-            // Istio: `insecureSkipVerify` accepts client certificates of any trust chain.
-            trust_chain_verification: if tls.insecure_skip_verify == Some(true) {
-                certificate_validation_context::TrustChainVerification::AcceptUntrusted as i32
-            } else {
-                certificate_validation_context::TrustChainVerification::VerifyTrustChain as i32
-            },
-            ..Default::default()
-        };
-        common.validation_context_type = Some(common_tls_context::ValidationContextType::ValidationContext(validation));
+        });
+        if validate_client && !tls.ca_certificates.is_empty() {
+            common.validation_context_type = Some(common_tls_context::ValidationContextType::ValidationContext(
+                client_validation(tls, Some(file(&tls.ca_certificates))),
+            ));
+        }
     }
     let min = tls.min_protocol_version.as_deref().and_then(tls_protocol);
     let max = tls.max_protocol_version.as_deref().and_then(tls_protocol);
@@ -105,6 +101,47 @@ pub(crate) fn downstream_tls_context(tls: &ServerTlsSettings) -> Result<Downstre
         }),
         ..Default::default()
     })
+}
+
+/// How client certificates are checked: the CA (`trusted_ca`, unless it comes over SDS), CRL,
+/// SANs, SPKI and hashes, `insecureSkipVerify`.
+fn client_validation(tls: &ServerTlsSettings, trusted_ca: Option<DataSource>) -> CertificateValidationContext {
+    let file = |path: &str| DataSource {
+        specifier: Some(data_source::Specifier::Filename(path.to_owned())),
+        ..Default::default()
+    };
+    #[allow(deprecated)] // Istio matches client SANs exactly with match_subject_alt_names
+    CertificateValidationContext {
+        trusted_ca,
+        crl: (!tls.ca_crl.is_empty()).then(|| file(&tls.ca_crl)),
+        match_subject_alt_names: tls
+            .subject_alt_names
+            .iter()
+            .filter_map(|san| string_matcher(&model::networking::StringMatch::exact(san)))
+            .collect(),
+        verify_certificate_spki: tls.verify_certificate_spki.clone(),
+        verify_certificate_hash: tls.verify_certificate_hash.clone(),
+        // Istio: `insecureSkipVerify` accepts client certificates of any trust chain.
+        trust_chain_verification: if tls.insecure_skip_verify == Some(true) {
+            certificate_validation_context::TrustChainVerification::AcceptUntrusted as i32
+        } else {
+            certificate_validation_context::TrustChainVerification::VerifyTrustChain as i32
+        },
+        ..Default::default()
+    }
+}
+
+/// Istio's `SDSAdsConfig`: a secret pilot-discovery serves on the ADS stream.
+fn ads_secret(name: &str) -> SdsSecretConfig {
+    use xds_api::envoy::config::core::v3::{AggregatedConfigSource, ApiVersion, ConfigSource, config_source};
+    SdsSecretConfig {
+        name: name.to_owned(),
+        sds_config: Some(ConfigSource {
+            config_source_specifier: Some(config_source::ConfigSourceSpecifier::Ads(AggregatedConfigSource {})),
+            resource_api_version: ApiVersion::V3 as i32,
+            ..Default::default()
+        }),
+    }
 }
 
 /// `TLS_AUTO`/`TLSV1_2`/... to Envoy's enum; `None` for auto or unknown values.
@@ -206,16 +243,39 @@ mod tests {
         );
     }
 
+    /// `credentialName`: the certificate (and for MUTUAL the CA) from pilot-discovery over ADS.
     #[test]
-    fn unsupported_settings_are_refused_with_a_reason() {
-        let sds = ServerTlsSettings {
+    fn credential_names_are_sds_secrets_on_the_ads_stream() {
+        let simple_sds = ServerTlsSettings {
             credential_name: "my-secret".into(),
+            server_certificate: String::new(),
+            private_key: String::new(),
             ..simple()
         };
+        let common = downstream_tls_context(&simple_sds).unwrap().common_tls_context.unwrap();
         assert_eq!(
-            downstream_tls_context(&sds),
-            Err(TlsContextError::CredentialName("my-secret".into()))
+            common.tls_certificate_sds_secret_configs[0].name,
+            "kubernetes://my-secret"
         );
+        assert!(common.tls_certificates.is_empty() && common.validation_context_type.is_none());
+        let mutual = ServerTlsSettings {
+            mode: Some("MUTUAL".into()),
+            ..simple_sds
+        };
+        let common = downstream_tls_context(&mutual).unwrap().common_tls_context.unwrap();
+        let Some(common_tls_context::ValidationContextType::CombinedValidationContext(v)) =
+            common.validation_context_type
+        else {
+            panic!("combined validation context");
+        };
+        assert_eq!(
+            v.validation_context_sds_secret_config.unwrap().name,
+            "kubernetes://my-secret-cacert"
+        );
+    }
+
+    #[test]
+    fn unsupported_settings_are_refused_with_a_reason() {
         let im = ServerTlsSettings {
             mode: Some("ISTIO_MUTUAL".into()),
             ..simple()

@@ -77,6 +77,7 @@ pub const RESOURCES: &[ResourceType] = &[
     core("endpoints", "endpoints", "Endpoints", true, &["ep"]),
     core("configmaps", "configmap", "ConfigMap", true, &["cm"]),
     core("serviceaccounts", "serviceaccount", "ServiceAccount", true, &["sa"]),
+    core("secrets", "secret", "Secret", true, &[]),
     // create-only: answered from the server's known tokens (`FakeApiServer::add_token`)
     ResourceType {
         group: "authentication.k8s.io",
