@@ -120,11 +120,17 @@ pub(crate) fn downstream_istio_mutual(tcp: bool) -> core::TransportSocket {
     if tcp {
         alpns.insert(0, "istio-peer-exchange".into());
     }
-    transport_socket(&tls::DownstreamTlsContext {
-        common_tls_context: Some(istio_common(&[], alpns)),
+    transport_socket(&downstream_istio_mutual_context(&[], alpns))
+}
+
+/// The server side of Istio mTLS: the workload certificate, a client certificate of the mesh
+/// root (with one of `sans`, when given) required.
+pub(crate) fn downstream_istio_mutual_context(sans: &[String], alpns: Vec<String>) -> tls::DownstreamTlsContext {
+    tls::DownstreamTlsContext {
+        common_tls_context: Some(istio_common(sans, alpns)),
         require_client_certificate: Some(xds_api::pbwkt::BoolValue { value: true }),
         ..Default::default()
-    })
+    }
 }
 
 pub(crate) fn transport_socket<M: prost::Message + prost::Name>(context: &M) -> core::TransportSocket {

@@ -119,8 +119,6 @@ fn unsupported_servers_produce_no_chains() {
     let push = push(vec![ingress_gateway(json!([
         {"port": {"number": 443, "name": "tls", "protocol": "TLS"}, "hosts": ["a.com"], "tls": {"mode": "PASSTHROUGH"}},
         {"port": {"number": 8443, "name": "https", "protocol": "HTTPS"}, "hosts": ["b.com"], "tls": {"mode": "PASSTHROUGH"}},
-        {"port": {"number": 9443, "name": "https-istio", "protocol": "HTTPS"}, "hosts": ["c.com"],
-         "tls": {"mode": "ISTIO_MUTUAL"}},
         {"port": {"number": 3306, "name": "mysql", "protocol": "TCP"}, "hosts": ["*"]}
     ]))]);
     assert!(build_listeners(&gateway_proxy(), &push).is_empty());

@@ -4,8 +4,8 @@
 //! `credentialName`, served by pilot-discovery over ADS (SDS `kubernetes://<name>` and, to check
 //! clients, `kubernetes://<name>-cacert`; see `crate::sds`).
 //!
-//! Not yet: ISTIO_MUTUAL gateway servers; such servers get no TLS context and are skipped by the
-//! listener builder with a warning.
+//! ISTIO_MUTUAL servers present the gateway's workload certificate and require one of the mesh
+//! (from the agent's SDS, `default` and `ROOTCA`).
 
 use model::networking::ServerTlsSettings;
 use xds_api::envoy::config::core::v3::{DataSource, TransportSocket, data_source, transport_socket};
@@ -33,6 +33,13 @@ pub(crate) enum TlsContextError {
 /// The downstream TLS context of a terminating server.
 pub(crate) fn downstream_tls_context(tls: &ServerTlsSettings) -> Result<DownstreamTlsContext, TlsContextError> {
     let mode = tls.mode.as_deref().unwrap_or("PASSTHROUGH");
+    if mode == "ISTIO_MUTUAL" {
+        // the gateway's own workload certificate and the mesh root, from its agent's SDS
+        return Ok(crate::mtls::downstream_istio_mutual_context(
+            &tls.subject_alt_names,
+            ALPN_HTTP.iter().map(|s| s.to_string()).collect(),
+        ));
+    }
     let require_client_certificate = match mode {
         "SIMPLE" | "OPTIONAL_MUTUAL" => false,
         "MUTUAL" => true,
@@ -280,8 +287,18 @@ mod tests {
             mode: Some("ISTIO_MUTUAL".into()),
             ..simple()
         };
+        let ctx = downstream_tls_context(&im).unwrap();
+        assert_eq!(ctx.require_client_certificate, Some(BoolValue { value: true }));
+        assert_eq!(
+            ctx.common_tls_context.unwrap().tls_certificate_sds_secret_configs[0].name,
+            "default"
+        );
+        let bad = ServerTlsSettings {
+            mode: Some("AUTO_PASSTHROUGH".into()),
+            ..simple()
+        };
         assert!(matches!(
-            downstream_tls_context(&im),
+            downstream_tls_context(&bad),
             Err(TlsContextError::UnsupportedMode(_))
         ));
         let nocert = ServerTlsSettings {
