@@ -102,3 +102,21 @@ impl Kubernetes {
         });
     }
 }
+
+/// A client of a fake API server (tests), through a kubeconfig written in `dir`.
+#[cfg(test)]
+pub(crate) async fn fake_api_client(
+    api: &test_support::kube_api::FakeApiServer,
+    dir: &std::path::Path,
+) -> kube::Client {
+    let kubeconfig = dir.join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig)
+        .unwrap_or_else(|e| panic!("kubeconfig: {e}"));
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&kubeconfig).unwrap_or_else(|e| panic!("kubeconfig: {e}")),
+        &Default::default(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("kubeconfig: {e}"));
+    kube::Client::try_from(config).unwrap_or_else(|e| panic!("client: {e}"))
+}

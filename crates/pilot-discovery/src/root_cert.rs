@@ -113,18 +113,6 @@ mod tests {
 
     use super::*;
 
-    async fn client(api: &FakeApiServer, dir: &std::path::Path) -> kube::Client {
-        let kubeconfig = dir.join("kubeconfig");
-        api.write_kubeconfig(&kubeconfig).unwrap();
-        let config = kube::Config::from_custom_kubeconfig(
-            kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
-            &Default::default(),
-        )
-        .await
-        .unwrap();
-        kube::Client::try_from(config).unwrap()
-    }
-
     async fn root_in(client: &kube::Client, ns: &str) -> Option<String> {
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
         api.get_opt(CONFIG_MAP)
@@ -152,7 +140,7 @@ mod tests {
             api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))
                 .unwrap();
         }
-        let c = client(&api, dir.path()).await;
+        let c = crate::kubernetes::fake_api_client(&api, dir.path()).await;
         tokio::spawn(publish(c.clone(), "ROOT\n".into(), Arc::new(MeshConfig::default())));
         eventually("a ConfigMap in default and bookinfo", async || {
             root_in(&c, "default").await.as_deref() == Some("ROOT\n") && root_in(&c, "bookinfo").await.is_some()

@@ -81,19 +81,8 @@ mod tests {
 
     async fn authenticator(api: &FakeApiServer) -> TokenReviewAuthenticator {
         let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        api.write_kubeconfig(&kubeconfig).unwrap();
-        let config = kube::Config::from_custom_kubeconfig(
-            kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
-            &Default::default(),
-        )
-        .await
-        .unwrap();
-        TokenReviewAuthenticator::new(
-            kube::Client::try_from(config).unwrap(),
-            vec!["istio-ca".into()],
-            "cluster.local",
-        )
+        let client = crate::kubernetes::fake_api_client(api, dir.path()).await;
+        TokenReviewAuthenticator::new(client, vec!["istio-ca".into()], "cluster.local")
     }
 
     fn ctx(token: &str) -> AuthContext {

@@ -20,8 +20,6 @@ use super::{Builder, ClusterWrapper};
 /// Where `ca_certificates` comes from when a DestinationRule gives none (Istio's `system`: the
 /// OS trust bundle).
 pub(crate) const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
-/// The agent's SDS cluster, for `credentialName` (Istio's `SDSClusterName`).
-const SDS_CLUSTER: &str = "sds-grpc";
 /// Suffix of the SDS resource holding a credential's CA (Istio's `SdsCaSuffix`).
 const SDS_CA_SUFFIX: &str = "-cacert";
 
@@ -162,14 +160,18 @@ fn upstream_tls_context(
     use tls::common_tls_context::ValidationContextType;
     match credential {
         Some(name) => {
-            common.tls_certificate_sds_secret_configs.push(sds_secret(name));
+            common
+                .tls_certificate_sds_secret_configs
+                .push(crate::mtls::sds_secret(name));
             common.validation_context_type = Some(ValidationContextType::CombinedValidationContext(
                 tls::common_tls_context::CombinedCertificateValidationContext {
                     default_validation_context: Some(tls::CertificateValidationContext {
                         match_typed_subject_alt_names: san_matchers,
                         ..Default::default()
                     }),
-                    validation_context_sds_secret_config: Some(sds_secret(&format!("{name}{SDS_CA_SUFFIX}"))),
+                    validation_context_sds_secret_config: Some(crate::mtls::sds_secret(&format!(
+                        "{name}{SDS_CA_SUFFIX}"
+                    ))),
                     ..Default::default()
                 },
             ));
@@ -259,33 +261,4 @@ fn file(path: Option<&str>) -> Option<core::DataSource> {
         specifier: Some(core::data_source::Specifier::Filename(p.to_owned())),
         ..Default::default()
     })
-}
-
-/// An SDS secret from the agent's SDS server, as Istio's `ConstructSdsSecretConfig`.
-fn sds_secret(name: &str) -> tls::SdsSecretConfig {
-    tls::SdsSecretConfig {
-        name: name.to_owned(),
-        sds_config: Some(core::ConfigSource {
-            config_source_specifier: Some(core::config_source::ConfigSourceSpecifier::ApiConfigSource(
-                core::ApiConfigSource {
-                    api_type: core::api_config_source::ApiType::Grpc as i32,
-                    set_node_on_first_message_only: true,
-                    transport_api_version: core::ApiVersion::V3 as i32,
-                    grpc_services: vec![core::GrpcService {
-                        target_specifier: Some(core::grpc_service::TargetSpecifier::EnvoyGrpc(
-                            core::grpc_service::EnvoyGrpc {
-                                cluster_name: SDS_CLUSTER.into(),
-                                ..Default::default()
-                            },
-                        )),
-                        ..Default::default()
-                    }],
-                    ..Default::default()
-                },
-            )),
-            initial_fetch_timeout: Some(Default::default()),
-            resource_api_version: core::ApiVersion::V3 as i32,
-            ..Default::default()
-        }),
-    }
 }
