@@ -162,16 +162,16 @@ fn unknown_kind_is_reported_as_a_warning_and_skipped() {
 
 #[test]
 fn unsupported_istio_kind_is_kept() {
-    let text = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: deny, namespace: foo}\n\
-                spec: {action: DENY, rules: [{}]}\n";
-    let results = parse_documents(text, Path::new("authz.yaml"));
+    let text = "apiVersion: telemetry.istio.io/v1\nkind: Telemetry\nmetadata: {name: logs, namespace: foo}\n\
+                spec: {accessLogging: [{providers: [{name: envoy}]}]}\n";
+    let results = parse_documents(text, Path::new("telemetry.yaml"));
     let config = results[0].as_ref().unwrap();
-    assert_eq!(config.kind, ConfigKind::AuthorizationPolicy);
+    assert_eq!(config.kind, ConfigKind::Telemetry);
     assert!(!config.kind.is_supported());
     let ConfigSpec::Unsupported(spec) = &config.spec else {
         panic!("{config:?}")
     };
-    assert_eq!(spec["action"], "DENY");
+    assert_eq!(spec["accessLogging"][0]["providers"][0]["name"], "envoy");
 }
 
 #[test]

@@ -186,19 +186,19 @@ fn duplicate_key_first_sorted_path_wins_and_is_reported() {
 #[test]
 fn unknown_kinds_skipped_and_unsupported_kinds_kept_with_warnings() {
     let tmp = tempfile::tempdir().unwrap();
-    let text = "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\n---\n\
-                apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: deny, namespace: istio-system}\n\
+    let text = "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n---\n\
+                apiVersion: telemetry.istio.io/v1\nkind: Telemetry\nmetadata: {name: logs, namespace: istio-system}\n\
                 spec: {}\n";
-    write(tmp.path(), "policy.yaml", text);
+    write(tmp.path(), "telemetry.yaml", text);
     let store = FileConfigStore::load(tmp.path()).unwrap();
     let configs = store.configs();
     assert_eq!(configs.len(), 1);
-    assert_eq!(configs[0].kind, ConfigKind::AuthorizationPolicy);
+    assert_eq!(configs[0].kind, ConfigKind::Telemetry);
     let errors = store.errors();
     assert_eq!(errors.len(), 2, "{errors:?}");
     assert!(errors.iter().all(|e| e.level == Level::Warning), "{errors:?}");
     assert!(
-        errors.iter().any(|e| e.reason.contains("unknown kind \"Secret\"")),
+        errors.iter().any(|e| e.reason.contains("unknown kind \"Widget\"")),
         "{errors:?}"
     );
     assert!(
