@@ -44,6 +44,8 @@ const ROOTS: &[&str] = &[
     "envoy/extensions/filters/http/compressor/v3/compressor.proto",
     "envoy/extensions/filters/http/header_to_metadata/v3/header_to_metadata.proto",
     "envoy/extensions/filters/http/stateful_session/v3/stateful_session.proto",
+    // RBAC path templates (AuthorizationPolicy `{*}` / `{**}`).
+    "envoy/extensions/path/match/uri_template/v3/uri_template_match.proto",
     // Listener filters.
     "envoy/extensions/filters/listener/tls_inspector/v3/tls_inspector.proto",
     "envoy/extensions/filters/listener/original_dst/v3/original_dst.proto",

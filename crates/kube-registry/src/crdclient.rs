@@ -58,6 +58,18 @@ pub const ISTIO_KINDS: &[(ConfigKind, &str, &[&str], &str)] = &[
         SECURITY_VERSIONS,
         "peerauthentications",
     ),
+    (
+        ConfigKind::AuthorizationPolicy,
+        SECURITY,
+        SECURITY_VERSIONS,
+        "authorizationpolicies",
+    ),
+    (
+        ConfigKind::RequestAuthentication,
+        SECURITY,
+        SECURITY_VERSIONS,
+        "requestauthentications",
+    ),
     (ConfigKind::Secret, "", &["v1"], "secrets"),
 ];
 

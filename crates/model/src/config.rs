@@ -192,6 +192,8 @@ pub enum ConfigSpec {
     WorkloadEntry(WorkloadEntry),
     Sidecar(Sidecar),
     PeerAuthentication(crate::security::PeerAuthentication),
+    AuthorizationPolicy(crate::security::AuthorizationPolicy),
+    RequestAuthentication(crate::security::RequestAuthentication),
     /// An Istio kind that is kept but not yet acted on.
     Unsupported(Value),
     /// A core Kubernetes object, whole (metadata, spec, status, EndpointSlice endpoints, ...).
@@ -329,6 +331,8 @@ fn decode_spec(kind: ConfigKind, v: Value) -> Result<ConfigSpec, String> {
         ConfigKind::WorkloadEntry => ConfigSpec::WorkloadEntry(de(v)?),
         ConfigKind::Sidecar => ConfigSpec::Sidecar(de(v)?),
         ConfigKind::PeerAuthentication => ConfigSpec::PeerAuthentication(de(v)?),
+        ConfigKind::AuthorizationPolicy => ConfigSpec::AuthorizationPolicy(de(v)?),
+        ConfigKind::RequestAuthentication => ConfigSpec::RequestAuthentication(de(v)?),
         _ => ConfigSpec::Unsupported(v),
     })
 }

@@ -33,3 +33,12 @@ pub enum MtlsMode {
     Permissive,
     Strict,
 }
+
+mod authorization;
+mod request_authentication;
+
+pub use authorization::{
+    AuthorizationPolicy, AuthzAction, Condition, Operation, PolicyTargetReference, Provider, Rule, RuleFrom, RuleTo,
+    Source,
+};
+pub use request_authentication::{ClaimToHeader, JwtHeader, JwtRule, RequestAuthentication};

@@ -56,11 +56,18 @@ fn name_of(doc: &Value) -> String {
 fn istio_validation_testdata() {
     let root = corpus_root();
     let dir = root.join("pkg/config/validation/testdata/crds");
-    let kinds = ["destinationrule-", "serviceentry-", "workloadentry-", "peerauth-"];
+    let kinds = [
+        "destinationrule-",
+        "serviceentry-",
+        "workloadentry-",
+        "peerauth-",
+        "authz-",
+        "reqauth-",
+    ];
     let files = files_in(&dir, |n| kinds.iter().any(|k| n.starts_with(k)) && n.ends_with(".yaml"));
     assert_eq!(
         files.len(),
-        8,
+        12,
         "expected a valid and an invalid file per kind in {}",
         dir.display()
     );

@@ -1,6 +1,7 @@
 //! Every field Istio's CRDs define for a kind we serve is accepted: the test walks the OpenAPI
 //! schema of `../shared/corpus/istio/crd-all.gen.yaml` (v1 of VirtualService, DestinationRule,
-//! Gateway, ServiceEntry, WorkloadEntry, Sidecar), builds for each field a spec that sets only
+//! Gateway, ServiceEntry, WorkloadEntry, Sidecar, PeerAuthentication, AuthorizationPolicy,
+//! RequestAuthentication), builds for each field a spec that sets only
 //! that field (a value of its schema type, inside the objects, lists and maps on its path), and
 //! fails on any field our model refuses as unknown. A config written for Istio must never lose
 //! every rule of its hosts because it uses a field the model lacks.
@@ -10,13 +11,16 @@ use serde_json::{Map, Value, json};
 use super::corpus_tests::corpus_root;
 use crate::config::parse_config;
 
-const KINDS: [&str; 6] = [
-    "VirtualService",
-    "DestinationRule",
-    "Gateway",
-    "ServiceEntry",
-    "WorkloadEntry",
-    "Sidecar",
+const KINDS: [(&str, &str); 9] = [
+    ("networking.istio.io", "VirtualService"),
+    ("networking.istio.io", "DestinationRule"),
+    ("networking.istio.io", "Gateway"),
+    ("networking.istio.io", "ServiceEntry"),
+    ("networking.istio.io", "WorkloadEntry"),
+    ("networking.istio.io", "Sidecar"),
+    ("security.istio.io", "PeerAuthentication"),
+    ("security.istio.io", "AuthorizationPolicy"),
+    ("security.istio.io", "RequestAuthentication"),
 ];
 
 /// The `spec` schema of `kind`'s v1 version.
@@ -92,12 +96,12 @@ fn every_field_of_istios_crds_for_the_kinds_we_serve_is_known() {
         serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{}: not YAML: {e}", path.display()));
     let mut unknown = Vec::new();
     let mut checked = 0;
-    for kind in KINDS {
+    for (group, kind) in KINDS {
         let mut specs = Vec::new();
         field_specs(&spec_schema(&crds, kind), "spec", &mut specs, &|v| v);
         for (field, spec) in specs {
             checked += 1;
-            let doc = json!({"apiVersion": "networking.istio.io/v1", "kind": kind,
+            let doc = json!({"apiVersion": format!("{group}/v1"), "kind": kind,
                              "metadata": {"name": "x", "namespace": "default"}, "spec": spec});
             if let Err(e) = parse_config(doc, "default")
                 && e.to_string().contains("unknown field")

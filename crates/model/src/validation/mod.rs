@@ -1,6 +1,7 @@
 //! Validation of Istio config as Istio's `pkg/config/validation`: one module per kind, each
 //! returning every problem found as `field.path: reason` strings.
 
+mod authorization;
 mod common;
 mod destination_rule;
 mod gateway;
@@ -11,13 +12,16 @@ mod http_route;
 mod load_balancer;
 mod mesh;
 mod peer_authentication;
+mod request_authentication;
 mod service_entry;
 mod sidecar;
 mod virtual_service;
 mod workload_entry;
 
+pub use authorization::{MATCH_ANY_TEMPLATE, MATCH_ONE_TEMPLATE, contains_path_template, parse_cidr};
 pub use common::validate_regex;
 pub use mesh::mesh_config_errors;
+pub use request_authentication::parse_jwks_uri;
 
 use crate::config::{Config, ConfigSpec};
 use common::Errors;
@@ -51,10 +55,14 @@ pub fn validate(config: &Config) -> Vec<String> {
         ConfigSpec::WorkloadEntry(we) => workload_entry::check_workload_entry(&mut errs, "spec", we),
         ConfigSpec::Sidecar(sc) => sidecar::check_sidecar(&mut errs, sc),
         ConfigSpec::PeerAuthentication(pa) => peer_authentication::check_peer_authentication(&mut errs, pa),
+        ConfigSpec::AuthorizationPolicy(ap) => authorization::check_authorization_policy(&mut errs, ap),
+        ConfigSpec::RequestAuthentication(ra) => request_authentication::check_request_authentication(&mut errs, ra),
         ConfigSpec::Unsupported(_) | ConfigSpec::Kubernetes(_) => {}
     }
-    if !matches!(config.spec, ConfigSpec::Unsupported(_) | ConfigSpec::Kubernetes(_))
-        && config.meta.annotations.contains_key(DRY_RUN_ANNOTATION)
+    if !matches!(
+        config.spec,
+        ConfigSpec::Unsupported(_) | ConfigSpec::Kubernetes(_) | ConfigSpec::AuthorizationPolicy(_)
+    ) && config.meta.annotations.contains_key(DRY_RUN_ANNOTATION)
     {
         errs.add(
             "metadata.annotations",
