@@ -14,6 +14,7 @@ mod destination_rules;
 mod gateways;
 mod instances;
 pub mod peer_authn;
+pub mod security_policies;
 mod services;
 mod sidecar_scope;
 #[cfg(any(test, feature = "testing"))]
@@ -69,12 +70,26 @@ pub struct PushContext {
     virtual_services: Arc<VirtualServiceIndex>,
     gateways: Arc<GatewayIndex>,
     peer_authn: Arc<peer_authn::PeerAuthnIndex>,
+    authorization_policies: Arc<security_policies::PolicyIndex>,
+    request_authentications: Arc<security_policies::PolicyIndex>,
     /// Service instances by endpoint address, built on first use.
     instances: instances::InstancesByAddress,
     /// Configs by key and `proxy_sees` answers, for push filtering.
     dependencies: dependencies::DependencyCache,
     /// Sidecar scopes by (proxy namespace, proxy labels), computed on first use.
     sidecar_scopes: Mutex<HashMap<ScopeKey, Arc<SidecarScope>>>,
+}
+
+fn authorization_index(input: &PushInput) -> security_policies::PolicyIndex {
+    security_policies::PolicyIndex::new(&input.configs, &input.mesh.root_namespace, |c| {
+        security_policies::authorization_policy(c).is_some()
+    })
+}
+
+fn request_authn_index(input: &PushInput) -> security_policies::PolicyIndex {
+    security_policies::PolicyIndex::new(&input.configs, &input.mesh.root_namespace, |c| {
+        security_policies::request_authentication(c).is_some()
+    })
 }
 
 /// Istio's `sortConfigByCreationTime`: the oldest first (configs without a creation time, Go's zero
@@ -106,6 +121,8 @@ impl PushContext {
             &input.configs,
             &input.mesh.root_namespace,
         ));
+        let authorization_policies = Arc::new(authorization_index(&input));
+        let request_authentications = Arc::new(request_authn_index(&input));
         PushContext {
             version: input.version,
             mesh: input.mesh,
@@ -118,6 +135,8 @@ impl PushContext {
             virtual_services,
             gateways,
             peer_authn,
+            authorization_policies,
+            request_authentications,
             instances: Default::default(),
             dependencies: Default::default(),
             sidecar_scopes: Mutex::default(),
@@ -160,6 +179,16 @@ impl PushContext {
         } else {
             self.peer_authn.clone()
         };
+        let authorization_policies = if touched(ConfigKind::AuthorizationPolicy) {
+            Arc::new(authorization_index(&input))
+        } else {
+            self.authorization_policies.clone()
+        };
+        let request_authentications = if touched(ConfigKind::RequestAuthentication) {
+            Arc::new(request_authn_index(&input))
+        } else {
+            self.request_authentications.clone()
+        };
         PushContext {
             version: input.version,
             mesh: input.mesh,
@@ -172,6 +201,8 @@ impl PushContext {
             virtual_services,
             gateways,
             peer_authn,
+            authorization_policies,
+            request_authentications,
             instances: Default::default(),
             dependencies: Default::default(),
             sidecar_scopes: Mutex::default(),
@@ -206,6 +237,28 @@ impl PushContext {
         labels: &std::collections::BTreeMap<String, String>,
     ) -> peer_authn::MergedPeerAuthentication {
         self.peer_authn.effective(namespace, labels)
+    }
+
+    /// The AuthorizationPolicies that apply to a workload of `namespace` with `labels`, by action.
+    pub fn authorization_policies(
+        &self,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> security_policies::AuthorizationPoliciesResult {
+        security_policies::by_action(self.authorization_policies.for_workload(
+            namespace,
+            labels,
+            security_policies::authorization_scope,
+        ))
+    }
+
+    /// The RequestAuthentications that apply to a workload of `namespace` with `labels`, root
+    /// namespace first, oldest first.
+    pub fn request_authentications(&self, namespace: &str, labels: &BTreeMap<String, String>) -> Vec<Arc<Config>> {
+        self.request_authentications
+            .for_workload(namespace, labels, security_policies::request_authentication_scope)
+            .cloned()
+            .collect()
     }
 
     /// Istio's `BestEffortInferServiceMTLSMode` without the DestinationRule: what mTLS the
