@@ -37,7 +37,7 @@ pub enum ConfigKind {
 }
 
 impl ConfigKind {
-    pub const SUPPORTED: [ConfigKind; 8] = [
+    pub const SUPPORTED: [ConfigKind; 9] = [
         ConfigKind::VirtualService,
         ConfigKind::DestinationRule,
         ConfigKind::Gateway,
@@ -45,6 +45,7 @@ impl ConfigKind {
         ConfigKind::WorkloadEntry,
         ConfigKind::Sidecar,
         ConfigKind::PeerAuthentication,
+        ConfigKind::AuthorizationPolicy,
         ConfigKind::Secret,
     ];
 

@@ -30,6 +30,9 @@ pub(super) struct LabelKeys {
     virtual_services: BTreeSet<String>,
     /// Whether some `failoverPriority` is set: it leaves proxies without any label alone.
     failover_priority: bool,
+    /// Workload selector keys of PeerAuthentication, AuthorizationPolicy and
+    /// RequestAuthentication (listeners: inbound mTLS and authorization filters).
+    policies: BTreeSet<String>,
 }
 
 impl LabelKeys {
@@ -54,6 +57,9 @@ impl LabelKeys {
             match &config.spec {
                 ConfigSpec::DestinationRule(dr) => keys.add_destination_rule(dr),
                 ConfigSpec::VirtualService(vs) => keys.add_virtual_service(vs),
+                ConfigSpec::PeerAuthentication(pa) => keys.add_policy_selector(pa.selector.as_ref()),
+                ConfigSpec::AuthorizationPolicy(ap) => keys.add_policy_selector(ap.selector.as_ref()),
+                ConfigSpec::RequestAuthentication(ra) => keys.add_policy_selector(ra.selector.as_ref()),
                 _ => {}
             }
         }
@@ -97,6 +103,12 @@ impl LabelKeys {
         }
     }
 
+    fn add_policy_selector(&mut self, selector: Option<&model::networking::WorkloadSelector>) {
+        if let Some(s) = selector {
+            self.policies.extend(s.match_labels.keys().cloned());
+        }
+    }
+
     fn add_virtual_service(&mut self, vs: &VirtualService) {
         let http = vs.http.iter().flat_map(|r| &r.match_).map(|m| &m.source_labels);
         let tls = vs.tls.iter().flat_map(|r| &r.match_).map(|m| &m.source_labels);
@@ -114,6 +126,8 @@ enum LabelUse {
     DestinationRules,
     /// Also through VirtualService matches; routers also select gateways by any label.
     Routes,
+    /// As routes, and through the selectors of security policies.
+    Listeners,
 }
 
 /// What every type depends on: the proxy's type, its namespace (visibility of services,
@@ -129,7 +143,8 @@ struct ProxyClass {
 
 impl ProxyClass {
     fn new(push: &PushContext, proxy: &Proxy, keys: &LabelKeys, uses: LabelUse) -> ProxyClass {
-        let labels = if uses == LabelUse::Routes && !proxy.is_sidecar() {
+        let routes = matches!(uses, LabelUse::Routes | LabelUse::Listeners);
+        let labels = if routes && !proxy.is_sidecar() {
             proxy.labels.clone()
         } else {
             proxy
@@ -137,7 +152,8 @@ impl ProxyClass {
                 .iter()
                 .filter(|(k, _)| {
                     keys.destination_rules.contains(*k)
-                        || (uses == LabelUse::Routes && keys.virtual_services.contains(*k))
+                        || (routes && keys.virtual_services.contains(*k))
+                        || (uses == LabelUse::Listeners && keys.policies.contains(*k))
                 })
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect()
@@ -286,7 +302,7 @@ impl LdsKey {
                 .collect()
         };
         LdsKey {
-            class: ProxyClass::new(push, proxy, keys, LabelUse::Routes),
+            class: ProxyClass::new(push, proxy, keys, LabelUse::Listeners),
             metadata: LDS_METADATA_KEYS
                 .iter()
                 .map(|k| proxy.metadata.raw.get(*k).map(ToString::to_string))

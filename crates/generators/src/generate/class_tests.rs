@@ -10,7 +10,7 @@ use xds_api::type_url;
 use xds_api::Resource;
 
 use crate::generate::{PushCache, generate};
-use crate::testing::{config, destination_rule, in_locality, node, push_with_mesh, service_entry};
+use crate::testing::{config, config_in, destination_rule, in_locality, node, push_with_mesh, service_entry};
 
 /// `ratings.default.svc.cluster.local:9080` (HTTP, VIP 240.0.0.1) with endpoints 10.0.0.9 (v1,
 /// zone a, target port 8080) and 10.0.0.10 (v2, zone b); `resolution` as given.
@@ -403,6 +403,40 @@ fn listeners_are_shared_per_class_only() {
             lds,
             sidecar(json!({"team": "a"})),
             sidecar(json!({"team": "b"})),
+            Expect::Apart,
+        ),
+        Case::new(
+            "AuthorizationPolicy selector",
+            vec![
+                ratings("STATIC"),
+                config_in(
+                    "security.istio.io/v1",
+                    "AuthorizationPolicy",
+                    "db-only",
+                    "default",
+                    json!({"selector": {"matchLabels": {"app": "db"}}, "action": "DENY", "rules": [{}]}),
+                ),
+            ],
+            lds,
+            sidecar(json!({"app": "db"})),
+            sidecar(json!({"app": "web"})),
+            Expect::Apart,
+        ),
+        Case::new(
+            "PeerAuthentication selector",
+            vec![
+                ratings("STATIC"),
+                config_in(
+                    "security.istio.io/v1",
+                    "PeerAuthentication",
+                    "db-strict",
+                    "default",
+                    json!({"selector": {"matchLabels": {"app": "db"}}, "mtls": {"mode": "STRICT"}}),
+                ),
+            ],
+            lds,
+            sidecar(json!({"app": "db"})),
+            sidecar(json!({"app": "web"})),
             Expect::Apart,
         ),
         Case::new(

@@ -18,6 +18,7 @@ use xds_api::pbwkt::{Duration, UInt32Value};
 use super::hcm::{HTTP_CONNECTION_MANAGER, gateway_connection_manager};
 use super::merged_gateway::{MergedGateway, MergedServer, ServerPort, is_https_with_tls_termination};
 use super::tls::{downstream_tls_context, tls_transport_socket};
+use crate::authz::AuthzFilters;
 use crate::route::PushView;
 
 pub(crate) const WILDCARD_ADDRESS: &str = "0.0.0.0";
@@ -33,8 +34,9 @@ struct ChainOpts {
     stat_prefix: Option<String>,
 }
 
-/// Listeners of a router proxy from the gateways selecting it.
-pub(crate) fn build_gateway_listeners<P: PushView>(proxy: &Proxy, push: &P) -> Vec<Listener> {
+/// Listeners of a router proxy from the gateways selecting it; every HCM starts with the
+/// gateway's authorization filters.
+pub(crate) fn build_gateway_listeners<P: PushView>(proxy: &Proxy, push: &P, authz: &AuthzFilters) -> Vec<Listener> {
     let merged = MergedGateway::merge(&push.gateways_for_proxy(proxy));
     // listener name -> (bind, port, chains), in port order
     let mut listeners: Vec<(String, String, u32, Vec<ChainOpts>)> = Vec::new();
@@ -65,7 +67,7 @@ pub(crate) fn build_gateway_listeners<P: PushView>(proxy: &Proxy, push: &P) -> V
                 tracing::info!(proxy = %proxy.id, listener = %name, "gateway listener omitted: no filter chains");
                 return None;
             }
-            Some(build_listener(push, proxy, name, bind, port, chains))
+            Some(build_listener(push, proxy, name, bind, port, chains, authz))
         })
         .collect()
 }
@@ -120,6 +122,7 @@ fn build_listener<P: PushView>(
     bind: String,
     port: u32,
     chains: Vec<ChainOpts>,
+    authz: &AuthzFilters,
 ) -> Listener {
     let needs_inspector = chains.iter().any(|c| !c.sni_hosts.is_empty() || c.tls.is_some());
     let listener_filters = if needs_inspector {
@@ -144,7 +147,8 @@ fn build_listener<P: PushView>(
         })
         .map(|c| {
             let stat_prefix = c.stat_prefix.unwrap_or_else(|| default_stat_prefix.clone());
-            let hcm = gateway_connection_manager(push.mesh(), proxy, &c.route_name, stat_prefix);
+            let mut hcm = gateway_connection_manager(push.mesh(), proxy, &c.route_name, stat_prefix);
+            authz.apply_to_hcm(&mut hcm);
             FilterChain {
                 filter_chain_match: filter_chain_match(&c.sni_hosts),
                 filters: vec![Filter {

@@ -19,7 +19,8 @@ use xds_api::envoy::config::listener::v3::Listener;
 /// the others.
 pub(crate) fn build_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listener> {
     if proxy.is_router() {
-        gateway::build_gateway_listeners(proxy, push)
+        let authz = crate::authz::AuthzFilters::for_proxy(push, proxy);
+        gateway::build_gateway_listeners(proxy, push, &authz)
     } else {
         sidecar::build_sidecar_listeners(proxy, push)
     }

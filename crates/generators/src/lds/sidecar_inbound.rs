@@ -29,6 +29,7 @@ use super::sidecar::{
     INBOUND_LISTEN_PORT, VIRTUAL_INBOUND_LISTENER, destination_port_match, hcm_filter, original_dst, set_bind_to_port,
     set_protocol_detection_timeout, sidecar_outbound_hcm, socket_address, tcp_proxy_filter,
 };
+use crate::authz::AuthzFilters;
 use crate::cds::inbound::inbound_cluster_name;
 use crate::names;
 
@@ -56,13 +57,19 @@ pub(crate) fn inbound_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listen
         proxy,
         push.peer_authentication(&proxy.config_namespace, &proxy.labels).mode,
     );
+    let authz = AuthzFilters::for_proxy(push, proxy);
     let mut out = vec![virtual_inbound_listener_for(
         push.mesh(),
         proxy,
         &redirected,
         passthrough,
+        &authz,
     )];
-    out.extend(bound.iter().map(|c| bound_inbound_listener(push.mesh(), proxy, c)));
+    out.extend(
+        bound
+            .iter()
+            .map(|c| bound_inbound_listener(push.mesh(), proxy, c, &authz)),
+    );
     out
 }
 
@@ -173,12 +180,14 @@ fn is_global_unicast(ip: &IpAddr) -> bool {
 }
 
 /// `virtualInbound` for the given application chains (those without a bind of their own), with
-/// the passthrough chains for every other port under the workload's mTLS mode `passthrough`.
+/// the passthrough chains for every other port under the workload's mTLS mode `passthrough`; the
+/// application and passthrough chains all start with the workload's authorization filters.
 pub(crate) fn virtual_inbound_listener_for(
     mesh: &MeshConfig,
     proxy: &Proxy,
     app_chains: &[InboundChain],
     passthrough: MtlsMode,
+    authz: &AuthzFilters,
 ) -> Listener {
     let mut chains = vec![FilterChain {
         name: "virtualInbound-blackhole".into(),
@@ -190,7 +199,7 @@ pub(crate) fn virtual_inbound_listener_for(
         )],
         ..Default::default()
     }];
-    chains.extend(app_chains.iter().flat_map(|c| filter_chains(mesh, proxy, c)));
+    chains.extend(app_chains.iter().flat_map(|c| filter_chains(mesh, proxy, c, authz)));
     // Istio's passthrough chains: port 0 (hence the decorator `:0/*`), protocol unknown.
     let cluster = names::INBOUND_PASSTHROUGH_CLUSTER_IPV4;
     let catchall = InboundChain {
@@ -202,9 +211,9 @@ pub(crate) fn virtual_inbound_listener_for(
     };
     for option in super::inbound_mtls::match_options(Protocol::Unsupported, passthrough) {
         let filters = if option.http {
-            vec![hcm_filter(&inbound_hcm(mesh, proxy, &catchall, cluster))]
+            vec![hcm_filter(&inbound_hcm(mesh, proxy, &catchall, cluster, authz))]
         } else {
-            vec![tcp_proxy_filter(mesh, cluster, cluster)]
+            authz.network_filters(vec![tcp_proxy_filter(mesh, cluster, cluster)])
         };
         chains.push(FilterChain {
             name: if option.http {
@@ -246,9 +255,9 @@ fn chain_match(port: Option<u16>, option: &super::inbound_mtls::ChainMatch) -> F
 
 /// Istio's `inboundCustomListener`: `<bind>_<port>` bound to that address, with the chain's filter
 /// chains and the inspectors they need (the HTTP inspector only when the protocol is sniffed).
-fn bound_inbound_listener(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain) -> Listener {
+fn bound_inbound_listener(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain, authz: &AuthzFilters) -> Listener {
     let bind = chain.bind.as_deref().unwrap_or(WILDCARD_ADDRESS);
-    let filter_chains = filter_chains(mesh, proxy, chain);
+    let filter_chains = filter_chains(mesh, proxy, chain, authz);
     let mut l = Listener {
         name: format!("{bind}_{}", chain.port),
         address: Some(socket_address(bind, u32::from(chain.port))),
@@ -264,7 +273,7 @@ fn bound_inbound_listener(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain
 
 /// The filter chains of one application port: HTTP (HCM), TCP (tcp_proxy), or both when sniffed,
 /// each as plaintext and/or mutual TLS as the port's PeerAuthentication mode says.
-fn filter_chains(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain) -> Vec<FilterChain> {
+fn filter_chains(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain, authz: &AuthzFilters) -> Vec<FilterChain> {
     let cluster = inbound_cluster_name(chain.port);
     super::inbound_mtls::match_options(chain.protocol, chain.mtls)
         .iter()
@@ -272,9 +281,9 @@ fn filter_chains(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain) -> Vec<
             name: cluster.clone(),
             filter_chain_match: Some(chain_match(Some(chain.port), option)),
             filters: if option.http {
-                vec![hcm_filter(&inbound_hcm(mesh, proxy, chain, &cluster))]
+                vec![hcm_filter(&inbound_hcm(mesh, proxy, chain, &cluster, authz))]
             } else {
-                vec![tcp_proxy_filter(mesh, &cluster, &cluster)]
+                authz.network_filters(vec![tcp_proxy_filter(mesh, &cluster, &cluster)])
             },
             transport_socket: option.mtls.then(|| crate::mtls::downstream_istio_mutual(!option.http)),
             ..Default::default()
@@ -284,8 +293,14 @@ fn filter_chains(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain) -> Vec<
 
 /// Istio's inbound HCM: stat prefix `inbound_0.0.0.0_<port>;`, client certificate details
 /// appended, HTTP/2 options for HTTP/2 and gRPC ports, and an inline route configuration
-/// `inbound|<port>||` sending everything to `cluster`.
-fn inbound_hcm(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain, cluster: &str) -> HttpConnectionManager {
+/// `inbound|<port>||` sending everything to `cluster`, the authorization filters first.
+fn inbound_hcm(
+    mesh: &MeshConfig,
+    proxy: &Proxy,
+    chain: &InboundChain,
+    cluster: &str,
+    authz: &AuthzFilters,
+) -> HttpConnectionManager {
     let InboundChain {
         port,
         protocol,
@@ -325,6 +340,7 @@ fn inbound_hcm(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain, cluster: 
         },
     };
     h.route_specifier = Some(hcm::RouteSpecifier::RouteConfig(inbound_route_config(&route)));
+    authz.apply_to_hcm(&mut h);
     h
 }
 

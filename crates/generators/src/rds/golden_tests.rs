@@ -69,7 +69,7 @@ pub(crate) const FIXTURE_ROUTES: [&str; 2] = ["http.80", "https.443.https.bookin
 
 /// The fixture's gateway listeners, from the builder `lds::build_listeners` uses for routers.
 pub(crate) fn fixture_listeners(push: &FakePush) -> Vec<Listener> {
-    crate::lds::gateway::build_gateway_listeners(&gateway_proxy(), push)
+    crate::lds::gateway::build_gateway_listeners(&gateway_proxy(), push, &Default::default())
 }
 
 pub(crate) fn fixture_routes(push: &FakePush) -> Vec<RouteConfiguration> {
