@@ -8,7 +8,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
+use security::testing::TestIssuer;
 use serde_json::json;
+use test_support::backend::DocumentServer;
 use test_support::discovery::{Discovery, DiscoveryOptions};
 use test_support::mesh_ca::MeshCa;
 use test_support::netns::{Network, Pod, WorkloadIdentity};
@@ -216,8 +218,89 @@ fn tail(s: &str) -> &str {
     &s[start..]
 }
 
+/// A RequestAuthentication for reviews whose keys pilot-discovery fetches from `jwks_uri`, and an
+/// ALLOW that requires a request principal of that issuer, and a DENY of the claim `group: banned`.
+fn jwt_policies(issuer: &str, jwks_uri: &str) -> String {
+    format!(
+        r#"apiVersion: security.istio.io/v1
+kind: RequestAuthentication
+metadata: {{name: reviews-jwt, namespace: default}}
+spec:
+  selector: {{matchLabels: {{app: reviews}}}}
+  jwtRules:
+  - issuer: "{issuer}"
+    jwksUri: "{jwks_uri}"
+    outputClaimToHeaders: [{{header: x-jwt-group, claim: group}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {{name: require-jwt, namespace: default}}
+spec:
+  selector: {{matchLabels: {{app: reviews}}}}
+  action: ALLOW
+  rules:
+  - from: [{{source: {{requestPrincipals: ["{issuer}/*"]}}}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {{name: no-banned, namespace: default}}
+spec:
+  selector: {{matchLabels: {{app: reviews}}}}
+  action: DENY
+  rules:
+  - when: [{{key: "request.auth.claims[group]", values: [banned]}}]
+"#
+    )
+}
+
 mod netns {
     use super::*;
+
+    /// RequestAuthentication with keys pilot-discovery fetched (Envoy never talks to the issuer):
+    /// no token 403 (the ALLOW needs a request principal), a token of another key 401, a good
+    /// token 200 (its claim forwarded as a header), a claim a DENY names 403, an expired token 401.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn request_authentication_with_fetched_keys_and_a_policy_requiring_a_jwt() {
+        require_netns();
+        let issuer = TestIssuer::new("https://issuer.example.com", "k1");
+        let impostor = TestIssuer::new("https://issuer.example.com", "k1");
+        let jwks = DocumentServer::start(vec![("/jwks".into(), issuer.jwks())])
+            .await
+            .unwrap();
+        let jwks_uri = format!("http://{}/jwks", jwks.addr);
+        let mesh = AuthzMesh::start(&jwt_policies(&issuer.issuer, &jwks_uri))
+            .await
+            .unwrap();
+        let bearer = |token: &str| format!("authorization: Bearer {token}");
+        let get = |token: Option<&str>| {
+            let header = token.map(bearer);
+            let headers: Vec<&str> = header.iter().map(String::as_str).collect();
+            mesh.productpage
+                .curl_app(&format!("http://{HOST}:9080/"), &headers)
+                .unwrap()
+        };
+        let good = issuer.token_with(json!({"sub": "alice", "group": "staff"}), 600);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let body = loop {
+            let (code, body) = get(Some(&good));
+            if code == 200 {
+                break body;
+            }
+            assert!(Instant::now() < deadline, "a good token got {code}: {body}");
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert!(jwks.hits() >= 1, "pilot-discovery fetched the keys");
+        let echoed: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(echoed["headers"]["x-jwt-group"], "staff", "{body}");
+        assert_eq!(get(None), (403, "RBAC: access denied".into()));
+        let (code, body) = get(Some(&impostor.token_with(json!({"sub": "mallory"}), 600)));
+        assert_eq!(code, 401, "{body}");
+        assert_eq!(get(Some("not-a-jwt")).0, 401);
+        assert_eq!(get(Some(&issuer.token_with(json!({"sub": "alice"}), -120))).0, 401);
+        let banned = issuer.token_with(json!({"sub": "bob", "group": "banned"}), 600);
+        assert_eq!(get(Some(&banned)), (403, "RBAC: access denied".into()));
+        mesh.assert_no_rejects().unwrap();
+    }
 
     /// ALLOW by principal (the allowed caller gets 200, another meshed caller 403 with Envoy's
     /// RBAC denial), DENY by path before ALLOW, the same ALLOW on a TCP port (the other caller's

@@ -31,6 +31,8 @@ pub struct Environment {
     pub(crate) seq: AtomicU64,
     /// The previous push's index, whose untouched per-kind indexes the next push reuses.
     pub(crate) last: Mutex<Option<Arc<PushContext>>>,
+    /// The JWKS fetched for RequestAuthentications (pilot-discovery's resolver sets them).
+    pub(crate) jwks: Mutex<Arc<push_index::security_policies::JwksKeys>>,
 }
 
 pub(crate) struct State {
@@ -81,6 +83,7 @@ impl Environment {
             }),
             seq: AtomicU64::new(0),
             last: Mutex::new(None),
+            jwks: Mutex::default(),
         }
     }
 
@@ -92,6 +95,34 @@ impl Environment {
 
     pub fn mesh(&self) -> &MeshConfig {
         &self.mesh
+    }
+
+    /// The JWKS that the RequestAuthentications of the current configs need fetched, each with
+    /// the RequestAuthentications asking for it.
+    pub fn jwks_wanted(&self) -> BTreeMap<push_index::security_policies::JwksKey, Vec<ConfigKey>> {
+        let configs: Vec<Arc<Config>> = lock(&self.state)
+            .configs
+            .values()
+            .filter(|c| c.kind == ConfigKind::RequestAuthentication)
+            .cloned()
+            .collect();
+        push_index::security_policies::jwks_wanted(&configs)
+    }
+
+    /// Replaces the fetched JWKS; returns the push that brings them to the proxies (the
+    /// RequestAuthentications in `users` changed, as Istio's key refresh pushes), if they changed.
+    pub fn set_jwks(&self, jwks: push_index::security_policies::JwksKeys, users: Vec<ConfigKey>) -> Update {
+        {
+            let mut current = lock(&self.jwks);
+            if **current == jwks {
+                return Update::default();
+            }
+            *current = Arc::new(jwks);
+        }
+        Update {
+            push: Some(PushRequest::configs(users)),
+            proxies: BTreeSet::new(),
+        }
     }
 
     /// The services and endpoints of every registry.

@@ -67,6 +67,7 @@ impl SnapshotBuilder for Environment {
             registry,
             version: format!("{}/{seq}", xds_server::rfc3339(SystemTime::now())),
             features: self.features,
+            jwks: lock(&self.jwks).clone(),
         };
         drop(configs);
         let mut last = lock(&self.last);

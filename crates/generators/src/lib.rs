@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
+mod authn;
 mod authz;
 mod cds;
 mod eds;

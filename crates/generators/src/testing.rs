@@ -39,6 +39,7 @@ pub(crate) fn push_input(mesh: MeshConfig, docs: Vec<Value>) -> PushInput {
         registry,
         version: "1".into(),
         features: Default::default(),
+        jwks: Default::default(),
     }
 }
 

@@ -37,7 +37,7 @@ pub enum ConfigKind {
 }
 
 impl ConfigKind {
-    pub const SUPPORTED: [ConfigKind; 9] = [
+    pub const SUPPORTED: [ConfigKind; 10] = [
         ConfigKind::VirtualService,
         ConfigKind::DestinationRule,
         ConfigKind::Gateway,
@@ -46,6 +46,7 @@ impl ConfigKind {
         ConfigKind::Sidecar,
         ConfigKind::PeerAuthentication,
         ConfigKind::AuthorizationPolicy,
+        ConfigKind::RequestAuthentication,
         ConfigKind::Secret,
     ];
 

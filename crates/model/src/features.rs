@@ -7,11 +7,38 @@ pub struct Features {
     /// `PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN` (Istio 1.27+, default true): virtual hosts also
     /// match the absolute FQDN (`reviews.default.svc.cluster.local.`).
     pub enable_absolute_fqdn_vhost_domain: bool,
+    /// `PILOT_JWT_ENABLE_REMOTE_JWKS`: who fetches the JWKS of RequestAuthentication rules.
+    pub jwks_fetch_mode: JwksFetchMode,
+}
+
+/// Istio's `jwt.JwksFetchMode`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub enum JwksFetchMode {
+    /// `false`/`istiod` (default): pilot-discovery fetches the keys and inlines them; a JWKS that
+    /// cannot be fetched becomes a key set nobody can sign for (tokens are rejected).
+    #[default]
+    Istiod,
+    /// `hybrid`: Envoy fetches from the issuer's cluster when the mesh has one, else pilot-discovery.
+    Hybrid,
+    /// `true`/`envoy`: Envoy fetches (`remote_jwks`) through the cluster of the JWKS host.
+    Envoy,
+}
+
+impl JwksFetchMode {
+    /// Istio's `ConvertToJwksFetchMode`: unknown values are `istiod`.
+    pub fn parse(s: &str) -> JwksFetchMode {
+        match s.to_ascii_lowercase().as_str() {
+            "true" | "envoy" => JwksFetchMode::Envoy,
+            "hybrid" => JwksFetchMode::Hybrid,
+            _ => JwksFetchMode::Istiod,
+        }
+    }
 }
 
 impl Features {
     pub const ISTIO_DEFAULTS: Features = Features {
         enable_absolute_fqdn_vhost_domain: true,
+        jwks_fetch_mode: JwksFetchMode::Istiod,
     };
 }
 

@@ -5,6 +5,7 @@
 mod args;
 mod configz;
 mod http;
+mod jwks;
 mod kubernetes;
 mod logging;
 mod metrics;

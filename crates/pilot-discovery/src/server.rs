@@ -154,6 +154,15 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     };
     let server = DiscoveryServer::new(environment.clone(), opts, &mut registry);
     server.start();
+    let jwks_metrics = crate::jwks::JwksMetrics::register(&mut registry);
+    let jwks = (settings.features.jwks_fetch_mode != model::features::JwksFetchMode::Envoy).then(|| {
+        crate::jwks::spawn(
+            environment.clone(),
+            server.clone(),
+            settings.jwks_refresh_interval,
+            jwks_metrics,
+        )
+    });
     if let Some(k) = kubernetes {
         k.follow(environment.clone(), server.clone());
     }
@@ -233,6 +242,9 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
             }
             pipeline_metrics.validated(&change);
             dispatch(&srv, env.config_changed(&change));
+            if let Some(jwks) = &jwks {
+                jwks.configs_changed();
+            }
             pipeline_metrics.observe(env.stats());
         }
         bail!("the config source stopped")

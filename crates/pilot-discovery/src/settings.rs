@@ -26,8 +26,12 @@ pub struct Settings {
     pub enable_debug_endpoint_auth: bool,
     /// POD_NAMESPACE: istiod's own namespace.
     pub pod_namespace: String,
-    /// Istio's generation flags (`PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN`).
+    /// Istio's generation flags (`PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN`,
+    /// `PILOT_JWT_ENABLE_REMOTE_JWKS`).
     pub features: model::Features,
+    /// PILOT_JWT_PUB_KEY_REFRESH_INTERVAL: how often the JWKS of RequestAuthentications are fetched
+    /// again (Istio: 20m).
+    pub jwks_refresh_interval: Duration,
 }
 
 /// A bad environment value: names the variable and what is wrong.
@@ -105,8 +109,12 @@ impl Settings {
             pod_namespace: get("POD_NAMESPACE")
                 .filter(|v| !v.is_empty())
                 .unwrap_or_else(|| "istio-system".into()),
+            jwks_refresh_interval: duration("PILOT_JWT_PUB_KEY_REFRESH_INTERVAL", Duration::from_secs(20 * 60))?,
             features: model::Features {
                 enable_absolute_fqdn_vhost_domain: boolean("PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN", true)?,
+                jwks_fetch_mode: model::features::JwksFetchMode::parse(
+                    &get("PILOT_JWT_ENABLE_REMOTE_JWKS").unwrap_or_default(),
+                ),
             },
         };
         Ok(s)

@@ -53,6 +53,8 @@ pub struct PushInput {
     /// The push version, as Istio's `PushVersion`; sent as `version_info`.
     pub version: String,
     pub features: model::Features,
+    /// The JWKS pilot-discovery fetched for RequestAuthentication rules.
+    pub jwks: Arc<security_policies::JwksKeys>,
 }
 
 /// The per-push index. Immutable once built, except for what it computes on first use (Sidecar
@@ -63,6 +65,7 @@ pub struct PushContext {
     mesh: Arc<MeshConfig>,
     domain: String,
     features: model::Features,
+    jwks: Arc<security_policies::JwksKeys>,
     configs: Vec<Arc<Config>>,
     registry: Arc<registry::RegistrySnapshot>,
     services: Arc<ServiceIndex>,
@@ -128,6 +131,7 @@ impl PushContext {
             mesh: input.mesh,
             domain: input.domain,
             features: input.features,
+            jwks: input.jwks,
             configs: input.configs,
             registry: input.registry,
             services,
@@ -194,6 +198,7 @@ impl PushContext {
             mesh: input.mesh,
             domain: input.domain,
             features: input.features,
+            jwks: input.jwks,
             configs: input.configs,
             registry: input.registry,
             services,
@@ -250,6 +255,42 @@ impl PushContext {
             labels,
             security_policies::authorization_scope,
         ))
+    }
+
+    /// Istio's `LookupCluster`: the outbound cluster of `service` (`<namespace>/<hostname>`, or a
+    /// hostname only one namespace has) on `port`.
+    pub fn lookup_cluster(&self, service: &str, port: u16) -> Result<String, String> {
+        if service.is_empty() {
+            return Err("service must not be empty".into());
+        }
+        let (namespace, host) = match service.split_once('/') {
+            Some((ns, host)) => (Some(ns), host),
+            None => (None, service),
+        };
+        let found: Vec<_> = self
+            .services
+            .by_hostname(host)
+            .filter(|(ns, _)| namespace.is_none_or(|n| n == ns.as_str()))
+            .collect();
+        match found.as_slice() {
+            [(_, svc)] => Ok(format!("outbound|{port}||{}", svc.hostname)),
+            [] => Err(format!("could not find service {service} in Istio service registry")),
+            many => Err(format!(
+                "found {service} in multiple namespaces {:?}, specify the namespace explicitly in the format of \
+                 <Namespace>/<Hostname>",
+                many.iter().map(|(ns, _)| ns.as_str()).collect::<Vec<_>>()
+            )),
+        }
+    }
+
+    /// The JWKS fetched for a rule's issuer and `jwksUri` (empty: OpenID discovery), if any.
+    pub fn jwks(&self, issuer: &str, jwks_uri: &str) -> Option<&str> {
+        self.jwks
+            .get(&security_policies::JwksKey {
+                issuer: issuer.to_owned(),
+                jwks_uri: jwks_uri.to_owned(),
+            })
+            .map(String::as_str)
     }
 
     /// The RequestAuthentications that apply to a workload of `namespace` with `labels`, root

@@ -12,6 +12,33 @@ use std::sync::Arc;
 use model::security::{AuthorizationPolicy, AuthzAction, PolicyTargetReference, RequestAuthentication};
 use model::{Config, ConfigSpec};
 
+/// A JWKS to fetch: a RequestAuthentication rule's issuer and `jwksUri` (empty: the issuer's
+/// OpenID discovery document names it), as Istio's `jwtKey`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct JwksKey {
+    pub issuer: String,
+    pub jwks_uri: String,
+}
+
+/// Fetched JWKS documents (JSON), by key.
+pub type JwksKeys = std::collections::BTreeMap<JwksKey, String>;
+
+/// The JWKS that rules without inline `jwks` need, and the RequestAuthentications asking for each.
+pub fn jwks_wanted(configs: &[Arc<Config>]) -> std::collections::BTreeMap<JwksKey, Vec<model::ConfigKey>> {
+    let mut out: std::collections::BTreeMap<JwksKey, Vec<model::ConfigKey>> = Default::default();
+    for c in configs {
+        let Some(ra) = request_authentication(c) else { continue };
+        for rule in ra.jwt_rules.iter().flatten().filter(|r| r.jwks.is_empty()) {
+            let key = JwksKey {
+                issuer: rule.issuer.clone(),
+                jwks_uri: rule.jwks_uri.clone(),
+            };
+            out.entry(key).or_default().push(c.key());
+        }
+    }
+    out
+}
+
 /// The label Gateway API deployments carry, naming their Gateway.
 pub const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
 

@@ -104,6 +104,15 @@ impl ServiceIndex {
     }
 
     /// Every service, each hostname once per namespace (for debug and change detection).
+    /// The services of a hostname, by namespace.
+    pub fn by_hostname(&self, host: &str) -> impl Iterator<Item = (&String, &Arc<Service>)> {
+        self.by_host
+            .get(host)
+            .into_iter()
+            .flatten()
+            .map(|(ns, e)| (ns, &e.service))
+    }
+
     pub fn all(&self) -> impl Iterator<Item = &Arc<Service>> {
         self.by_host.values().flat_map(|m| m.values().map(|e| &e.service))
     }

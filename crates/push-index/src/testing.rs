@@ -23,5 +23,6 @@ pub fn push_with(mesh: Arc<MeshConfig>, docs: impl IntoIterator<Item = Value>) -
         registry,
         version: "v1".into(),
         features: Default::default(),
+        jwks: Default::default(),
     })
 }

@@ -313,6 +313,7 @@ fn rebuild_reuses_untouched_indexes() {
         registry,
         version: "v2".into(),
         features: Default::default(),
+        jwks: Default::default(),
     };
     let changed = crate::ChangeScope {
         kinds: vec![model::ConfigKind::Gateway],

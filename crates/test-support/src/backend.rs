@@ -157,6 +157,50 @@ impl Drop for Backend {
     }
 }
 
+/// Fixed documents at fixed paths (a JWKS, an OpenID discovery document, ...) on 127.0.0.1,
+/// counting the requests; stopped on drop.
+pub struct DocumentServer {
+    pub addr: SocketAddr,
+    hits: Arc<Mutex<usize>>,
+    server: JoinHandle<()>,
+}
+
+impl DocumentServer {
+    pub async fn start(documents: Vec<(String, String)>) -> anyhow::Result<DocumentServer> {
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let addr = listener.local_addr()?;
+        let hits = Arc::new(Mutex::new(0));
+        let mut router = Router::new();
+        for (path, body) in documents {
+            let hits = hits.clone();
+            router = router.route(
+                &path,
+                axum::routing::get(move || async move {
+                    *hits.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+                    ([(axum::http::header::CONTENT_TYPE, "application/json")], body)
+                }),
+            );
+        }
+        let server = tokio::spawn(async move {
+            if let Err(err) = axum::serve(listener, router).await {
+                tracing::warn!("document server stopped: {err}");
+            }
+        });
+        Ok(DocumentServer { addr, hits, server })
+    }
+
+    /// Requests answered so far.
+    pub fn hits(&self) -> usize {
+        *self.hits.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for DocumentServer {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
 fn header_map(headers: &HeaderMap) -> BTreeMap<String, String> {
     let mut map: BTreeMap<String, String> = BTreeMap::new();
     for (name, value) in headers {

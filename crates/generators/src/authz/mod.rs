@@ -56,13 +56,17 @@ pub(crate) struct AuthzFilters {
 }
 
 impl AuthzFilters {
+    /// Istio's order: CUSTOM, then authentication (`jwt_authn`), then the RBAC of AUDIT, DENY
+    /// and ALLOW.
     pub(crate) fn for_proxy(push: &PushContext, proxy: &Proxy) -> AuthzFilters {
-        match Builder::for_proxy(push, proxy) {
-            Some(b) => AuthzFilters {
-                http: b.http_filters(),
-                network: b.network_filters(),
-            },
-            None => AuthzFilters::default(),
+        let builder = Builder::for_proxy(push, proxy);
+        let (custom, local) = builder.as_ref().map(Builder::http_filters_by_stage).unwrap_or_default();
+        let mut http = custom;
+        http.extend(crate::authn::jwt_filter(push, proxy));
+        http.extend(local);
+        AuthzFilters {
+            http,
+            network: builder.map(|b| b.network_filters()).unwrap_or_default(),
         }
     }
 
@@ -107,9 +111,19 @@ impl Builder {
         Some(Builder { bundle, policies })
     }
 
-    /// The HTTP RBAC filters, CUSTOM first (they run before authentication in Istio's chain).
+    /// The HTTP RBAC filters, CUSTOM first.
+    #[cfg(test)]
     pub(crate) fn http_filters(&self) -> Vec<HttpFilter> {
-        self.rbacs(false)
+        let (mut custom, local) = self.http_filters_by_stage();
+        custom.extend(local);
+        custom
+    }
+
+    /// (CUSTOM, AUDIT/DENY/ALLOW) HTTP RBAC filters: authentication goes between them.
+    pub(crate) fn http_filters_by_stage(&self) -> (Vec<HttpFilter>, Vec<HttpFilter>) {
+        let custom = usize::from(!self.policies.custom.is_empty());
+        let mut all: Vec<HttpFilter> = self
+            .rbacs(false)
             .into_iter()
             .map(|(rules, shadow, shadow_prefix)| HttpFilter {
                 name: HTTP_RBAC_FILTER.into(),
@@ -121,7 +135,9 @@ impl Builder {
                 }))),
                 ..Default::default()
             })
-            .collect()
+            .collect();
+        let local = all.split_off(custom);
+        (all, local)
     }
 
     /// The network RBAC filters, to go before the chain's tcp_proxy.

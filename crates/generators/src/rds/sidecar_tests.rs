@@ -123,6 +123,7 @@ fn absolute_fqdn_domains_follow_pilot_enable_absolute_fqdn_vhost_domain() {
     let without = push_index::PushContext::new(push_index::PushInput {
         features: model::Features {
             enable_absolute_fqdn_vhost_domain: false,
+            ..Default::default()
         },
         ..input
     });

@@ -105,6 +105,7 @@ pub fn input(mesh: &Arc<MeshConfig>, configs: Vec<Arc<Config>>, version: &str) -
         registry,
         version: version.into(),
         features: Default::default(),
+        jwks: Default::default(),
     }
 }
 

@@ -15,7 +15,8 @@ use crate::envoy::envoy_bin;
 const AS_APP: [&str; 4] = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"];
 
 impl Pod {
-    /// An HTTP app on 0.0.0.0:`port` answering GET with `{"backend": <name>, "host": ...}`;
+    /// An HTTP app on 0.0.0.0:`port` answering GET with `{"backend": <name>, "host": ..., "headers":
+    /// {<lowercase name>: value}}`;
     /// `/status/<code>` answers with that status, `/delay/<ms>` answers after that long, and
     /// `/requests` tells how many requests each path got (to see retries at the backend).
     pub fn start_app(&mut self, port: u16) -> anyhow::Result<()> {
@@ -33,7 +34,8 @@ class H(http.server.BaseHTTPRequestHandler):
             parts = self.path.strip("/").split("/")
             if len(parts) == 2 and parts[0] == "status" and parts[1].isdigit(): status = int(parts[1])
             if len(parts) == 2 and parts[0] == "delay" and parts[1].isdigit(): time.sleep(int(parts[1]) / 1000)
-            body = json.dumps({{"backend": "{name}", "host": self.headers.get("host", "")}}).encode()
+            headers = {{k.lower(): v for k, v in self.headers.items()}}
+            body = json.dumps({{"backend": "{name}", "host": self.headers.get("host", ""), "headers": headers}}).encode()
         self.send_response(status); self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body))); self.end_headers(); self.wfile.write(body)
     def log_message(self, *a): pass
