@@ -282,3 +282,104 @@ async fn authorization_policies_selecting_the_gateway() -> anyhow::Result<()> {
     .await?;
     mesh.assert_no_rejects().await
 }
+
+/// CUSTOM AuthorizationPolicy on the gateway: requests the policy matches are checked by the
+/// mesh's ext_authz HTTP provider (a loopback server behind a ServiceEntry), whose 403 reaches
+/// the client and whose 200 lets the request through; requests the policy does not match never
+/// reach the provider. Switching the policy to another provider takes effect without restarts.
+#[tokio::test]
+async fn custom_policy_asks_the_mesh_ext_authz_provider() -> anyhow::Result<()> {
+    use test_support::backend::{Backend, BackendOptions};
+    let deny = Backend::start_with(
+        "authz-deny",
+        BackendOptions {
+            status: 403,
+            ..Default::default()
+        },
+    )
+    .await?;
+    let allow = Backend::start("authz-allow").await?;
+    let mut backends = std::collections::BTreeMap::new();
+    for name in ["reviews-v1", "reviews-v2", "ratings", "slow"] {
+        backends.insert(name, Backend::start(name).await?);
+    }
+    let gateway_port = test_support::ports::free_port();
+    let dir = tempfile::tempdir()?;
+    common::write_mesh_config(dir.path(), gateway_port, &backends)?;
+    let authz_service = |name: &str, port: u16| {
+        format!(
+            "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: default}}\n\
+             spec:\n  hosts: [{name}.default.svc.cluster.local]\n  location: MESH_INTERNAL\n  resolution: STATIC\n\
+             \x20 ports: [{{number: 9000, name: http, protocol: HTTP, targetPort: {port}}}]\n\
+             \x20 endpoints: [{{address: 127.0.0.1}}]\n"
+        )
+    };
+    std::fs::write(
+        dir.path().join("authz-services.yaml"),
+        format!(
+            "{}---\n{}",
+            authz_service("ext-authz-deny", deny.port()),
+            authz_service("ext-authz-allow", allow.port())
+        ),
+    )?;
+    let policy = |provider: &str| {
+        format!(
+            "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\n\
+             metadata: {{name: ext, namespace: istio-system}}\n\
+             spec:\n  selector: {{matchLabels: {{istio: ingressgateway}}}}\n  action: CUSTOM\n\
+             \x20 provider: {{name: {provider}}}\n  rules: [{{to: [{{operation: {{paths: [\"/ratings*\"]}}}}]}}]\n"
+        )
+    };
+    std::fs::write(dir.path().join("authz.yaml"), policy("deny-all"))?;
+    let mesh_dir = tempfile::tempdir()?;
+    let mesh_config = mesh_dir.path().join("mesh.yaml");
+    std::fs::write(
+        &mesh_config,
+        "extensionProviders:\n\
+         - name: deny-all\n  envoyExtAuthzHttp: {service: ext-authz-deny.default.svc.cluster.local, port: 9000, pathPrefix: /check}\n\
+         - name: allow-all\n  envoyExtAuthzHttp: {service: ext-authz-allow.default.svc.cluster.local, port: 9000}\n",
+    )?;
+    let discovery = test_support::discovery::Discovery::start(
+        dir.path(),
+        test_support::discovery::DiscoveryOptions {
+            args: vec!["--meshConfig".into(), mesh_config.display().to_string()],
+            ..Default::default()
+        },
+    )
+    .await?;
+    let envoy = common::start_gateway_envoy(&discovery, Ads::Sotw).await?;
+    let mesh = GatewayMesh {
+        dir,
+        backends,
+        discovery,
+        envoy,
+        gateway_port,
+    };
+    mesh.wait_for(Duration::from_secs(20), |r| r.status == 200, "/reviews", &[])
+        .await?;
+    let denied = mesh
+        .wait_for(Duration::from_secs(15), |r| r.status == 403, "/ratings", &[])
+        .await?;
+    assert!(
+        denied.body.contains("authz-deny"),
+        "the provider's answer: {}",
+        denied.body
+    );
+    let check = deny.last().expect("the provider was asked");
+    assert_eq!(check.path, "/check/ratings", "pathPrefix, then the request's path");
+    assert_eq!(mesh.backend("ratings").count(), 0, "denied before routing");
+    let asked = deny.count();
+    assert_eq!(mesh.get("/reviews", &[]).await?.status, 200);
+    assert_eq!(
+        deny.count(),
+        asked,
+        "requests the policy does not match are not checked"
+    );
+
+    std::fs::write(mesh.dir.path().join("authz.yaml"), policy("allow-all"))?;
+    mesh.wait_for(Duration::from_secs(15), |r| r.status == 200, "/ratings", &[])
+        .await?;
+    assert!(allow.count() >= 1, "the other provider was asked");
+    assert!(mesh.backend("ratings").count() >= 1);
+    mesh.assert_no_rejects().await
+}

@@ -9,6 +9,9 @@ pub struct Features {
     pub enable_absolute_fqdn_vhost_domain: bool,
     /// `PILOT_JWT_ENABLE_REMOTE_JWKS`: who fetches the JWKS of RequestAuthentication rules.
     pub jwks_fetch_mode: JwksFetchMode,
+    /// `PILOT_ENABLE_MULTIPLE_CUSTOM_AUTHZ_PROVIDERS` (default false): CUSTOM policies of more than
+    /// one provider on a workload each get their ext_authz filter; without it they deny.
+    pub enable_multiple_custom_authz_providers: bool,
 }
 
 /// Istio's `jwt.JwksFetchMode`.
@@ -39,6 +42,7 @@ impl Features {
     pub const ISTIO_DEFAULTS: Features = Features {
         enable_absolute_fqdn_vhost_domain: true,
         jwks_fetch_mode: JwksFetchMode::Istiod,
+        enable_multiple_custom_authz_providers: false,
     };
 }
 

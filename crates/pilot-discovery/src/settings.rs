@@ -115,6 +115,7 @@ impl Settings {
                 jwks_fetch_mode: model::features::JwksFetchMode::parse(
                     &get("PILOT_JWT_ENABLE_REMOTE_JWKS").unwrap_or_default(),
                 ),
+                enable_multiple_custom_authz_providers: boolean("PILOT_ENABLE_MULTIPLE_CUSTOM_AUTHZ_PROVIDERS", false)?,
             },
         };
         Ok(s)

@@ -4,9 +4,9 @@
 //! compared semantically: the same action, the same policy names, and per policy the same
 //! permissions and principals (map order aside). The case table (which input, which mesh config
 //! and trust domains, which outputs) is the one of Istio's `builder_test.go`. The `extended-*`
-//! files are not compared: Istio's own test never reads them (it verifies `tc.want`).
-//! CUSTOM policies whose provider Istio can use are reported as not yet built: we fail closed
-//! (the policy's rules as DENY, as Istio does for a provider it cannot use) and check that.
+//! files are not compared: Istio's own test never reads them (it verifies `tc.want`). CUSTOM cases
+//! run with the table's mesh configs (ext_authz providers) and the table's one service,
+//! `my-custom-ext-authz.foo.svc.cluster.local`; their ext_authz filters are compared whole.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,13 +14,16 @@ use std::sync::Arc;
 
 use prost::Message;
 use push_index::security_policies::{PolicyIndex, authorization_policy, authorization_scope, by_action};
+use serde_json::{Value, json};
 use xds_api::envoy::config::listener::v3::{Filter, filter};
 use xds_api::envoy::config::rbac::v3::Rbac;
+use xds_api::envoy::extensions::filters::http::ext_authz::v3::ExtAuthz as HttpExtAuthz;
 use xds_api::envoy::extensions::filters::http::rbac::v3::Rbac as HttpRbac;
+use xds_api::envoy::extensions::filters::network::ext_authz::v3::ExtAuthz as NetworkExtAuthz;
 use xds_api::envoy::extensions::filters::network::http_connection_manager::v3::{HttpFilter, http_filter};
 use xds_api::envoy::extensions::filters::network::rbac::v3::Rbac as NetworkRbac;
 
-use super::{BAD_CUSTOM_SUFFIX, Builder, Bundle};
+use super::{Builder, Bundle};
 
 fn testdata() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -40,8 +43,55 @@ struct Case {
     want: &'static [&'static str],
     /// The trust domain bundle (none: Go's zero `Bundle`, no trust domains).
     bundle: Option<(&'static str, &'static [&'static str])>,
-    /// Whether the mesh config names a usable ext_authz provider (CUSTOM built by Istio).
-    custom_provider: bool,
+    /// The mesh config's extension providers (Istio's `meshConfigGRPC`, ...).
+    mesh: Mesh,
+}
+
+#[derive(Clone, Copy)]
+enum Mesh {
+    None,
+    GrpcNoNamespace,
+    Grpc,
+    Http,
+    Invalid,
+}
+
+/// The extension providers of Istio's `builder_test.go` mesh configs.
+fn extension_providers(mesh: Mesh) -> Vec<Value> {
+    let provider = match mesh {
+        Mesh::None => return Vec::new(),
+        Mesh::GrpcNoNamespace => json!({"envoyExtAuthzGrpc": {
+            "service": "my-custom-ext-authz.foo.svc.cluster.local", "port": 9000,
+            "failOpen": true, "statusOnError": "403"}}),
+        Mesh::Grpc => json!({"envoyExtAuthzGrpc": {
+            "service": "foo/my-custom-ext-authz.foo.svc.cluster.local", "port": 9000, "timeout": "0.002s",
+            "failOpen": true, "statusOnError": "403",
+            "includeRequestBodyInCheck": {"maxRequestBytes": 4096, "allowPartialMessage": true}}}),
+        Mesh::Http => json!({"envoyExtAuthzHttp": {
+            "service": "foo/my-custom-ext-authz.foo.svc.cluster.local", "port": 9000, "timeout": "10s",
+            "failOpen": true, "statusOnError": "403", "pathPrefix": "/check",
+            "includeRequestHeadersInCheck": ["x-custom-id", "x-prefix-*", "*-suffix"],
+            "includeHeadersInCheck": ["should-not-include-when-IncludeRequestHeadersInCheck-is-set"],
+            "includeAdditionalHeadersInCheck": {"x-header-1": "value-1", "x-header-2": "value-2"},
+            "includeRequestBodyInCheck": {"maxRequestBytes": 2048, "allowPartialMessage": true, "packAsBytes": true},
+            "headersToUpstreamOnAllow": ["Authorization", "x-prefix-*", "*-suffix"],
+            "headersToDownstreamOnDeny": ["Set-cookie", "x-prefix-*", "*-suffix"],
+            "headersToDownstreamOnAllow": ["Set-cookie", "x-prefix-*", "*-suffix"]}}),
+        Mesh::Invalid => json!({"envoyExtAuthzHttp": {
+            "service": "foo/my-custom-ext-authz", "port": 999999, "pathPrefix": "check", "statusOnError": "999"}}),
+    };
+    let mut p = provider;
+    p["name"] = json!("default");
+    vec![p]
+}
+
+/// Istio's test push: one service, `my-custom-ext-authz.foo.svc.cluster.local` in `foo`.
+fn lookup(service: &str, port: u16) -> Result<(String, String), String> {
+    const HOST: &str = "my-custom-ext-authz.foo.svc.cluster.local";
+    match service.split_once('/') {
+        Some(("foo", HOST)) | None if service.ends_with(HOST) => Ok((HOST.into(), format!("outbound|{port}||{HOST}"))),
+        _ => Err(format!("could not find service {service} in Istio service registry")),
+    }
 }
 
 const fn case(name: &'static str, input: &'static str, want: &'static [&'static str]) -> Case {
@@ -50,7 +100,7 @@ const fn case(name: &'static str, input: &'static str, want: &'static [&'static 
         input,
         want,
         bundle: None,
-        custom_provider: false,
+        mesh: Mesh::None,
     }
 }
 
@@ -73,7 +123,7 @@ const HTTP_CASES: &[Case] = &[
         &["audit-full-rule-out.yaml"],
     ),
     Case {
-        custom_provider: true,
+        mesh: Mesh::GrpcNoNamespace,
         ..case(
             "custom-grpc-provider-no-namespace",
             "custom-simple-http-in.yaml",
@@ -84,7 +134,7 @@ const HTTP_CASES: &[Case] = &[
         )
     },
     Case {
-        custom_provider: true,
+        mesh: Mesh::Grpc,
         ..case(
             "custom-grpc-provider",
             "custom-simple-http-in.yaml",
@@ -92,7 +142,7 @@ const HTTP_CASES: &[Case] = &[
         )
     },
     Case {
-        custom_provider: true,
+        mesh: Mesh::Http,
         ..case(
             "custom-http-provider",
             "custom-simple-http-in.yaml",
@@ -100,7 +150,7 @@ const HTTP_CASES: &[Case] = &[
         )
     },
     Case {
-        custom_provider: true,
+        mesh: Mesh::Http,
         ..case(
             "custom-bad-multiple-providers",
             "custom-bad-multiple-providers-in.yaml",
@@ -110,11 +160,14 @@ const HTTP_CASES: &[Case] = &[
             ],
         )
     },
-    case(
-        "custom-bad-invalid-config",
-        "custom-simple-http-in.yaml",
-        &["custom-bad-out.yaml"],
-    ),
+    Case {
+        mesh: Mesh::Invalid,
+        ..case(
+            "custom-bad-invalid-config",
+            "custom-simple-http-in.yaml",
+            &["custom-bad-out.yaml"],
+        )
+    },
     case(
         "deny-and-allow",
         "deny-and-allow-in.yaml",
@@ -194,7 +247,7 @@ const TCP_CASES: &[Case] = &[
         &["audit-both-http-tcp-out.yaml"],
     ),
     Case {
-        custom_provider: true,
+        mesh: Mesh::Grpc,
         ..case(
             "custom-both-http-tcp",
             "custom-both-http-tcp-in.yaml",
@@ -202,7 +255,7 @@ const TCP_CASES: &[Case] = &[
         )
     },
     Case {
-        custom_provider: true,
+        mesh: Mesh::Http,
         ..case("custom-only-http", "custom-only-http-in.yaml", &[])
     },
     case(
@@ -234,28 +287,47 @@ fn builder(dir: &Path, c: &Case) -> Option<Builder> {
     let bundle = c.bundle.map_or_else(Bundle::default, |(td, aliases)| {
         Bundle::new(td, &aliases.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>())
     });
-    Builder::with_bundle(bundle, policies)
+    Builder::for_test(bundle, policies, &extension_providers(c.mesh), &lookup)
 }
 
-/// (enforced rules, shadow rules, shadow stat prefix, stat prefix) of one RBAC filter.
-type Decided = (Option<Rbac>, Option<Rbac>, String, String);
+/// One filter, decoded: RBAC as (enforced rules, shadow rules, shadow stat prefix, stat prefix),
+/// ext_authz whole.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // a few per test case
+enum Decided {
+    Rbac(Option<Rbac>, Option<Rbac>, String, String),
+    HttpExtAuthz(HttpExtAuthz),
+    NetworkExtAuthz(NetworkExtAuthz),
+}
 
-fn http_rbac(f: &HttpFilter) -> Decided {
-    assert_eq!(f.name, "envoy.filters.http.rbac");
+fn http_filter(f: &HttpFilter) -> Decided {
     let Some(http_filter::ConfigType::TypedConfig(any)) = &f.config_type else {
         panic!("{}: no typed config", f.name)
     };
-    let r = HttpRbac::decode(any.value.as_slice()).unwrap();
-    (r.rules, r.shadow_rules, r.shadow_rules_stat_prefix, String::new())
+    match f.name.as_str() {
+        "envoy.filters.http.rbac" => {
+            let r = HttpRbac::decode(any.value.as_slice()).unwrap();
+            Decided::Rbac(r.rules, r.shadow_rules, r.shadow_rules_stat_prefix, String::new())
+        }
+        "envoy.filters.http.ext_authz" => Decided::HttpExtAuthz(HttpExtAuthz::decode(any.value.as_slice()).unwrap()),
+        other => panic!("unexpected HTTP filter {other}"),
+    }
 }
 
-fn network_rbac(f: &Filter) -> Decided {
-    assert_eq!(f.name, "envoy.filters.network.rbac");
+fn network_filter(f: &Filter) -> Decided {
     let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
         panic!("{}: no typed config", f.name)
     };
-    let r = NetworkRbac::decode(any.value.as_slice()).unwrap();
-    (r.rules, r.shadow_rules, r.shadow_rules_stat_prefix, r.stat_prefix)
+    match f.name.as_str() {
+        "envoy.filters.network.rbac" => {
+            let r = NetworkRbac::decode(any.value.as_slice()).unwrap();
+            Decided::Rbac(r.rules, r.shadow_rules, r.shadow_rules_stat_prefix, r.stat_prefix)
+        }
+        "envoy.filters.network.ext_authz" => {
+            Decided::NetworkExtAuthz(NetworkExtAuthz::decode(any.value.as_slice()).unwrap())
+        }
+        other => panic!("unexpected network filter {other}"),
+    }
 }
 
 /// Where two rule sets differ, policy by policy; empty when they decide alike.
@@ -295,66 +367,64 @@ fn differences(what: &str, ours: &Option<Rbac>, istio: &Option<Rbac>) -> Vec<Str
 
 fn compare(case: &str, ours: &[Decided], istio: &[Decided]) -> Vec<String> {
     if ours.len() != istio.len() {
-        return vec![format!("{case}: {} filters, Istio {}", ours.len(), istio.len())];
+        return vec![format!(
+            "{case}: {} filters, Istio {}: {ours:?}",
+            ours.len(),
+            istio.len()
+        )];
     }
     let mut out = Vec::new();
     for (i, (a, b)) in ours.iter().zip(istio).enumerate() {
-        out.extend(differences(&format!("{case} filter {i} rules"), &a.0, &b.0));
-        out.extend(differences(&format!("{case} filter {i} shadow rules"), &a.1, &b.1));
-        if a.2 != b.2 || a.3 != b.3 {
-            out.push(format!(
-                "{case} filter {i}: stat prefixes {:?} vs Istio's {:?}",
-                (&a.2, &a.3),
-                (&b.2, &b.3)
-            ));
+        match (a, b) {
+            (Decided::Rbac(r1, s1, sp1, p1), Decided::Rbac(r2, s2, sp2, p2)) => {
+                out.extend(differences(&format!("{case} filter {i} rules"), r1, r2));
+                out.extend(differences(&format!("{case} filter {i} shadow rules"), s1, s2));
+                if (sp1, p1) != (sp2, p2) {
+                    out.push(format!(
+                        "{case} filter {i}: stat prefixes {:?} vs Istio's {:?}",
+                        (sp1, p1),
+                        (sp2, p2)
+                    ));
+                }
+            }
+            (Decided::HttpExtAuthz(x), Decided::HttpExtAuthz(y)) if x == y => {}
+            (Decided::NetworkExtAuthz(x), Decided::NetworkExtAuthz(y)) if x == y => {}
+            _ => out.push(format!("{case} filter {i}:\n ours  {a:?}\n istio {b:?}")),
         }
     }
     out
 }
 
-/// We fail closed on a CUSTOM policy: one DENY filter holding every rule of it.
-fn check_fail_closed(case: &str, ours: &[Decided]) -> Vec<String> {
-    match ours.first() {
-        Some((Some(rules), None, _, _))
-            if rules.action == xds_api::envoy::config::rbac::v3::rbac::Action::Deny as i32
-                && !rules.policies.is_empty()
-                && rules.policies.keys().all(|k| k.ends_with(BAD_CUSTOM_SUFFIX)) =>
-        {
-            Vec::new()
-        }
-        other => vec![format!("{case}: CUSTOM does not fail closed: {other:?}")],
-    }
-}
-
-fn run(cases: &[Case], dir: &Path, for_tcp: bool) -> (usize, Vec<String>, Vec<String>) {
-    let (mut same, mut custom, mut failures) = (0, Vec::new(), Vec::new());
+fn run(cases: &[Case], dir: &Path, for_tcp: bool) -> (usize, Vec<String>) {
+    let (mut same, mut failures) = (0, Vec::new());
     for c in cases {
         let b = builder(dir, c);
         let ours: Vec<Decided> = match (&b, for_tcp) {
             (None, _) => Vec::new(),
-            (Some(b), false) => b.http_filters().iter().map(http_rbac).collect(),
-            (Some(b), true) => b.network_filters().iter().map(network_rbac).collect(),
+            (Some(b), false) => b
+                .custom_http_filters()
+                .iter()
+                .chain(&b.http_filters())
+                .map(http_filter)
+                .collect(),
+            (Some(b), true) => b
+                .custom_network_filters()
+                .iter()
+                .chain(&b.network_filters())
+                .map(network_filter)
+                .collect(),
         };
-        if c.custom_provider {
-            let f = check_fail_closed(c.name, &ours);
-            println!(
-                "{}: CUSTOM provider (ext_authz) not built; fails closed: {}",
-                c.name,
-                f.is_empty()
-            );
-            custom.push(c.name.to_owned());
-            failures.extend(f);
-            continue;
-        }
         let istio: Vec<Decided> = c
             .want
             .iter()
             .map(|w| {
                 let doc = yaml_docs(&dir.join(w)).remove(0);
                 if for_tcp {
-                    network_rbac(&xds_api::json::json_to_message::<Filter>(&doc).unwrap_or_else(|e| panic!("{w}: {e}")))
+                    network_filter(
+                        &xds_api::json::json_to_message::<Filter>(&doc).unwrap_or_else(|e| panic!("{w}: {e}")),
+                    )
                 } else {
-                    http_rbac(
+                    http_filter(
                         &xds_api::json::json_to_message::<HttpFilter>(&doc).unwrap_or_else(|e| panic!("{w}: {e}")),
                     )
                 }
@@ -375,25 +445,23 @@ fn run(cases: &[Case], dir: &Path, for_tcp: bool) -> (usize, Vec<String>, Vec<St
         }
         failures.extend(diffs);
     }
-    (same, custom, failures)
+    (same, failures)
 }
 
 #[test]
 fn http_filters_decide_as_istios_builder_goldens() {
     let dir = testdata().join("http");
-    let (same, custom, failures) = run(HTTP_CASES, &dir, false);
+    let (same, failures) = run(HTTP_CASES, &dir, false);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert_eq!(same + custom.len(), HTTP_CASES.len());
-    assert!(same >= 18, "only {same} HTTP cases compared");
+    assert_eq!(same, HTTP_CASES.len());
 }
 
 #[test]
 fn tcp_filters_decide_as_istios_builder_goldens() {
     let dir = testdata().join("tcp");
-    let (same, custom, failures) = run(TCP_CASES, &dir, true);
+    let (same, failures) = run(TCP_CASES, &dir, true);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert_eq!(same + custom.len(), TCP_CASES.len());
-    assert!(same >= 5, "only {same} TCP cases compared");
+    assert_eq!(same, TCP_CASES.len());
 }
 
 /// Inputs Istio's table no longer uses: the host matchers of proxies before Istio 1.11.

@@ -1,14 +1,13 @@
-//! AuthorizationPolicy → Envoy RBAC filters, as Istio's `security/authz/builder`: one RBAC filter
-//! per action in the order AUDIT, DENY, ALLOW (so DENY is decided before ALLOW), HTTP filters for
+//! AuthorizationPolicy → Envoy filters, as Istio's `security/authz/builder`: one RBAC filter per
+//! action in the order AUDIT, DENY, ALLOW (so DENY is decided before ALLOW), HTTP filters for
 //! HTTP chains and network filters (stat prefix `tcp.`) for TCP chains. Each rule of a policy is
 //! one RBAC policy `ns[<ns>]-policy[<name>]-rule[<i>]`; a policy without rules matches nothing
 //! (an ALLOW policy without rules allows nothing); policies annotated `istio.io/dry-run: "true"`
-//! go into the shadow rules (stats `istio_dry_run_allow_`/`istio_dry_run_deny_`).
-//!
-//! CUSTOM policies (ext_authz through the mesh's `extensionProviders`) are not built yet: they get
-//! what Istio generates for a CUSTOM policy whose provider it cannot use, a DENY of the requests
-//! the policy would send to the provider (fail closed), never an allow.
+//! go into the shadow rules (stats `istio_dry_run_allow_`/`istio_dry_run_deny_`). CUSTOM policies
+//! become ext_authz filters (`custom`, `ext_authz`).
 
+mod custom;
+mod ext_authz;
 mod matcher;
 mod rule;
 mod trust_domain;
@@ -16,20 +15,20 @@ mod trust_domain;
 #[cfg(test)]
 mod corpus_tests;
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
 
-use model::{Config, MeshConfig, Proxy};
+use model::{Config, Proxy};
 use push_index::PushContext;
 use push_index::security_policies::{AuthorizationPoliciesResult, authorization_policy};
 use xds_api::envoy::config::listener::v3::{Filter, filter};
-use xds_api::envoy::config::rbac::v3::{Rbac, rbac::Action};
+use xds_api::envoy::config::rbac::v3::{Policy, Rbac, rbac::Action};
 use xds_api::envoy::extensions::filters::http::rbac::v3::Rbac as HttpRbac;
 use xds_api::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, http_filter,
 };
 use xds_api::envoy::extensions::filters::network::rbac::v3::Rbac as NetworkRbac;
 
+pub(crate) use ext_authz::BuiltExtAuthz;
 pub(crate) use trust_domain::Bundle;
 
 pub(crate) const HTTP_RBAC_FILTER: &str = "envoy.filters.http.rbac";
@@ -37,13 +36,16 @@ pub(crate) const NETWORK_RBAC_FILTER: &str = "envoy.filters.network.rbac";
 const TCP_STAT_PREFIX: &str = "tcp.";
 const DRY_RUN_ANNOTATION: &str = "istio.io/dry-run";
 const EXT_AUTHZ_PREFIX: &str = "istio-ext-authz";
-const BAD_CUSTOM_SUFFIX: &str = "-deny-due-to-bad-CUSTOM-action";
 
 /// The authorization filters of one workload.
 #[derive(Debug)]
 pub(crate) struct Builder {
     bundle: Bundle,
     policies: AuthorizationPoliciesResult,
+    /// The mesh's ext_authz providers, by name (for CUSTOM policies).
+    extensions: BTreeMap<String, BuiltExtAuthz>,
+    /// `PILOT_ENABLE_MULTIPLE_CUSTOM_AUTHZ_PROVIDERS`.
+    multiple_custom_providers: bool,
 }
 
 /// The authorization filters of one proxy, built once per listener generation and put in front of
@@ -60,14 +62,17 @@ impl AuthzFilters {
     /// and ALLOW.
     pub(crate) fn for_proxy(push: &PushContext, proxy: &Proxy) -> AuthzFilters {
         let builder = Builder::for_proxy(push, proxy);
-        let (custom, local) = builder.as_ref().map(Builder::http_filters_by_stage).unwrap_or_default();
-        let mut http = custom;
+        let mut http = builder.as_ref().map(|b| b.custom_http_filters()).unwrap_or_default();
         http.extend(crate::authn::jwt_filter(push, proxy));
-        http.extend(local);
-        AuthzFilters {
-            http,
-            network: builder.map(|b| b.network_filters()).unwrap_or_default(),
-        }
+        http.extend(builder.as_ref().map(|b| b.http_filters()).unwrap_or_default());
+        let network = builder
+            .map(|b| {
+                let mut n = b.custom_network_filters();
+                n.extend(b.network_filters());
+                n
+            })
+            .unwrap_or_default();
+        AuthzFilters { http, network }
     }
 
     /// The HCM with the RBAC filters first.
@@ -86,134 +91,143 @@ impl AuthzFilters {
     }
 }
 
-/// The enforced and the dry-run rules of one action.
-struct Built {
+/// One RBAC filter: enforced rules, shadow rules and the shadow stats' prefix.
+#[derive(Debug, Clone)]
+struct RbacConfig {
     rules: Option<Rbac>,
     shadow: Option<Rbac>,
+    shadow_prefix: &'static str,
+}
+
+impl RbacConfig {
+    fn http(self) -> HttpFilter {
+        HttpFilter {
+            name: HTTP_RBAC_FILTER.into(),
+            config_type: Some(http_filter::ConfigType::TypedConfig(xds_api::pack(&HttpRbac {
+                shadow_rules_stat_prefix: self.shadow_prefix.into(),
+                rules: self.rules,
+                shadow_rules: self.shadow,
+                ..Default::default()
+            }))),
+            ..Default::default()
+        }
+    }
+
+    fn network(self) -> Filter {
+        Filter {
+            name: NETWORK_RBAC_FILTER.into(),
+            config_type: Some(filter::ConfigType::TypedConfig(xds_api::pack(&NetworkRbac {
+                shadow_rules_stat_prefix: self.shadow_prefix.into(),
+                stat_prefix: TCP_STAT_PREFIX.into(),
+                rules: self.rules,
+                shadow_rules: self.shadow,
+                ..Default::default()
+            }))),
+        }
+    }
+}
+
+fn empty_rbac(action: Action) -> Rbac {
+    Rbac {
+        action: action as i32,
+        policies: HashMap::new(),
+        audit_logging_options: None,
+    }
 }
 
 impl Builder {
     /// The policies that apply to the proxy's workload; `None` when there are none.
     pub(crate) fn for_proxy(push: &PushContext, proxy: &Proxy) -> Option<Builder> {
         let policies = push.authorization_policies(&proxy.config_namespace, &proxy.labels);
-        Builder::new(push.mesh(), policies)
-    }
-
-    pub(crate) fn new(mesh: &MeshConfig, policies: AuthorizationPoliciesResult) -> Option<Builder> {
-        Builder::with_bundle(Bundle::new(&mesh.trust_domain, &mesh.trust_domain_aliases), policies)
-    }
-
-    /// With the given trust domains (Istio's tests build some without any).
-    pub(crate) fn with_bundle(bundle: Bundle, policies: AuthorizationPoliciesResult) -> Option<Builder> {
         if policies.is_empty() {
             return None;
         }
-        Some(Builder { bundle, policies })
+        let mesh = push.mesh();
+        let extensions = if policies.custom.is_empty() {
+            BTreeMap::new()
+        } else {
+            let lookup = |service: &str, port: u16| -> Result<(String, String), String> {
+                let cluster = push.lookup_cluster(service, port)?;
+                let host = cluster.rsplit("||").next().unwrap_or_default().to_owned();
+                Ok((host, cluster))
+            };
+            ext_authz::process_extension_providers(&mesh.extension_providers, &lookup)
+        };
+        Some(Builder {
+            bundle: Bundle::new(&mesh.trust_domain, &mesh.trust_domain_aliases),
+            policies,
+            extensions,
+            multiple_custom_providers: push.features().enable_multiple_custom_authz_providers,
+        })
     }
 
-    /// The HTTP RBAC filters, CUSTOM first.
+    /// A builder with the given trust domains, ext_authz providers (`meshConfig.extensionProviders`)
+    /// and cluster lookup, as Istio's builder tests make them.
     #[cfg(test)]
-    pub(crate) fn http_filters(&self) -> Vec<HttpFilter> {
-        let (mut custom, local) = self.http_filters_by_stage();
-        custom.extend(local);
-        custom
-    }
-
-    /// (CUSTOM, AUDIT/DENY/ALLOW) HTTP RBAC filters: authentication goes between them.
-    pub(crate) fn http_filters_by_stage(&self) -> (Vec<HttpFilter>, Vec<HttpFilter>) {
-        let custom = usize::from(!self.policies.custom.is_empty());
-        let mut all: Vec<HttpFilter> = self
-            .rbacs(false)
-            .into_iter()
-            .map(|(rules, shadow, shadow_prefix)| HttpFilter {
-                name: HTTP_RBAC_FILTER.into(),
-                config_type: Some(http_filter::ConfigType::TypedConfig(xds_api::pack(&HttpRbac {
-                    shadow_rules_stat_prefix: shadow_prefix.into(),
-                    rules,
-                    shadow_rules: shadow,
-                    ..Default::default()
-                }))),
-                ..Default::default()
-            })
-            .collect();
-        let local = all.split_off(custom);
-        (all, local)
-    }
-
-    /// The network RBAC filters, to go before the chain's tcp_proxy.
-    pub(crate) fn network_filters(&self) -> Vec<Filter> {
-        self.rbacs(true)
-            .into_iter()
-            .map(|(rules, shadow, shadow_prefix)| Filter {
-                name: NETWORK_RBAC_FILTER.into(),
-                config_type: Some(filter::ConfigType::TypedConfig(xds_api::pack(&NetworkRbac {
-                    shadow_rules_stat_prefix: shadow_prefix.into(),
-                    stat_prefix: TCP_STAT_PREFIX.into(),
-                    rules,
-                    shadow_rules: shadow,
-                    ..Default::default()
-                }))),
-            })
-            .collect()
-    }
-
-    /// (rules, shadow rules, shadow stat prefix) of each filter: the CUSTOM deny, then AUDIT,
-    /// DENY, ALLOW.
-    fn rbacs(&self, for_tcp: bool) -> Vec<(Option<Rbac>, Option<Rbac>, &'static str)> {
-        let mut out = Vec::new();
-        if !self.policies.custom.is_empty() {
-            out.push((Some(self.bad_custom_deny(for_tcp)), None, ""));
+    pub(crate) fn for_test(
+        bundle: Bundle,
+        policies: AuthorizationPoliciesResult,
+        extension_providers: &[serde_json::Value],
+        lookup: ext_authz::LookupCluster<'_>,
+    ) -> Option<Builder> {
+        if policies.is_empty() {
+            return None;
         }
+        Some(Builder {
+            bundle,
+            policies,
+            extensions: ext_authz::process_extension_providers(extension_providers, lookup),
+            multiple_custom_providers: false,
+        })
+    }
+
+    /// The HTTP RBAC filters of AUDIT, DENY and ALLOW.
+    pub(crate) fn http_filters(&self) -> Vec<HttpFilter> {
+        self.rbacs(false).into_iter().map(RbacConfig::http).collect()
+    }
+
+    /// The network RBAC filters of AUDIT, DENY and ALLOW, to go before the chain's tcp_proxy.
+    pub(crate) fn network_filters(&self) -> Vec<Filter> {
+        self.rbacs(true).into_iter().map(RbacConfig::network).collect()
+    }
+
+    /// The filter of each local action: AUDIT, DENY, ALLOW.
+    fn rbacs(&self, for_tcp: bool) -> Vec<RbacConfig> {
         let actions = [
             (&self.policies.audit, Action::Log),
             (&self.policies.deny, Action::Deny),
             (&self.policies.allow, Action::Allow),
         ];
+        let mut out = Vec::new();
         for (policies, action) in actions {
-            if let Some(built) = self.build(policies, action, for_tcp) {
-                let prefix = shadow_stat_prefix(built.shadow.as_ref());
-                out.push((built.rules, built.shadow, prefix));
+            if policies.is_empty() {
+                continue;
             }
+            let (mut rules, mut shadow) = (empty_rbac(action), empty_rbac(action));
+            let (mut enforced, mut dry_run) = (false, false);
+            for config in policies.iter() {
+                let target = if is_dry_run(config) {
+                    dry_run = true;
+                    &mut shadow
+                } else {
+                    enforced = true;
+                    &mut rules
+                };
+                target.policies.extend(self.policies_of(config, action, for_tcp, ""));
+            }
+            let shadow = dry_run.then_some(shadow);
+            out.push(RbacConfig {
+                shadow_prefix: shadow_stat_prefix(shadow.as_ref()),
+                rules: enforced.then_some(rules),
+                shadow,
+            });
         }
         out
     }
 
-    fn build(&self, policies: &[Arc<Config>], action: Action, for_tcp: bool) -> Option<Built> {
-        if policies.is_empty() {
-            return None;
-        }
-        let empty = || Rbac {
-            action: action as i32,
-            policies: HashMap::new(),
-            audit_logging_options: None,
-        };
-        let (mut rules, mut shadow) = (empty(), empty());
-        let (mut enforced, mut dry_run) = (false, false);
-        for config in policies {
-            let target = if is_dry_run(config) {
-                dry_run = true;
-                &mut shadow
-            } else {
-                enforced = true;
-                &mut rules
-            };
-            target.policies.extend(self.policies_of(config, action, for_tcp, ""));
-        }
-        Some(Built {
-            rules: enforced.then_some(rules),
-            shadow: dry_run.then_some(shadow),
-        })
-    }
-
     /// The RBAC policies of one AuthorizationPolicy, by name; rules that cannot be built for this
     /// chain are left out (and logged), as Istio.
-    fn policies_of(
-        &self,
-        config: &Config,
-        action: Action,
-        for_tcp: bool,
-        name_prefix: &str,
-    ) -> Vec<(String, xds_api::envoy::config::rbac::v3::Policy)> {
+    fn policies_of(&self, config: &Config, action: Action, for_tcp: bool, name_prefix: &str) -> Vec<(String, Policy)> {
         let Some(spec) = authorization_policy(config) else {
             return Vec::new();
         };
@@ -240,30 +254,6 @@ impl Builder {
             }
         }
         out
-    }
-
-    /// Istio's `getBadCustomDenyRules`: the CUSTOM policies' rules as DENY.
-    fn bad_custom_deny(&self, for_tcp: bool) -> Rbac {
-        let mut policies = HashMap::new();
-        for config in &self.policies.custom {
-            let provider = authorization_policy(config)
-                .and_then(|p| p.provider.as_ref())
-                .map(|p| p.name.as_str())
-                .unwrap_or_default();
-            let prefix = if provider.is_empty() {
-                format!("{EXT_AUTHZ_PREFIX}-")
-            } else {
-                format!("{EXT_AUTHZ_PREFIX}-{provider}-")
-            };
-            for (name, policy) in self.policies_of(config, Action::Deny, for_tcp, &prefix) {
-                policies.insert(format!("{name}{BAD_CUSTOM_SUFFIX}"), policy);
-            }
-        }
-        Rbac {
-            action: Action::Deny as i32,
-            policies,
-            audit_logging_options: None,
-        }
     }
 }
 
