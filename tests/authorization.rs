@@ -299,6 +299,34 @@ mod netns {
         assert_eq!(get(Some(&issuer.token_with(json!({"sub": "alice"}), -120))).0, 401);
         let banned = issuer.token_with(json!({"sub": "bob", "group": "banned"}), 600);
         assert_eq!(get(Some(&banned)), (403, "RBAC: access denied".into()));
+
+        // An issuer whose JWKS cannot be fetched: its tokens are refused, never accepted.
+        let unreachable = TestIssuer::new("https://unreachable.example.com", "k2");
+        let closed = test_support::ports::free_port();
+        mesh.set_policies(&jwt_policies(
+            &unreachable.issuer,
+            &format!("http://127.0.0.1:{closed}/jwks"),
+        ))
+        .unwrap();
+        let token = unreachable.token_with(json!({"sub": "carol"}), 600);
+        // once the reviews sidecar has the new rule (its keys: the unsignable placeholder) ...
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (_, dump) = mesh.reviews.curl_root("http://127.0.0.1:15000/config_dump").unwrap();
+            if dump.contains("https://unreachable.example.com") {
+                assert!(!dump.contains(&issuer.issuer), "the old rule is gone");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the new RequestAuthentication never reached Envoy"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        // ... its tokens are refused
+        let (code, body) = get(Some(&token));
+        assert_eq!(code, 401, "{body}");
+        assert_eq!(get(None).0, 403);
         mesh.assert_no_rejects().unwrap();
     }
 
@@ -330,6 +358,23 @@ mod netns {
         // HTTP: Istio's bootstrap keeps the rbac stats of the inbound connection managers
         assert!(mesh.reviews_stat(".rbac.allowed").unwrap() >= 2);
         assert!(mesh.reviews_stat(".rbac.denied").unwrap() >= 2);
+        // and the agent's merged Prometheus endpoint shows them as Istio's tag extraction names them
+        let (code, prom) = mesh
+            .reviews
+            .curl_root("http://127.0.0.1:15020/stats/prometheus")
+            .unwrap();
+        assert_eq!(code, 200);
+        let rbac: Vec<&str> = prom
+            .lines()
+            .filter(|l| !l.starts_with('#') && l.contains("rbac"))
+            .collect();
+        for result in ["allowed", "denied"] {
+            assert!(
+                rbac.iter()
+                    .any(|l| l.contains(&format!("authz_enforce_result=\"{result}\"")) && !l.ends_with(" 0")),
+                "no {result} rbac series: {rbac:#?}"
+            );
+        }
 
         // The policy follows the file: now ratings is allowed and productpage is not.
         let started = mesh.reviews.envoy_uid().unwrap();
