@@ -113,9 +113,19 @@ fn served_certificate(port: u16, root: &Path) -> anyhow::Result<(String, String)
     Ok((serial, sans))
 }
 
-#[tokio::test]
-async fn the_agent_gets_its_identity_from_the_ca_serves_it_over_sds_and_renews_it_without_failures()
--> anyhow::Result<()> {
+/// pilot-discovery with its CA on a secure port (tokens checked by `JWT_RULE`), a gateway agent
+/// that gets its identity there with `env`, and an Envoy serving the agent's SDS certificate on
+/// `port`.
+struct IdentitySetup {
+    discovery: Discovery,
+    agent: Agent,
+    envoy: Envoy,
+    root: std::path::PathBuf,
+    port: u16,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+async fn start_identity(env: &[(&str, &str)]) -> anyhow::Result<IdentitySetup> {
     let issuer = security::testing::TestIssuer::new("https://kubernetes.default.svc", "k1");
     let config = tempfile::tempdir()?;
     std::fs::write(config.path().join("gateway.yaml"), common::gateway_yaml(free_port()))?;
@@ -140,11 +150,9 @@ async fn the_agent_gets_its_identity_from_the_ca_serves_it_over_sds_and_renews_i
     // The gateway's agent: xDS and CA on the secure port, authenticated by its token.
     let mut opts = AgentOptions::ingress_gateway(discovery.grpc_addr);
     opts.proxy_config = json!({"discoveryAddress": secure, "controlPlaneAuthPolicy": "MUTUAL_TLS"});
-    opts.env = vec![
-        ("XDS_ROOT_CA".into(), root.display().to_string()),
-        ("SECRET_TTL".into(), "8s".into()),
-        ("SECRET_GRACE_PERIOD_RATIO".into(), "0.5".into()),
-    ];
+    opts.env = vec![("XDS_ROOT_CA".into(), root.display().to_string())];
+    opts.env
+        .extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
     opts.files = vec![(
         "var/run/secrets/tokens/istio-token".into(),
         issuer.token("istio-system", "default", &["istio-ca"], 3600),
@@ -161,6 +169,27 @@ async fn the_agent_gets_its_identity_from_the_ca_serves_it_over_sds_and_renews_i
             agent.logs()
         )
     })?;
+    Ok(IdentitySetup {
+        discovery,
+        agent,
+        envoy,
+        root,
+        port,
+        _dirs: (config, ca_dir),
+    })
+}
+
+#[tokio::test]
+async fn the_agent_gets_its_identity_from_the_ca_serves_it_over_sds_and_renews_it_without_failures()
+-> anyhow::Result<()> {
+    let IdentitySetup {
+        discovery,
+        agent,
+        envoy,
+        root,
+        port,
+        _dirs,
+    } = start_identity(&[("SECRET_TTL", "8s"), ("SECRET_GRACE_PERIOD_RATIO", "0.5")]).await?;
     let (first_serial, sans) = served_certificate(port, &root)?;
     assert_eq!(
         sans,
@@ -202,5 +231,28 @@ async fn the_agent_gets_its_identity_from_the_ca_serves_it_over_sds_and_renews_i
         "{handshakes} handshakes, {} certificates served, none failed",
         serials.len()
     );
+    Ok(())
+}
+
+/// `ECC_SIGNATURE_ALGORITHM=RSA`: the agent makes an RSA key of `WORKLOAD_RSA_KEY_SIZE` bits, the
+/// CA signs it, and Envoy serves it (as `openssl` sees the handshake).
+#[tokio::test]
+async fn rsa_workload_keys_on_request() -> anyhow::Result<()> {
+    let setup = start_identity(&[("ECC_SIGNATURE_ALGORITHM", "RSA"), ("WORKLOAD_RSA_KEY_SIZE", "3072")]).await?;
+    let (_, sans) = served_certificate(setup.port, &setup.root)?;
+    assert_eq!(sans, format!("URI:{IDENTITY}"));
+    let handshake = std::process::Command::new("openssl")
+        .args(["s_client", "-connect", &format!("127.0.0.1:{}", setup.port), "-CAfile"])
+        .arg(&setup.root)
+        .stdin(Stdio::null())
+        .output()?;
+    let text = String::from_utf8_lossy(&handshake.stdout);
+    assert!(
+        text.contains("Server public key is 3072 bit"),
+        "not a 3072-bit RSA key:\n{text}\n{}",
+        setup.agent.logs()
+    );
+    assert_eq!(setup.envoy.update_rejected_total().await?, 0);
+    drop(setup.discovery);
     Ok(())
 }

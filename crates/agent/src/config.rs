@@ -152,6 +152,18 @@ pub struct SecretConfig {
     /// `SECRET_GRACE_PERIOD_RATIO_JITTER` (0.01): up to this much more, at random, so that
     /// workloads started together do not renew together.
     pub grace_period_ratio_jitter: f64,
+    /// The workload key the agent makes for each CSR.
+    pub key: WorkloadKey,
+}
+
+/// The kind of workload key: `ECC_SIGNATURE_ALGORITHM=ECDSA` (the default here: unset or empty)
+/// with `ECC_CURVE` (`P256`, `P384`), any other value (e.g. `RSA`) RSA of `WORKLOAD_RSA_KEY_SIZE`
+/// bits (2048), as Istio's agent chooses (Istio's own default, unset, is RSA).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum WorkloadKey {
+    EcdsaP256,
+    EcdsaP384,
+    Rsa(u32),
 }
 
 /// Files and sockets the agent and Envoy share.

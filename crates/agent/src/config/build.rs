@@ -10,7 +10,7 @@ use super::env::{Env, Files, Vars, xds_headers};
 use super::metadata::{self, TypedMetadata};
 use super::{
     AgentConfig, AgentPaths, BOOTSTRAP_FILE, ConfigError, DnsConfig, DrainConfig, LogConfig, POD_ANNOTATIONS_PATH,
-    POD_LABELS_PATH, ProxyArgs, SecretConfig, WORKLOAD_IDENTITY_DIR, proxy_config,
+    POD_LABELS_PATH, ProxyArgs, SecretConfig, WORKLOAD_IDENTITY_DIR, WorkloadKey, proxy_config,
 };
 
 /// Istio's `math.MaxInt32`: no global downstream connection limit.
@@ -239,7 +239,32 @@ fn secret_config(vars: &Vars<'_>) -> Result<SecretConfig, ConfigError> {
         ttl,
         grace_period_ratio: ratio("SECRET_GRACE_PERIOD_RATIO", 0.5, false)?,
         grace_period_ratio_jitter: ratio("SECRET_GRACE_PERIOD_RATIO_JITTER", 0.01, true)?,
+        key: workload_key(vars)?,
     })
+}
+
+/// `ECC_SIGNATURE_ALGORITHM` (unset or empty: `ECDSA` here; any other value, e.g. `RSA`: RSA),
+/// `ECC_CURVE`, `WORKLOAD_RSA_KEY_SIZE`.
+fn workload_key(vars: &Vars<'_>) -> Result<WorkloadKey, ConfigError> {
+    let algorithm = vars.get("ECC_SIGNATURE_ALGORITHM");
+    if algorithm.as_deref().is_none_or(|a| a.eq_ignore_ascii_case("ECDSA")) {
+        return match vars.get("ECC_CURVE").filter(|v| !v.is_empty()).as_deref() {
+            None | Some("P256") => Ok(WorkloadKey::EcdsaP256),
+            Some("P384") => Ok(WorkloadKey::EcdsaP384),
+            Some(other) => Err(ConfigError::env("ECC_CURVE", other, "not P256 or P384")),
+        };
+    }
+    match vars.get("WORKLOAD_RSA_KEY_SIZE").filter(|v| !v.is_empty()) {
+        None => Ok(WorkloadKey::Rsa(2048)),
+        Some(v) => match v.parse::<u32>() {
+            Ok(bits) if (2048..=8192).contains(&bits) && bits % 8 == 0 => Ok(WorkloadKey::Rsa(bits)),
+            _ => Err(ConfigError::env(
+                "WORKLOAD_RSA_KEY_SIZE",
+                &v,
+                "not a key size between 2048 and 8192 bits",
+            )),
+        },
+    }
 }
 
 fn read_pod_info(files: &dyn Files, path: &Path) -> Result<Option<BTreeMap<String, String>>, ConfigError> {

@@ -253,6 +253,26 @@ fn workload_certificate_settings() {
 }
 
 #[test]
+fn workload_key_kinds() {
+    use crate::config::WorkloadKey;
+    let none = files(&[]);
+    let key = |vars: &[(&str, &str)]| build(&ProxyArgs::default(), &env(vars), &none).secrets.key;
+    assert_eq!(key(&[]), WorkloadKey::EcdsaP256, "ECDSA P-256 by default here");
+    assert_eq!(
+        key(&[("ECC_SIGNATURE_ALGORITHM", "ECDSA"), ("ECC_CURVE", "P384")]),
+        WorkloadKey::EcdsaP384
+    );
+    assert_eq!(key(&[("ECC_SIGNATURE_ALGORITHM", "RSA")]), WorkloadKey::Rsa(2048));
+    assert_eq!(
+        key(&[("ECC_SIGNATURE_ALGORITHM", "RSA"), ("WORKLOAD_RSA_KEY_SIZE", "4096")]),
+        WorkloadKey::Rsa(4096)
+    );
+    assert!(error(&env(&[("ECC_CURVE", "P521")]), &none).contains("ECC_CURVE"));
+    let small = env(&[("ECC_SIGNATURE_ALGORITHM", "RSA"), ("WORKLOAD_RSA_KEY_SIZE", "1024")]);
+    assert!(error(&small, &none).contains("WORKLOAD_RSA_KEY_SIZE"));
+}
+
+#[test]
 fn bad_inputs_are_clear_errors() {
     let none = files(&[]);
     type Case = (BTreeMap<String, String>, BTreeMap<PathBuf, String>, &'static str);

@@ -8,6 +8,8 @@ use std::time::Duration;
 use istio_api::ca::IstioCertificateRequest;
 use istio_api::ca::istio_certificate_service_client::IstioCertificateServiceClient;
 use rcgen::{CertificateParams, KeyPair, SanType};
+
+use crate::config::WorkloadKey;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -63,11 +65,32 @@ pub struct CaClient {
     pub token: Option<PathBuf>,
 }
 
+/// A new workload key: ECDSA P-256/P-384 (ring), or RSA made with the `rsa` crate and signed
+/// with by ring (PKCS#1 v1.5 SHA-256, as Go's x509 signs Istio's CSRs).
+pub fn generate_key(kind: WorkloadKey) -> Result<KeyPair, CaClientError> {
+    let key = match kind {
+        WorkloadKey::EcdsaP256 => KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256),
+        WorkloadKey::EcdsaP384 => KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384),
+        WorkloadKey::Rsa(bits) => {
+            use rsa::pkcs8::EncodePrivateKey;
+            let private = rsa::RsaPrivateKey::new(&mut rsa::rand_core::OsRng, bits as usize)
+                .map_err(|e| CaClientError::Key(format!("RSA {bits}: {e}")))?;
+            let der = private
+                .to_pkcs8_der()
+                .map_err(|e| CaClientError::Key(format!("RSA {bits}: {e}")))?;
+            KeyPair::try_from(der.as_bytes())
+        }
+    };
+    key.map_err(|e| CaClientError::Key(e.to_string()))
+}
+
 impl CaClient {
-    /// Asks for a certificate of `identity` valid for `ttl`.
-    pub async fn sign(&self, identity: &str, ttl: Duration) -> Result<Signed, CaClientError> {
-        let key =
-            KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(|e| CaClientError::Key(e.to_string()))?;
+    /// Asks for a certificate of `identity` valid for `ttl`, for a new key of kind `key`.
+    pub async fn sign(&self, identity: &str, ttl: Duration, key: WorkloadKey) -> Result<Signed, CaClientError> {
+        // RSA keys take a while to make: off the async threads
+        let key = tokio::task::spawn_blocking(move || generate_key(key))
+            .await
+            .map_err(|e| CaClientError::Key(e.to_string()))??;
         let mut params = CertificateParams::default();
         let uri = identity
             .to_owned()
@@ -145,5 +168,46 @@ impl CaClient {
             key_pem: key.serialize_pem(),
             root_pem: root.trim_end().to_owned() + "\n",
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rcgen::PublicKeyData;
+    use x509_parser::prelude::{FromDer, X509Certificate};
+
+    use super::*;
+
+    /// The CSR of each key kind is signed by the mesh CA, and the certificate carries that key.
+    #[test]
+    fn ecdsa_and_rsa_workload_keys_are_signed_by_the_mesh_ca() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ca::CertificateAuthority::load_or_create(dir.path(), "cluster.local").unwrap();
+        let id = "spiffe://cluster.local/ns/default/sa/reviews";
+        for (kind, oid) in [
+            (WorkloadKey::EcdsaP256, "1.2.840.10045.2.1"),
+            (WorkloadKey::EcdsaP384, "1.2.840.10045.2.1"),
+            (WorkloadKey::Rsa(2048), "1.2.840.113549.1.1.1"),
+        ] {
+            let key = generate_key(kind).unwrap();
+            let mut params = CertificateParams::default();
+            params.subject_alt_names = vec![SanType::URI(id.to_owned().try_into().unwrap())];
+            let csr = params.serialize_request(&key).unwrap().pem().unwrap();
+            let chain = ca
+                .sign_csr(&csr, &[id.to_owned()], 3600, ca::WorkloadTtl::default())
+                .unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+            let (_, pem) = x509_parser::pem::parse_x509_pem(chain[0].as_bytes()).unwrap();
+            let (_, cert) = X509Certificate::from_der(&pem.contents).unwrap();
+            assert_eq!(cert.public_key().algorithm.algorithm.to_id_string(), oid, "{kind:?}");
+            assert_eq!(
+                cert.public_key().raw,
+                key.subject_public_key_info().as_slice(),
+                "{kind:?}"
+            );
+            if let WorkloadKey::Rsa(bits) = kind {
+                assert!(key.serialize_pem().starts_with("-----BEGIN PRIVATE KEY-----"));
+                assert!(key.subject_public_key_info().len() > bits as usize / 8);
+            }
+        }
     }
 }

@@ -192,7 +192,9 @@ impl SecretManager {
             .ca
             .as_ref()
             .ok_or_else(|| SecretError::NoCa(self.inner.cert_dir.clone()))?;
-        let signed = ca.sign(&self.inner.identity, self.inner.config.ttl).await?;
+        let signed = ca
+            .sign(&self.inner.identity, self.inner.config.ttl, self.inner.config.key)
+            .await?;
         // The lifetime counts from now, not from the certificate's notBefore (backdated for
         // clock skew), as Istio's `rotateTime` counts from the secret's creation.
         let created = SystemTime::now();

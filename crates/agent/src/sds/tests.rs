@@ -24,6 +24,7 @@ fn config() -> SecretConfig {
         ttl: Duration::from_secs(3600),
         grace_period_ratio: 0.5,
         grace_period_ratio_jitter: 0.01,
+        key: crate::config::WorkloadKey::EcdsaP256,
     }
 }
 
