@@ -51,18 +51,27 @@ pub(crate) struct InboundChain {
 
 /// `virtualInbound` with the proxy's application chains, then a listener per bound ingress listener.
 pub(crate) fn inbound_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listener> {
-    let (bound, redirected): (Vec<InboundChain>, Vec<InboundChain>) =
-        inbound_chains(proxy, push).into_iter().partition(|c| c.bind.is_some());
-    let passthrough = identity_mode(
-        proxy,
-        push.peer_authentication(&proxy.config_namespace, &proxy.labels).mode,
+    let chains = inbound_chains(proxy, push);
+    // Istio's `ForPassthrough`: the workload's mode on every other port, and the workload
+    // policy's `portLevelMtls` on ports no application chain serves.
+    let peer_authn = push.peer_authentication(&proxy.config_namespace, &proxy.labels);
+    let mut passthrough = vec![(0, identity_mode(proxy, peer_authn.mode))];
+    passthrough.extend(
+        peer_authn
+            .per_port
+            .iter()
+            .filter_map(|(port, mode)| Some((u16::try_from(*port).ok()?, *mode)))
+            .filter(|(port, _)| *port != 0 && !chains.iter().any(|c| c.port == *port))
+            .map(|(port, mode)| (port, identity_mode(proxy, mode))),
     );
+    let (bound, redirected): (Vec<InboundChain>, Vec<InboundChain>) =
+        chains.into_iter().partition(|c| c.bind.is_some());
     let authz = AuthzFilters::for_proxy(push, proxy);
     let mut out = vec![virtual_inbound_listener_for(
         push.mesh(),
         proxy,
         &redirected,
-        passthrough,
+        &passthrough,
         &authz,
     )];
     out.extend(
@@ -180,13 +189,14 @@ fn is_global_unicast(ip: &IpAddr) -> bool {
 }
 
 /// `virtualInbound` for the given application chains (those without a bind of their own), with
-/// the passthrough chains for every other port under the workload's mTLS mode `passthrough`; the
-/// application and passthrough chains all start with the workload's authorization filters.
+/// the passthrough chains for every other port under the mTLS modes `passthrough` gives (port 0:
+/// the catch-all; others: ports of their own); the application and passthrough chains all start
+/// with the workload's authorization filters.
 pub(crate) fn virtual_inbound_listener_for(
     mesh: &MeshConfig,
     proxy: &Proxy,
     app_chains: &[InboundChain],
-    passthrough: MtlsMode,
+    passthrough: &[(u16, MtlsMode)],
     authz: &AuthzFilters,
 ) -> Listener {
     let mut chains = vec![FilterChain {
@@ -202,30 +212,32 @@ pub(crate) fn virtual_inbound_listener_for(
     chains.extend(app_chains.iter().flat_map(|c| filter_chains(mesh, proxy, c, authz)));
     // Istio's passthrough chains: port 0 (hence the decorator `:0/*`), protocol unknown.
     let cluster = names::INBOUND_PASSTHROUGH_CLUSTER_IPV4;
-    let catchall = InboundChain {
-        port: 0,
-        protocol: Protocol::Unsupported,
-        bind: None,
-        operation: ":0/*".into(),
-        mtls: passthrough,
-    };
-    for option in super::inbound_mtls::match_options(Protocol::Unsupported, passthrough) {
-        let filters = if option.http {
-            vec![hcm_filter(&inbound_hcm(mesh, proxy, &catchall, cluster, authz))]
-        } else {
-            authz.network_filters(vec![tcp_proxy_filter(mesh, cluster, cluster)])
+    for &(port, mode) in passthrough {
+        let catchall = InboundChain {
+            port: 0,
+            protocol: Protocol::Unsupported,
+            bind: None,
+            operation: ":0/*".into(),
+            mtls: mode,
         };
-        chains.push(FilterChain {
-            name: if option.http {
-                "virtualInbound-catchall-http".into()
+        for option in super::inbound_mtls::match_options(Protocol::Unsupported, mode) {
+            let filters = if option.http {
+                vec![hcm_filter(&inbound_hcm(mesh, proxy, &catchall, cluster, authz))]
             } else {
-                VIRTUAL_INBOUND_LISTENER.into()
-            },
-            filter_chain_match: Some(chain_match(None, &option)),
-            filters,
-            transport_socket: option.mtls.then(|| crate::mtls::downstream_istio_mutual(!option.http)),
-            ..Default::default()
-        });
+                authz.network_filters(vec![tcp_proxy_filter(mesh, cluster, cluster)])
+            };
+            chains.push(FilterChain {
+                name: if option.http {
+                    "virtualInbound-catchall-http".into()
+                } else {
+                    VIRTUAL_INBOUND_LISTENER.into()
+                },
+                filter_chain_match: Some(chain_match((port != 0).then_some(port), &option)),
+                filters,
+                transport_socket: option.mtls.then(|| crate::mtls::downstream_istio_mutual(!option.http)),
+                ..Default::default()
+            });
+        }
     }
     // Istio's `populateListenerFilters`: the inspectors only where a chain needs them, so that
     // ports declared TCP (server-first protocols, short messages) are never held for sniffing.

@@ -251,7 +251,7 @@ fn peer_authentication_decides_the_inbound_chains() {
                 })
                 .collect()
         };
-        (of(Some(8080)), of(Some(9090)), of(None))
+        (of(Some(8080)), of(Some(9090)), of(None), of(Some(3000)))
     };
     let pa =
         |ns: &str, spec: Value| crate::testing::config_in("security.istio.io/v1", "PeerAuthentication", "pa", ns, spec);
@@ -259,11 +259,11 @@ fn peer_authentication_decides_the_inbound_chains() {
     let raw = || ("raw_buffer".to_owned(), false);
 
     // PERMISSIVE by default: mTLS (terminated) and plaintext
-    let (http, tcp, _) = chains(vec![], sidecar("default"));
+    let (http, tcp, _, _) = chains(vec![], sidecar("default"));
     assert_eq!(http, [tls(true), raw()]);
     assert_eq!(tcp, [tls(true), tls(false), raw()]);
     // mesh-wide STRICT: mTLS only, on passthrough ports too
-    let (http, tcp, passthrough) = chains(
+    let (http, tcp, passthrough, _) = chains(
         vec![pa("istio-system", json!({"mtls": {"mode": "STRICT"}}))],
         sidecar("default"),
     );
@@ -274,7 +274,7 @@ fn peer_authentication_decides_the_inbound_chains() {
         "{passthrough:?}"
     );
     // namespace DISABLE, and a workload-level port exception to STRICT
-    let (http, tcp, _) = chains(
+    let (http, tcp, _, _) = chains(
         vec![
             pa("default", json!({"mtls": {"mode": "DISABLE"}})),
             crate::testing::config_in(
@@ -297,8 +297,31 @@ fn peer_authentication_decides_the_inbound_chains() {
         "default",
         json!({"WORKLOAD_IDENTITY_SOCKET_FILE": ""}),
     );
-    let (http, _, _) = chains(vec![], bare);
+    let (http, _, _, _) = chains(vec![], bare);
     assert_eq!(http, [raw()]);
+    // STRICT, but port 3000 (no service declares it) DISABLE: a passthrough chain of its own,
+    // plaintext only, as Istio's per-port passthrough chains
+    let (_, _, passthrough, port_3000) = chains(
+        vec![
+            pa("istio-system", json!({"mtls": {"mode": "STRICT"}})),
+            crate::testing::config_in(
+                "security.istio.io/v1",
+                "PeerAuthentication",
+                "legacy-port",
+                "default",
+                json!({"selector": {"matchLabels": {"app": "ratings"}}, "portLevelMtls": {"3000": {"mode": "DISABLE"}}}),
+            ),
+        ],
+        crate::testing::proxy("sidecar", "default", json!({"app": "ratings"})),
+    );
+    assert!(
+        passthrough.iter().all(|(t, mtls)| t == "tls" && *mtls),
+        "{passthrough:?}"
+    );
+    assert!(
+        !port_3000.is_empty() && port_3000.iter().all(|(_, mtls)| !mtls),
+        "{port_3000:?}"
+    );
 }
 
 #[test]
