@@ -459,3 +459,45 @@ async fn the_control_plane_dashboard_finds_its_metrics() -> anyhow::Result<()> {
     assert!(d.metric("process_resident_memory_bytes").await? > 0.0);
     Ok(())
 }
+
+/// NDS: a sidecar that captures DNS asks for its name table (as pilot-agent's DNS proxy does) and
+/// gets the hosts it sees with their VIPs, a TCP ServiceEntry without addresses with an allocated
+/// VIP; a new ServiceEntry is pushed as a new table; `/debug/ndsz` shows the same table.
+#[tokio::test]
+async fn a_sidecar_that_captures_dns_gets_its_name_table() -> anyhow::Result<()> {
+    let (dir, d) = start().await?;
+    let node = "sidecar~10.1.0.7~productpage-1.default~default.svc.cluster.local";
+    let mut client = AdsClient::connect(
+        d.grpc_addr,
+        node,
+        json!({"NAMESPACE": "default", "DNS_CAPTURE": "true", "ISTIO_VERSION": "1.28.0"}),
+    )
+    .await?;
+    let table = async |client: &mut AdsClient| -> anyhow::Result<istio_api::nds::NameTable> {
+        let r = client.recv().await?;
+        anyhow::ensure!(r.type_url() == type_url::NAME_TABLE, "got {}", r.type_url());
+        client.ack()?;
+        r.decode::<istio_api::nds::NameTable>()?
+            .pop()
+            .ok_or_else(|| anyhow::anyhow!("empty NDS response"))
+    };
+    client.request(type_url::NAME_TABLE, &[])?;
+    let first = table(&mut client).await?;
+    let reviews = &first.table["reviews.default.svc.cluster.local"];
+    assert_eq!(reviews.registry, "External");
+    assert!(!first.table.contains_key("db.example.com"));
+    std::fs::write(
+        dir.path().join("db.yaml"),
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: db, namespace: default}\n\
+         spec: {hosts: [db.example.com], location: MESH_EXTERNAL, resolution: DNS,\n\
+         \x20 ports: [{number: 5432, name: tcp, protocol: TCP}]}\n",
+    )?;
+    let second = table(&mut client).await?;
+    let db = &second.table["db.example.com"].ips;
+    assert!(db.len() == 1 && db[0].starts_with("240.240."), "{db:?}");
+    let (status, ndsz) = d.get("/debug/ndsz?proxyID=productpage-1.default", false).await?;
+    assert_eq!(status, 200, "{ndsz}");
+    let ndsz: serde_json::Value = serde_json::from_str(&ndsz)?;
+    assert_eq!(ndsz["table"]["db.example.com"]["ips"][0], db[0].as_str());
+    Ok(())
+}

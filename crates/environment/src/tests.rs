@@ -238,12 +238,12 @@ fn pushes_reuse_the_indexes_a_change_did_not_touch_and_generate_from_the_new_sta
     let clusters = second.generate(&sidecar("a"), &watched).unwrap();
     assert!(clusters.iter().any(|c| c.name == "outbound|5432||db.example.com"));
     // A type nobody generates is answered quietly with nothing.
-    let nds = xds_server::WatchedResource {
-        type_url: type_url::NAME_TABLE.into(),
+    let other = xds_server::WatchedResource {
+        type_url: type_url::PROXY_CONFIG.into(),
         ..watched
     };
     assert!(matches!(
-        second.generate(&sidecar("a"), &nds),
+        second.generate(&sidecar("a"), &other),
         Err(xds_api::GenerateError::UnsupportedType(_))
     ));
 }

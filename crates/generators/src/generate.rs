@@ -32,6 +32,7 @@ pub fn generate(
         type_url::LISTENER => Ok(listeners(push, cache, proxy).as_ref().clone()),
         type_url::ROUTE => Ok(route_configs(push, cache, proxy, names)),
         type_url::SECRET => Ok(crate::sds::secrets(push, proxy, names)),
+        type_url::NAME_TABLE => Ok(crate::nds::name_tables(push, proxy)),
         other => Err(GenerateError::UnsupportedType(other.to_owned())),
     }
 }

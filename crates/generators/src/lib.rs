@@ -14,6 +14,7 @@ mod generate;
 mod lds;
 mod mtls;
 mod names;
+mod nds;
 mod proxy_headers;
 mod rds;
 mod route;

@@ -125,7 +125,9 @@ impl KubeRegistry {
                 (None, Some((s, e))) => (ServiceKey::of(s), true, !e.is_empty()),
                 (Some((os, oe)), Some((ns, ne))) => (ServiceKey::of(ns), os != ns, oe != ne),
             };
-            if changed_service {
+            // a headless Service's endpoints are its DNS answers (NDS): a full push, as Istio's
+            let headless = new.iter().chain(&old).any(|(s, _)| model::service::is_headless(s));
+            if changed_service || (changed_endpoints && headless) {
                 diff.services_changed.insert(service_key.clone());
             }
             if changed_endpoints {

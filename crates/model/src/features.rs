@@ -12,6 +12,9 @@ pub struct Features {
     /// `PILOT_ENABLE_MULTIPLE_CUSTOM_AUTHZ_PROVIDERS` (default false): CUSTOM policies of more than
     /// one provider on a workload each get their ext_authz filter; without it they deny.
     pub enable_multiple_custom_authz_providers: bool,
+    /// `PILOT_ENABLE_IP_AUTOALLOCATE` (default true): ServiceEntries without addresses get a VIP
+    /// from 240.240.0.0/16 (and 2001:2::/48) for the proxies that capture DNS.
+    pub enable_ip_autoallocate: bool,
 }
 
 /// Istio's `jwt.JwksFetchMode`.
@@ -43,6 +46,7 @@ impl Features {
         enable_absolute_fqdn_vhost_domain: true,
         jwks_fetch_mode: JwksFetchMode::Istiod,
         enable_multiple_custom_authz_providers: false,
+        enable_ip_autoallocate: true,
     };
 }
 

@@ -245,6 +245,35 @@ impl Proxy {
     /// Whether the proxy runs beside an agent that serves it workload certificates over SDS: Istio's
     /// agents (and pilot-agent) send `WORKLOAD_IDENTITY_SOCKET_FILE`. An Envoy bootstrapped by
     /// hand without one has no identity, and is served plaintext where Istio would use mTLS.
+    /// Node metadata `DNS_CAPTURE` (`ISTIO_META_DNS_CAPTURE`): the agent answers the pod's DNS.
+    pub fn dns_capture(&self) -> bool {
+        self.metadata_flag("DNS_CAPTURE")
+    }
+
+    /// Istio's `nodeUsesAutoallocatedIPs`: a proxy that captures DNS consumes the VIPs allocated to
+    /// ServiceEntries without addresses, when allocation is on (`PILOT_ENABLE_IP_AUTOALLOCATE`, or
+    /// the proxy's own `DNS_AUTO_ALLOCATE`).
+    pub fn uses_auto_allocated_ips(&self, enable_ip_autoallocate: bool) -> bool {
+        self.dns_capture() && (enable_ip_autoallocate || self.metadata_flag("DNS_AUTO_ALLOCATE"))
+    }
+
+    /// A metadata value that is `true` (Istio's `StringBool`: a string or a JSON boolean).
+    fn metadata_flag(&self, key: &str) -> bool {
+        match self.metadata.raw.get(key) {
+            Some(serde_json::Value::Bool(b)) => *b,
+            Some(serde_json::Value::String(s)) => s.eq_ignore_ascii_case("true") || s == "1",
+            _ => false,
+        }
+    }
+
+    /// Whether the proxy has an IPv4 (`.0`) and an IPv6 (`.1`) address; a proxy without any is
+    /// taken as IPv4 (Istio's `SupportsIPv4`).
+    pub fn ip_families(&self) -> (bool, bool) {
+        let v4 = self.ip_addresses.iter().any(std::net::IpAddr::is_ipv4);
+        let v6 = self.ip_addresses.iter().any(std::net::IpAddr::is_ipv6);
+        (v4 || !v6, v6)
+    }
+
     pub fn has_workload_identity(&self) -> bool {
         self.metadata
             .raw

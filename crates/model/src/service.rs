@@ -261,6 +261,12 @@ impl Service {
     }
 }
 
+/// A service without a VIP whose clients reach the endpoints themselves (resolution NONE,
+/// Kubernetes headless): its endpoints' addresses are its DNS answers.
+pub fn is_headless(s: &Service) -> bool {
+    s.resolution == Resolution::Passthrough && s.addresses.is_empty()
+}
+
 /// Locality of an endpoint: `region/zone/subzone`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub struct Locality {

@@ -52,6 +52,7 @@ fn debug_routes(state: &AppState) -> Router<AppState> {
         .route("/debug/endpointz", get(crate::registryz::endpoint_shardz))
         .route("/debug/endpointShardz", get(crate::registryz::endpoint_shardz))
         .route("/debug/config_dump", get(config_dump))
+        .route("/debug/ndsz", get(ndsz))
         .route("/debug/push_status", get(push_status))
         .route("/debug/mesh", get(mesh))
         .route("/debug", get(index))
@@ -95,7 +96,7 @@ pub fn monitoring_router(state: AppState) -> Router {
 async fn index() -> Json<Value> {
     Json(json!({"endpoints": [
         "/debug/adsz", "/debug/syncz", "/debug/configz", "/debug/config_errors", "/debug/registryz", "/debug/endpointShardz", "/debug/endpointz",
-        "/debug/config_dump?proxyID=", "/debug/push_status", "/debug/mesh", "/ready", "/metrics", "/version"
+        "/debug/config_dump?proxyID=", "/debug/ndsz?proxyID=", "/debug/push_status", "/debug/mesh", "/ready", "/metrics", "/version"
     ]}))
 }
 
@@ -210,6 +211,44 @@ async fn config_dump(State(s): State<AppState>, Query(q): Query<DumpQuery>) -> R
         }));
     }
     Json(json!({"configs": sections})).into_response()
+}
+
+/// Istio's `/debug/ndsz?proxyID=`: the name table the proxy's DNS proxy is sent, as JSON
+/// (`{"table": {host: {"ips", "registry", "shortname", "namespace"}}}`).
+async fn ndsz(State(s): State<AppState>, Query(q): Query<DumpQuery>) -> Response {
+    use prost::Message as _;
+    let Some(id) = q.proxy_id.filter(|s| !s.is_empty()) else {
+        return (
+            StatusCode::BAD_REQUEST,
+            "proxyID is required (a connection ID, node ID, or pod.namespace)\n",
+        )
+            .into_response();
+    };
+    let current = match s.server.current_resources(&id, &[type_url::NAME_TABLE]) {
+        Ok(c) => c,
+        Err(e @ CurrentResourcesError::NotConnected(_)) => {
+            return (StatusCode::NOT_FOUND, format!("{e}\n")).into_response();
+        }
+        Err(e @ CurrentResourcesError::NoPush) => {
+            return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response();
+        }
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    };
+    let mut table = serde_json::Map::new();
+    for r in current.of(type_url::NAME_TABLE) {
+        let Ok(nt) = istio_api::nds::NameTable::decode(r.resource.value.as_slice()) else {
+            return (StatusCode::INTERNAL_SERVER_ERROR, "name table does not decode\n").into_response();
+        };
+        for (host, info) in nt.table {
+            let mut entry = json!({"ips": info.ips, "registry": info.registry});
+            if !info.shortname.is_empty() {
+                entry["shortname"] = json!(info.shortname);
+                entry["namespace"] = json!(info.namespace);
+            }
+            table.insert(host, entry);
+        }
+    }
+    Json(json!({"table": table})).into_response()
 }
 
 #[cfg(test)]

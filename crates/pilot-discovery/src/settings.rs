@@ -116,6 +116,7 @@ impl Settings {
                     &get("PILOT_JWT_ENABLE_REMOTE_JWKS").unwrap_or_default(),
                 ),
                 enable_multiple_custom_authz_providers: boolean("PILOT_ENABLE_MULTIPLE_CUSTOM_AUTHZ_PROVIDERS", false)?,
+                enable_ip_autoallocate: boolean("PILOT_ENABLE_IP_AUTOALLOCATE", true)?,
             },
         };
         Ok(s)

@@ -8,6 +8,7 @@
 //! go through the proxy's namespace (`exportTo`) only.
 #![forbid(unsafe_code)]
 
+pub mod auto_allocate;
 mod delegate;
 mod dependencies;
 mod destination_rules;
@@ -316,6 +317,29 @@ impl PushContext {
 
     pub fn registry(&self) -> &registry::RegistrySnapshot {
         &self.registry
+    }
+
+    /// Istio's `GetAllAddressesForProxy`: the service's addresses, or, for a proxy that captures
+    /// DNS, the VIPs allocated to a ServiceEntry without addresses (of the proxy's IP families).
+    pub fn service_addresses(&self, proxy: &Proxy, service: &Service) -> Vec<String> {
+        if !service.addresses.is_empty() {
+            return service.addresses.clone();
+        }
+        if !proxy.uses_auto_allocated_ips(self.features.enable_ip_autoallocate) {
+            return Vec::new();
+        }
+        let Some(a) = self.services.auto_allocated(&service.hostname, service.namespace()) else {
+            return Vec::new();
+        };
+        let (v4, v6) = proxy.ip_families();
+        let mut out = Vec::new();
+        if v4 {
+            out.push(a.v4.to_string());
+        }
+        if v6 {
+            out.push(a.v6.to_string());
+        }
+        out
     }
 
     /// Services visible to the proxy's namespace (`exportTo`), one per hostname, sorted by hostname.

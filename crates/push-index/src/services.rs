@@ -75,6 +75,8 @@ pub struct ServiceIndex {
     wildcard_hosts: Vec<String>,
     /// The visible services per client namespace, one per hostname, computed on first use.
     visible: Mutex<HashMap<String, Arc<Vec<Arc<Service>>>>>,
+    /// VIPs of ServiceEntries without addresses (for proxies that capture DNS).
+    auto_allocated: crate::auto_allocate::Allocations,
 }
 
 impl ServiceIndex {
@@ -100,7 +102,15 @@ impl ServiceIndex {
             by_host,
             wildcard_hosts,
             visible: Mutex::default(),
+            auto_allocated: crate::auto_allocate::allocate(services),
         }
+    }
+
+    /// The VIPs allocated to a ServiceEntry host without addresses, if any.
+    pub fn auto_allocated(&self, hostname: &str, namespace: &str) -> Option<crate::auto_allocate::AutoAllocated> {
+        self.auto_allocated
+            .get(&(hostname.to_owned(), namespace.to_owned()))
+            .copied()
     }
 
     /// Every service, each hostname once per namespace (for debug and change detection).

@@ -76,7 +76,12 @@ pub fn diff(old: &RegistrySnapshot, new: &RegistrySnapshot) -> RegistryDiff {
             (a, b) => a.is_none_or(|e| e.is_empty()) && b.is_none_or(|e| e.is_empty()),
         };
         if !endpoints_same {
-            if old_svc.into_iter().chain(new_svc).any(|s| is_dns(s.resolution)) {
+            // DNS services' endpoints are in CDS, headless ones' in the name table (NDS)
+            if old_svc
+                .into_iter()
+                .chain(new_svc)
+                .any(|s| is_dns(s.resolution) || model::service::is_headless(s))
+            {
                 out.services_changed.insert(key.clone());
             }
             out.endpoints_changed.insert(key);

@@ -56,6 +56,25 @@ const SKIPPED_RDS: &[ConfigKind] = &[
     ProxyConfig,
 ];
 
+/// Istio's `skippedNdsConfigs`: only services (ServiceEntries, Kubernetes Services) and Sidecars
+/// change a name table.
+const SKIPPED_NDS: &[ConfigKind] = &[
+    Gateway,
+    VirtualService,
+    DestinationRule,
+    Secret,
+    Telemetry,
+    EnvoyFilter,
+    WorkloadEntry,
+    WorkloadGroup,
+    AuthorizationPolicy,
+    RequestAuthentication,
+    PeerAuthentication,
+    WasmPlugin,
+    ProxyConfig,
+    Endpoints,
+];
+
 /// Whether a full push `req` sends `type_url` to a proxy of type `node`.
 pub fn type_needs_push(type_url: &str, node: NodeType, req: &PushRequest) -> bool {
     if req.configs_updated.is_all() {
@@ -67,6 +86,7 @@ pub fn type_needs_push(type_url: &str, node: NodeType, req: &PushRequest) -> boo
         type_url::LISTENER if node == NodeType::Router => SKIPPED_LDS_ROUTER,
         type_url::LISTENER => SKIPPED_LDS_SIDECAR,
         type_url::ROUTE => SKIPPED_RDS,
+        type_url::NAME_TABLE => SKIPPED_NDS,
         // Istio's SDS pushes on credential changes only
         type_url::SECRET => return req.configs_updated.changes().any(|k| k.kind() == Secret),
         _ => &[],

@@ -17,8 +17,15 @@ use push_index::PushContext;
 
 /// Node metadata (`metadata.raw`) keys that listeners read: `HTTP10` (HTTP/1.0 on HCMs),
 /// `IDLE_TIMEOUT` (HCM and tcp_proxy idle timeouts), `WORKLOAD_IDENTITY_SOCKET_FILE` (mTLS chains
-/// only with a workload identity).
-const LDS_METADATA_KEYS: &[&str] = &["HTTP10", "IDLE_TIMEOUT", "WORKLOAD_IDENTITY_SOCKET_FILE"];
+/// only with a workload identity), `DNS_CAPTURE` and `DNS_AUTO_ALLOCATE` (listeners on the VIPs
+/// allocated to ServiceEntries without addresses).
+const LDS_METADATA_KEYS: &[&str] = &[
+    "HTTP10",
+    "IDLE_TIMEOUT",
+    "WORKLOAD_IDENTITY_SOCKET_FILE",
+    "DNS_CAPTURE",
+    "DNS_AUTO_ALLOCATE",
+];
 
 /// Label keys that the configs of one push can read from a proxy's labels, collected once per
 /// push (`PushCache`).
@@ -282,6 +289,8 @@ pub(super) struct LdsKey {
     proxy_headers: Option<ProxyHeaders>,
     instances: Vec<InstanceKey>,
     ingress_bind: Option<IpAddr>,
+    /// Which allocated VIPs (IPv4, IPv6) a proxy that captures DNS listens on.
+    ip_family: IpFamily,
 }
 
 impl LdsKey {
@@ -310,6 +319,7 @@ impl LdsKey {
             proxy_headers: proxy.proxy_headers_config(push.mesh()).cloned(),
             instances,
             ingress_bind: crate::lds::sidecar_inbound::ingress_default_bind(proxy, &push.sidecar_scope(proxy)),
+            ip_family: IpFamily::of(&proxy.ip_addresses),
         }
     }
 }

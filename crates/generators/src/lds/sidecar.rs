@@ -208,9 +208,10 @@ fn outbound_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listener> {
 /// Istio's `buildSidecarOutboundListener`: adds `service` on `port` (the egress listener's port, or
 /// one of the service's) to the listener of its (bind, port), or creates that listener.
 fn add_outbound_entry(ctx: &EgressContext<'_>, listeners: &mut Vec<OutboundEntry>, service: &Service, port: &Port) {
+    let addresses = ctx.push.service_addresses(ctx.proxy, service);
     let (vip, cidr) = match ctx.bind {
         Some(bind) => (bind.to_owned(), None),
-        None => service_bind(service),
+        None => service_bind(&addresses),
     };
     let bind = if port.protocol.is_http() {
         ctx.bind.unwrap_or(WILDCARD_ADDRESS).to_owned()
@@ -234,7 +235,7 @@ fn add_outbound_entry(ctx: &EgressContext<'_>, listeners: &mut Vec<OutboundEntry
     }
     let chains = || {
         let (push, proxy, vses) = (ctx.push, ctx.proxy, &ctx.l4_virtual_services);
-        sidecar_tcp::outbound_network_chains(push, proxy, service, port, &vip, cidr, vses)
+        sidecar_tcp::outbound_network_chains(push, proxy, service, port, &vip, cidr.as_deref(), vses)
     };
     let kind = match port.protocol {
         // Istio: HTTP on the wildcard is sniffed, with a TCP fall-through
@@ -317,13 +318,14 @@ fn merge_outbound_kind(existing: &mut OutboundKind, incoming: OutboundKind, inco
     }
 }
 
-/// Istio's listener bind for a TCP or sniffed port: the service's first address when it is an
-/// IP; when it is a CIDR, the wildcard with the CIDR as the chains' destination match; without
-/// an address, the wildcard.
-fn service_bind(service: &Service) -> (String, Option<&str>) {
-    match service.addresses.first() {
+/// Istio's listener bind for a TCP or sniffed port: the service's first address for the proxy
+/// (its own, or the VIP allocated to it when the proxy captures DNS) when it is an IP; when it is
+/// a CIDR, the wildcard with the CIDR as the chains' destination match; without an address, the
+/// wildcard.
+fn service_bind(addresses: &[String]) -> (String, Option<String>) {
+    match addresses.first() {
         Some(a) if a.parse::<std::net::IpAddr>().is_ok() => (a.clone(), None),
-        Some(a) if a.contains('/') => (WILDCARD_ADDRESS.to_owned(), Some(a.as_str())),
+        Some(a) if a.contains('/') => (WILDCARD_ADDRESS.to_owned(), Some(a.clone())),
         _ => (WILDCARD_ADDRESS.to_owned(), None),
     }
 }
