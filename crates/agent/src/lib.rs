@@ -6,6 +6,7 @@
 pub mod bootstrap;
 pub mod cmd;
 pub mod config;
+pub mod dns;
 pub mod envoy;
 pub mod iptables;
 pub mod logging;

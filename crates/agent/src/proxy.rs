@@ -128,6 +128,12 @@ pub async fn run(cfg: AgentConfig, runtime: ProxyRuntime) -> anyhow::Result<Opti
         .await
         .context("starting the xDS proxy")?;
 
+    let _dns_tasks = if cfg.dns.enabled() {
+        start_dns(&cfg, &xds, &mut registry).await?
+    } else {
+        Vec::new()
+    };
+
     let ca = ca_client(&cfg);
     if ca.is_none() {
         tracing::warn!(
@@ -204,6 +210,35 @@ pub async fn run(cfg: AgentConfig, runtime: ProxyRuntime) -> anyhow::Result<Opti
         tracing::info!(%report, "Envoy exited");
     }
     result
+}
+
+/// The DNS proxy (`ISTIO_META_DNS_CAPTURE`): answers from the NDS name table, which the xDS proxy
+/// hands it (the agent subscribes to NDS once Envoy connects), the rest from the pod's resolvers.
+async fn start_dns(
+    cfg: &AgentConfig,
+    xds: &XdsProxy,
+    registry: &mut Registry,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    use prost::Message as _;
+    let resolv = crate::dns::ResolvConf::parse(&std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default());
+    let addrs = crate::dns::listen_addresses(&cfg.dns.proxy_addr, &resolv).map_err(anyhow::Error::msg)?;
+    let server = Arc::new(crate::dns::LocalDnsServer::new(
+        crate::dns::ProxyDomain::new(&cfg.pod_namespace, &cfg.domain),
+        resolv,
+        cfg.dns.forward_parallel,
+        crate::dns::DnsMetrics::register(registry),
+    ));
+    let table = server.clone();
+    xds.register_handler(xds_api::type_url::NAME_TABLE, move |any| {
+        let nt = istio_api::nds::NameTable::decode(any.value.as_slice())
+            .map_err(|e| format!("NDS name table does not decode: {e}"))?;
+        table.update(&nt);
+        Ok(())
+    });
+    server
+        .serve(&addrs)
+        .await
+        .with_context(|| format!("DNS proxy on {}", cfg.dns.proxy_addr))
 }
 
 /// Waits for SIGTERM or SIGINT; returns its name.

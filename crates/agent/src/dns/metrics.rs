@@ -1,0 +1,59 @@
+//! The DNS proxy's metrics, as Istio's agent names them (`pkg/dns/client/monitoring.go`), plus a
+//! count of the packets dropped as malformed.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug)]
+pub struct DnsMetrics {
+    pub requests: Counter,
+    pub upstream_requests: Counter,
+    pub upstream_failures: Counter,
+    pub upstream_duration: Histogram,
+    pub malformed: Counter,
+}
+
+impl Default for DnsMetrics {
+    fn default() -> DnsMetrics {
+        DnsMetrics {
+            requests: Counter::default(),
+            upstream_requests: Counter::default(),
+            upstream_failures: Counter::default(),
+            upstream_duration: Histogram::new([0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
+            malformed: Counter::default(),
+        }
+    }
+}
+
+impl DnsMetrics {
+    pub fn register(registry: &mut Registry) -> DnsMetrics {
+        let m = DnsMetrics::default();
+        registry.register(
+            "istio_agent_dns_requests",
+            "Total number of DNS requests.",
+            m.requests.clone(),
+        );
+        registry.register(
+            "istio_agent_dns_upstream_requests",
+            "Total number of DNS requests forwarded to upstream.",
+            m.upstream_requests.clone(),
+        );
+        registry.register(
+            "istio_agent_dns_upstream_failures",
+            "Total number of DNS failures forwarded to upstream.",
+            m.upstream_failures.clone(),
+        );
+        registry.register(
+            "istio_agent_dns_upstream_request_duration_seconds",
+            "Total time in seconds Istio takes to get DNS response from upstream.",
+            m.upstream_duration.clone(),
+        );
+        registry.register(
+            "istio_agent_dns_malformed_requests",
+            "DNS packets dropped because they did not parse.",
+            m.malformed.clone(),
+        );
+        m
+    }
+}
