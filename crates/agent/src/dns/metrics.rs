@@ -20,28 +20,30 @@ impl Default for DnsMetrics {
             requests: Counter::default(),
             upstream_requests: Counter::default(),
             upstream_failures: Counter::default(),
-            upstream_duration: Histogram::new([0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
+            upstream_duration: Histogram::new([0.001, 0.005, 0.01, 0.1, 1.0, 5.0]),
             malformed: Counter::default(),
         }
     }
 }
 
 impl DnsMetrics {
+    /// Registers Istio's names; they end in `_total` already, and the merged scrape strips the
+    /// second `_total` OpenMetrics adds (see `status::stats`).
     pub fn register(registry: &mut Registry) -> DnsMetrics {
         let m = DnsMetrics::default();
         registry.register(
-            "istio_agent_dns_requests",
+            "istio_agent_dns_requests_total",
             "Total number of DNS requests.",
             m.requests.clone(),
         );
         registry.register(
-            "istio_agent_dns_upstream_requests",
+            "istio_agent_dns_upstream_requests_total",
             "Total number of DNS requests forwarded to upstream.",
             m.upstream_requests.clone(),
         );
         registry.register(
-            "istio_agent_dns_upstream_failures",
-            "Total number of DNS failures forwarded to upstream.",
+            "istio_agent_dns_upstream_failures_total",
+            "Total number of DNS failures.",
             m.upstream_failures.clone(),
         );
         registry.register(
@@ -50,7 +52,7 @@ impl DnsMetrics {
             m.upstream_duration.clone(),
         );
         registry.register(
-            "istio_agent_dns_malformed_requests",
+            "istio_agent_dns_malformed_requests_total",
             "DNS packets dropped because they did not parse.",
             m.malformed.clone(),
         );

@@ -214,6 +214,11 @@ impl Pod {
         Ok(pod)
     }
 
+    /// Replaces the pod's resolv.conf (seen as /etc/resolv.conf inside it).
+    pub fn set_resolv_conf(&self, text: &str) -> anyhow::Result<()> {
+        Ok(std::fs::write(self.etc.join("resolv.conf"), text)?)
+    }
+
     fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &self.ns]).args(args).stdin(Stdio::null());

@@ -49,6 +49,36 @@ socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
         Ok(())
     }
 
+    /// Resolves `name` as the app does (uid `nobody`, the pod's resolv.conf, captured): its IPv4
+    /// addresses, empty when it does not resolve.
+    pub fn resolve(&self, name: &str) -> anyhow::Result<Vec<String>> {
+        let script = format!(
+            "import socket\ntry:\n  print(' '.join(sorted({{a[4][0] for a in socket.getaddrinfo({name:?}, 80, socket.AF_INET)}})))\n\
+             except socket.gaierror:\n  print('')\n"
+        );
+        let out = self.run_python_as_app(&script, name, 53)?;
+        Ok(out.split_whitespace().map(str::to_owned).collect())
+    }
+
+    /// Sends one raw DNS query (`qtype`: 1 A, 28 AAAA) to the pod's resolver as the app does:
+    /// (response code, answer count).
+    pub fn dns_query(&self, name: &str, qtype: u16) -> anyhow::Result<(u8, u16)> {
+        let script = format!(
+            "import socket, struct\nq = struct.pack('>HHHHHH', 0x1234, 0x0100, 1, 0, 0, 0)\n\
+             q += b''.join(bytes([len(l)]) + l.encode() for l in {name:?}.strip('.').split('.')) + b'\\x00'\n\
+             q += struct.pack('>HH', {qtype}, 1)\n\
+             ns = [l.split()[1] for l in open('/etc/resolv.conf') if l.startswith('nameserver')][0]\n\
+             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(5); s.sendto(q, (ns, 53))\n\
+             r = s.recv(4096)\nprint(r[3] & 0x0f, struct.unpack('>H', r[6:8])[0])\n"
+        );
+        let out = self.run_python_as_app(&script, name, 53)?;
+        let mut it = out.split_whitespace().map(str::parse::<u16>);
+        match (it.next(), it.next()) {
+            (Some(Ok(rcode)), Some(Ok(answers))) => Ok((u8::try_from(rcode)?, answers)),
+            _ => bail!("unexpected DNS probe output {out:?}"),
+        }
+    }
+
     /// A TCP app on 0.0.0.0:`port` that answers each line with `<name> <line>`.
     pub fn start_tcp_app(&mut self, port: u16) -> anyhow::Result<()> {
         let script = format!(
@@ -124,10 +154,15 @@ socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
     /// Applies Istio's capture in the pod with the injector's flags (`-u 1337 -i '*' -b '*' -d
     /// 15090,15021,15020`): everything but the proxy's own uid is captured.
     pub fn capture(&self) -> anyhow::Result<()> {
+        self.capture_with(&[])
+    }
+
+    /// [`capture`](Self::capture) with more `istio-iptables` flags (e.g. `--redirect-dns`).
+    pub fn capture_with(&self, extra: &[&str]) -> anyhow::Result<()> {
         let bin = cargo_bin("agent", "pilot-agent")?;
         let bin = bin.to_string_lossy();
-        let out = self.exec(&[
-            &bin,
+        let mut args = vec![
+            bin.as_ref(),
             "istio-iptables",
             "-u",
             PROXY_UID,
@@ -138,7 +173,9 @@ socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
             "-d",
             "15090,15021,15020",
             "--dry-run=false",
-        ])?;
+        ];
+        args.extend_from_slice(extra);
+        let out = self.exec(&args)?;
         if !out.status.success() {
             bail!("istio-iptables failed: {}", String::from_utf8_lossy(&out.stderr));
         }
@@ -166,6 +203,19 @@ socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
         namespace: &str,
         labels: &serde_json::Value,
         identity: Option<&WorkloadIdentity>,
+    ) -> anyhow::Result<()> {
+        self.start_sidecar_env(discovery, namespace, labels, identity, &[])
+    }
+
+    /// [`start_sidecar_with`](Self::start_sidecar_with) with more agent environment (e.g.
+    /// `ISTIO_META_DNS_CAPTURE=true`).
+    pub fn start_sidecar_env(
+        &mut self,
+        discovery: SocketAddr,
+        namespace: &str,
+        labels: &serde_json::Value,
+        identity: Option<&WorkloadIdentity>,
+        extra_env: &[(&str, &str)],
     ) -> anyhow::Result<()> {
         let bin = cargo_bin("agent", "pilot-agent")?;
         let dir = self.dir.path().to_path_buf();
@@ -214,6 +264,7 @@ socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .chain(identity.map(|id| ("CA_ADDR".to_owned(), id.ca.to_string())))
+        .chain(extra_env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())))
         .collect();
         // As in an injected pod, pilot-agent and Envoy run as istio-proxy (1337), which the
         // capture excludes; they own their working directory.
