@@ -284,3 +284,33 @@ async fn bad_environment_exits_2_before_starting_anything() -> anyhow::Result<()
     assert!(!dir.path().join("etc/istio/proxy/envoy-rev.json").exists());
     Ok(())
 }
+
+/// `istio-iptables` takes its flags from the environment as Istio's (the flag's upper-cased name,
+/// and ISTIO_META_DNS_CAPTURE for --redirect-dns); the command line wins.
+#[test]
+fn istio_iptables_reads_flags_from_the_environment() -> anyhow::Result<()> {
+    let bin = test_support::bin::cargo_bin("agent", "pilot-agent")?;
+    let dry_run = |flags: &[&str], env: &[(&str, &str)]| -> anyhow::Result<String> {
+        let out = std::process::Command::new(&bin)
+            .arg("istio-iptables")
+            .args(flags)
+            .env_clear()
+            .envs(env.iter().copied())
+            .output()?;
+        anyhow::ensure!(out.status.success(), "{out:?}");
+        Ok(String::from_utf8(out.stdout)?)
+    };
+    let dns = "-A ISTIO_OUTPUT_DNS -p udp --dport 53 -j REDIRECT --to-port 15053";
+    let all = ("CAPTURE_ALL_DNS", "true");
+    assert!(!dry_run(&["--dry-run"], &[all])?.contains(dns));
+    assert!(dry_run(&["--dry-run"], &[all, ("ISTIO_META_DNS_CAPTURE", "true")])?.contains(dns));
+    assert!(dry_run(&[], &[all, ("REDIRECT_DNS", "true"), ("DRY_RUN", "true")])?.contains(dns));
+    let out = dry_run(
+        &["--dry-run", "--redirect-dns=false"],
+        &[all, ("ISTIO_META_DNS_CAPTURE", "true")],
+    )?;
+    assert!(!out.contains(dns), "{out}");
+    let out = dry_run(&["--dry-run"], &[("PROXY_UID", "4242")])?;
+    assert!(out.contains("--uid-owner 4242"), "{out}");
+    Ok(())
+}

@@ -7,9 +7,9 @@ use agent::cmd::{request, wait};
 use agent::config::{AgentConfig, ProxyArgs};
 use agent::proxy::ProxyRuntime;
 use agent::status::{KUBE_APP_PROBERS_ENV, KubeAppProbers};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Subcommand};
 
-#[derive(Debug, Parser)]
+#[derive(Debug, clap::Parser)]
 #[command(
     name = "pilot-agent",
     about = "Istio's agent: runs and configures Envoy beside a workload",
@@ -38,7 +38,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
         Command::Version { short } => {
             let version = env!("CARGO_PKG_VERSION");
@@ -52,7 +53,12 @@ fn main() -> ExitCode {
         Command::Wait(args) => block_on(wait::run(args)),
         Command::Request(args) => block_on(request::run(args)),
         Command::Proxy(args) => proxy(*args),
-        Command::IstioIptables(args) => agent::iptables::run(*args),
+        Command::IstioIptables(mut args) => {
+            if let Some(sub) = matches.subcommand_matches("istio-iptables") {
+                args.apply_additional_env(sub, |var| std::env::var(var).ok());
+            }
+            agent::iptables::run(*args)
+        }
     }
 }
 

@@ -1,5 +1,10 @@
 //! `pilot-agent istio-iptables` flags (Istio's tools/istio-iptables names and short letters) and
 //! their validation into a typed `Config`; every error names the flag an operator must fix.
+//!
+//! As Istio's, most flags can also come from the environment: the flag's name upper-cased with
+//! `_` for `-` (`REDIRECT_DNS`, `PROXY_UID`, ...), and three from the variables Istio's sidecar
+//! injector sets ([`ADDITIONAL_ENV`]: `ISTIO_META_DNS_CAPTURE`, `INVALID_DROP`,
+//! `ISTIO_DUAL_STACK`). A flag on the command line wins over both.
 
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -12,24 +17,40 @@ pub struct IptablesArgs {
     #[arg(short = 'p', long = "envoy-port", default_value = "15001")]
     pub proxy_port: String,
     /// Port to which all inbound TCP traffic to the pod/VM should be redirected.
-    #[arg(short = 'z', long = "inbound-capture-port", default_value = "15006")]
+    #[arg(
+        short = 'z',
+        long = "inbound-capture-port",
+        env = "INBOUND_CAPTURE_PORT",
+        default_value = "15006"
+    )]
     pub inbound_capture_port: String,
     /// Envoy port on which the tunnel (HBONE) listens; never captured.
-    #[arg(short = 'e', long = "inbound-tunnel-port", default_value = "15008")]
+    #[arg(
+        short = 'e',
+        long = "inbound-tunnel-port",
+        env = "INBOUND_TUNNEL_PORT",
+        default_value = "15008"
+    )]
     pub inbound_tunnel_port: String,
     /// User ID(s) of the proxy, whose traffic is not redirected.
-    #[arg(short = 'u', long = "proxy-uid", default_value = "1337")]
+    #[arg(short = 'u', long = "proxy-uid", env = "PROXY_UID", default_value = "1337")]
     pub proxy_uid: String,
     /// Group ID(s) of the proxy, whose traffic is not redirected.
-    #[arg(short = 'g', long = "proxy-gid", default_value = "1337")]
+    #[arg(short = 'g', long = "proxy-gid", env = "PROXY_GID", default_value = "1337")]
     pub proxy_gid: String,
     /// Inbound interception mode: REDIRECT (nat) or TPROXY (mangle; keeps the client's address).
-    #[arg(short = 'm', long = "istio-inbound-interception-mode", default_value = "REDIRECT")]
+    #[arg(
+        short = 'm',
+        long = "istio-inbound-interception-mode",
+        env = "ISTIO_INBOUND_INTERCEPTION_MODE",
+        default_value = "REDIRECT"
+    )]
     pub inbound_interception_mode: String,
     /// TPROXY mode: the packet mark that routes inbound packets to lo.
     #[arg(
         short = 't',
         long = "istio-inbound-tproxy-mark",
+        env = "ISTIO_INBOUND_TPROXY_MARK",
         alias = "inbound-tproxy-mark",
         default_value = "1337"
     )]
@@ -38,33 +59,76 @@ pub struct IptablesArgs {
     #[arg(
         short = 'r',
         long = "istio-inbound-tproxy-route-table",
+        env = "ISTIO_INBOUND_TPROXY_ROUTE_TABLE",
         alias = "inbound-tproxy-route-table",
         default_value = "133"
     )]
     pub inbound_tproxy_route_table: String,
     /// Inbound ports to redirect to Envoy ("*" for all); empty disables inbound capture.
-    #[arg(short = 'b', long = "istio-inbound-ports", default_value = "")]
+    #[arg(
+        short = 'b',
+        long = "istio-inbound-ports",
+        env = "ISTIO_INBOUND_PORTS",
+        default_value = ""
+    )]
     pub inbound_ports_include: String,
     /// Inbound ports excluded from redirection (only with `-b '*'`).
-    #[arg(short = 'd', long = "istio-local-exclude-ports", default_value = "")]
+    #[arg(
+        short = 'd',
+        long = "istio-local-exclude-ports",
+        env = "ISTIO_LOCAL_EXCLUDE_PORTS",
+        default_value = ""
+    )]
     pub inbound_ports_exclude: String,
     /// Outbound ports always redirected to Envoy.
-    #[arg(short = 'q', long = "istio-local-outbound-ports-include", default_value = "")]
+    #[arg(
+        short = 'q',
+        long = "istio-outbound-ports",
+        alias = "istio-local-outbound-ports-include",
+        env = "ISTIO_OUTBOUND_PORTS",
+        default_value = ""
+    )]
     pub outbound_ports_include: String,
     /// Outbound ports excluded from redirection.
-    #[arg(short = 'o', long = "istio-local-outbound-ports-exclude", default_value = "")]
+    #[arg(
+        short = 'o',
+        long = "istio-local-outbound-ports-exclude",
+        env = "ISTIO_LOCAL_OUTBOUND_PORTS_EXCLUDE",
+        default_value = ""
+    )]
     pub outbound_ports_exclude: String,
     /// Outbound CIDRs to redirect to Envoy ("*" for all).
-    #[arg(short = 'i', long = "istio-service-cidr", default_value = "")]
+    #[arg(
+        short = 'i',
+        long = "istio-service-cidr",
+        env = "ISTIO_SERVICE_CIDR",
+        default_value = ""
+    )]
     pub outbound_ip_ranges_include: String,
     /// Outbound CIDRs excluded from redirection.
-    #[arg(short = 'x', long = "istio-service-exclude-cidr", default_value = "")]
+    #[arg(
+        short = 'x',
+        long = "istio-service-exclude-cidr",
+        env = "ISTIO_SERVICE_EXCLUDE_CIDR",
+        default_value = ""
+    )]
     pub outbound_ip_ranges_exclude: String,
     /// Virtual interfaces whose inbound traffic is treated as outbound.
-    #[arg(short = 'k', long = "kube-virt-interfaces", default_value = "")]
+    #[arg(
+        short = 'k',
+        long = "kube-virt-interfaces",
+        env = "KUBE_VIRT_INTERFACES",
+        default_value = ""
+    )]
     pub kube_virt_interfaces: String,
     /// Interfaces excluded from all capture.
-    #[arg(short = 'c', long = "exclude-interfaces", default_value = "")]
+    #[arg(
+        short = 'c',
+        long = "istio-exclude-interfaces",
+        alias = "exclude-interfaces",
+        env = "ISTIO_EXCLUDE_INTERFACES",
+        default_value = ""
+    )]
     pub exclude_interfaces: String,
     /// Groups whose outbound traffic is captured ("*" for all).
     #[arg(long = "capture-outbound-owner-groups", default_value = "*")]
@@ -76,28 +140,72 @@ pub struct IptablesArgs {
     #[arg(long = "host-ipv4-loopback-cidr", default_value = "127.0.0.1/32")]
     pub host_ipv4_loopback_cidr: String,
     /// Redirect DNS (port 53) to the agent's DNS proxy on 15053.
-    #[arg(long = "redirect-dns", default_value_t = false)]
+    #[arg(long = "redirect-dns", env = "REDIRECT_DNS", num_args = 0..=1, default_missing_value = "true",
+          default_value = "false", action = clap::ArgAction::Set)]
     pub redirect_dns: bool,
     /// With --redirect-dns, capture DNS to every server, not only those in /etc/resolv.conf.
-    #[arg(long = "capture-all-dns", default_value_t = false)]
+    #[arg(long = "capture-all-dns", env = "CAPTURE_ALL_DNS", num_args = 0..=1, default_missing_value = "true",
+          default_value = "false", action = clap::ArgAction::Set)]
     pub capture_all_dns: bool,
     /// Also capture IPv6 (ip6tables), as Istio's ENABLE_INBOUND_IPV6 (Istio sets it for IPv6 pods).
-    #[arg(long = "enable-inbound-ipv6", env = "ENABLE_INBOUND_IPV6", num_args = 0..=1, default_missing_value = "true",
+    #[arg(long = "enable-inbound-ipv6", alias = "dual-stack", env = "ENABLE_INBOUND_IPV6", num_args = 0..=1, default_missing_value = "true",
           default_value = "false", action = clap::ArgAction::Set)]
     pub enable_ipv6: bool,
     /// Drop packets in INVALID conntrack state (mangle table).
-    #[arg(long = "drop-invalid", default_value_t = false)]
+    #[arg(long = "drop-invalid", env = "DROP_INVALID", num_args = 0..=1, default_missing_value = "true",
+          default_value = "false", action = clap::ArgAction::Set)]
     pub drop_invalid: bool,
     /// Print the rules instead of applying them (`--dry-run=false` applies).
-    #[arg(short = 'n', long = "dry-run", num_args = 0..=1, default_missing_value = "true", default_value = "false",
+    #[arg(short = 'n', long = "dry-run", env = "DRY_RUN", num_args = 0..=1, default_missing_value = "true", default_value = "false",
           action = clap::ArgAction::Set)]
     pub dry_run: bool,
     /// Only remove Istio's chains and jumps, then exit.
-    #[arg(long = "cleanup-only", default_value_t = false)]
+    #[arg(long = "cleanup-only", env = "CLEANUP_ONLY", num_args = 0..=1, default_missing_value = "true",
+          default_value = "false", action = clap::ArgAction::Set)]
     pub cleanup_only: bool,
     /// iptables flavour to run: "legacy", "nft" or empty for the `iptables-restore` on PATH.
     #[arg(long = "iptables-version", default_value = "")]
     pub iptables_version: String,
+}
+
+/// Istio's `flag.AdditionalEnv`: (argument id, variable). The variable overrides the flag's own
+/// environment variable; the command line overrides both.
+pub const ADDITIONAL_ENV: [(&str, &str); 3] = [
+    ("redirect_dns", "ISTIO_META_DNS_CAPTURE"),
+    ("drop_invalid", "INVALID_DROP"),
+    ("enable_ipv6", "ISTIO_DUAL_STACK"),
+];
+
+impl IptablesArgs {
+    /// Applies [`ADDITIONAL_ENV`] (`env` looks a variable up) to the flags `matches` did not get
+    /// on the command line. A value that is not a boolean is reported and ignored, as Istio
+    /// ignores it.
+    pub fn apply_additional_env(&mut self, matches: &clap::ArgMatches, env: impl Fn(&str) -> Option<String>) {
+        for (id, var) in ADDITIONAL_ENV {
+            if matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine) {
+                continue;
+            }
+            let Some(value) = env(var) else { continue };
+            let Some(on) = parse_go_bool(&value) else {
+                eprintln!("warning: ignoring {var}={value:?}: not a boolean");
+                continue;
+            };
+            match id {
+                "redirect_dns" => self.redirect_dns = on,
+                "drop_invalid" => self.drop_invalid = on,
+                _ => self.enable_ipv6 = on,
+            }
+        }
+    }
+}
+
+/// Go's `strconv.ParseBool`, which Istio's flags use.
+fn parse_go_bool(s: &str) -> Option<bool> {
+    match s {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
 }
 
 /// A flag value that cannot be used; the message names the flag.
