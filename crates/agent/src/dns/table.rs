@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use istio_api::nds::NameTable;
 
@@ -20,7 +21,8 @@ pub struct Addresses {
 /// Lower-case absolute names (`reviews.default.svc.cluster.local.`) to their addresses.
 #[derive(Debug, Default, PartialEq)]
 pub struct LookupTable {
-    names: HashMap<String, Addresses>,
+    /// A host's names share its addresses.
+    names: HashMap<String, Arc<Addresses>>,
 }
 
 /// Where the proxy is: what short names mean.
@@ -52,7 +54,7 @@ impl ProxyDomain {
 
 impl LookupTable {
     pub fn build(nt: &NameTable, proxy: &ProxyDomain, search: &[String]) -> LookupTable {
-        let mut names: HashMap<String, Addresses> = HashMap::new();
+        let mut names: HashMap<String, Arc<Addresses>> = HashMap::new();
         for (hostname, info) in &nt.table {
             let mut addresses = Addresses::default();
             for ip in info.ips.iter().filter_map(|ip| ip.parse::<IpAddr>().ok()) {
@@ -64,6 +66,9 @@ impl LookupTable {
             if addresses.v4.is_empty() && addresses.v6.is_empty() {
                 continue;
             }
+            addresses.v4.shrink_to_fit();
+            addresses.v6.shrink_to_fit();
+            let addresses = Arc::new(addresses);
             let alt = if info.registry == "Kubernetes" {
                 alt_hosts(hostname, &info.shortname, &info.namespace, proxy)
             } else if hostname.ends_with('.') {
@@ -83,6 +88,7 @@ impl LookupTable {
                 names.insert(h, addresses.clone());
             }
         }
+        names.shrink_to_fit();
         LookupTable { names }
     }
 
@@ -99,7 +105,7 @@ impl LookupTable {
         let name = name.to_ascii_lowercase();
         let name = if name.ends_with('.') { name } else { format!("{name}.") };
         if let Some(a) = self.names.get(&name) {
-            return Some(a);
+            return Some(a.as_ref());
         }
         let mut rest = name.as_str();
         while let Some((_, parent)) = rest.split_once('.') {
@@ -107,7 +113,7 @@ impl LookupTable {
                 break;
             }
             if let Some(a) = self.names.get(&format!("*.{parent}")) {
-                return Some(a);
+                return Some(a.as_ref());
             }
             rest = parent;
         }
