@@ -58,6 +58,9 @@ pub struct Report {
     pub loadgen_cpu_s: Option<f64>,
     /// Sum of the encoded sizes of every response the proxies received.
     pub bytes_sent: u64,
+    /// config-change and one-change endpoint-churn: bytes each proxy received for the change
+    /// (mean over the proxies that ACKed it).
+    pub change_bytes_per_proxy: Option<f64>,
     pub errors: Vec<String>,
     pub wall_s: f64,
 }
@@ -108,6 +111,7 @@ impl Report {
             "discovery_cpu_s": self.discovery_cpu_s,
             "loadgen_cpu_s": self.loadgen_cpu_s,
             "bytes_sent": self.bytes_sent,
+            "change_bytes_per_proxy": self.change_bytes_per_proxy,
             "errors": self.errors.len(),
             "wall_s": self.wall_s,
         })
@@ -147,6 +151,11 @@ impl Report {
             ("discovery CPU", opt(self.discovery_cpu_s, "s")),
             ("loadgen CPU", opt(self.loadgen_cpu_s, "s")),
             ("bytes received", format!("{:.2} MB", self.bytes_sent as f64 / 1e6)),
+            (
+                "change bytes per proxy",
+                self.change_bytes_per_proxy
+                    .map_or("-".to_owned(), |b| format!("{:.1} kB", b / 1e3)),
+            ),
             ("errors", self.errors.len().to_string()),
             ("wall time", format!("{:.1} s", self.wall_s)),
             (

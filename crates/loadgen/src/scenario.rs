@@ -173,6 +173,9 @@ pub async fn run(opts: &LoadOptions) -> Result<Report> {
             report.convergence_p99_ms = percentile_ms(&phase.samples, 0.99);
             report.convergence_max_ms = percentile_ms(&phase.samples, 1.0);
             report.bytes_sent = phase.tally.bytes;
+            if phase.churn.is_none() {
+                report.change_bytes_per_proxy = phase.tally.change_bytes_per_proxy();
+            }
             if let Some(figures) = &phase.churn {
                 figures.fill(&mut report);
             }

@@ -28,6 +28,8 @@ pub(crate) struct Tally {
     /// Sustained endpoint churn: which proxy has ACKed which change.
     pub churn: Option<ChurnTracker>,
     pub bytes: u64,
+    /// Bytes received since [`Tally::change_made`] (the measured change's share of `bytes`).
+    pub change_bytes: u64,
     pub errors: Vec<String>,
 }
 
@@ -44,6 +46,7 @@ impl Tally {
             recorded: Vec::new(),
             churn: None,
             bytes: 0,
+            change_bytes: 0,
             errors: Vec::new(),
         }
     }
@@ -81,6 +84,12 @@ impl Tally {
             .all(|(c, v)| c.is_some() || v.is_none())
     }
 
+    /// Mean bytes each proxy that ACKed the change received for it (`None` before any did).
+    pub fn change_bytes_per_proxy(&self) -> Option<f64> {
+        let n = self.changed.iter().flatten().count();
+        (n > 0).then(|| self.change_bytes as f64 / n as f64)
+    }
+
     /// The change times of the proxies that ACKed it.
     pub fn change_times(&self) -> Vec<Duration> {
         self.changed.iter().flatten().copied().collect()
@@ -113,7 +122,12 @@ impl Tally {
     fn apply(&mut self, e: ProxyEvent) {
         match e {
             ProxyEvent::Converged { proxy, elapsed } => self.converged[proxy] = Some(elapsed),
-            ProxyEvent::Bytes(b) => self.bytes += b as u64,
+            ProxyEvent::Bytes(b) => {
+                self.bytes += b as u64;
+                if self.changed_since.is_some() {
+                    self.change_bytes += b as u64;
+                }
+            }
             ProxyEvent::Received { at, response } => self.recorded.push((at, response)),
             ProxyEvent::Endpoints { proxy, clusters, at } => {
                 if let Some(churn) = &mut self.churn {
@@ -170,9 +184,15 @@ mod tests {
             })
             .unwrap();
         }
+        tx.send(ProxyEvent::Bytes(1000)).unwrap();
         t.until(Tally::settled).await;
         assert_eq!(t.connect_times(0..2).len(), 2);
+        while t.bytes < 1000 {
+            assert!(t.next().await);
+        }
         t.change_made(Watched::Routes, t0);
+        tx.send(ProxyEvent::Bytes(30)).unwrap();
+        tx.send(ProxyEvent::Bytes(50)).unwrap();
         tx.send(acked(0, 7, t0 + Duration::from_millis(5))).unwrap();
         tx.send(ProxyEvent::Acked {
             proxy: 1,
@@ -188,6 +208,8 @@ mod tests {
             t.changed,
             vec![Some(Duration::from_millis(20)), Some(Duration::from_millis(10))]
         );
+        assert_eq!((t.bytes, t.change_bytes), (1080, 80));
+        assert_eq!(t.change_bytes_per_proxy(), Some(40.0));
         assert!(t.errors.is_empty());
     }
 
