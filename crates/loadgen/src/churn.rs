@@ -56,6 +56,9 @@ pub(crate) struct ChurnTracker {
     acked: Vec<Vec<usize>>,
     /// The proxies every change waits for (those converged and not failed at the start).
     live: Vec<bool>,
+    /// Namespace-scoped proxies (the reference mesh): proxy `p` sees service `s` only when
+    /// `p % n == s % n`; `None`, every proxy sees every service.
+    scope: Option<usize>,
 }
 
 impl ChurnTracker {
@@ -66,7 +69,19 @@ impl ChurnTracker {
             changes: Vec::new(),
             acked: vec![vec![0; services]; live.len()],
             live,
+            scope: None,
         }
+    }
+
+    /// Proxies see only the services of their namespace, one of `namespaces` (see
+    /// [`MeshSpec::sees`]).
+    pub fn scoped(mut self, namespaces: usize) -> ChurnTracker {
+        self.scope = (namespaces > 1).then_some(namespaces);
+        self
+    }
+
+    fn sees(&self, proxy: usize, service: usize) -> bool {
+        self.scope.is_none_or(|n| proxy % n == service % n)
     }
 
     /// The newest generation written for `service`.
@@ -82,7 +97,9 @@ impl ChurnTracker {
         self.per_service[service].push(self.changes.len());
         self.changes.push(Change {
             made: at,
-            remaining: self.live.iter().filter(|l| **l).count(),
+            remaining: (0..self.live.len())
+                .filter(|&p| self.live[p] && self.sees(p, service))
+                .count(),
             done: None,
         });
     }
@@ -96,6 +113,9 @@ impl ChurnTracker {
             let Some(&(service, generation)) = addresses.iter().find_map(|a| self.by_address.get(a)) else {
                 continue;
             };
+            if !self.sees(proxy, service) {
+                continue;
+            }
             let before = self.acked[proxy][service];
             for g in before + 1..=generation {
                 let change = &mut self.changes[self.per_service[service][g - 1]];
@@ -117,7 +137,9 @@ impl ChurnTracker {
     pub fn converged_proxies(&self) -> usize {
         (0..self.live.len())
             .filter(|&p| self.live[p])
-            .filter(|&p| (0..self.per_service.len()).all(|s| self.acked[p][s] == self.generation(s)))
+            .filter(|&p| {
+                (0..self.per_service.len()).all(|s| !self.sees(p, s) || self.acked[p][s] == self.generation(s))
+            })
             .count()
     }
 
@@ -187,7 +209,8 @@ pub(crate) async fn churn(
         .zip(&tally.failed)
         .map(|(c, f)| c.is_some() && !f)
         .collect();
-    tally.churn = Some(ChurnTracker::new(spec.services, live));
+    let scope = if spec.sidecar_scope { spec.namespaces } else { 1 };
+    tally.churn = Some(ChurnTracker::new(spec.services, live).scoped(scope));
     let mut interval = tokio::time::interval(Duration::from_secs_f64(1.0 / opts.rate));
     interval.set_missed_tick_behavior(MissedTickBehavior::Burst);
     tally.deadline = tokio::time::Instant::now() + opts.duration + timeout;
@@ -280,5 +303,21 @@ mod tests {
         // An older generation ACKed late takes nothing back.
         t.acked(0, &[vec!["a1".into()]], t0 + ms(70));
         assert_eq!(t.converged_proxies(), 2);
+    }
+
+    #[test]
+    fn scoped_changes_wait_for_the_proxies_of_their_namespace_only() {
+        let t0 = Instant::now();
+        // two namespaces: proxies 0 and 2 see service 0, proxy 1 sees service 1
+        let mut t = ChurnTracker::new(2, vec![true, true, true]).scoped(2);
+        t.made(0, "a1".into(), t0);
+        t.made(1, "b1".into(), t0);
+        t.acked(0, &[vec!["a1".into()]], t0 + ms(10));
+        t.acked(1, &[vec!["b1".into()]], t0 + ms(20));
+        assert!(!t.all_done());
+        t.acked(2, &[vec!["a1".into()]], t0 + ms(30));
+        assert!(t.all_done());
+        assert_eq!(t.converged_proxies(), 3);
+        assert_eq!(t.lags(t0, t0 + ms(100)), vec![ms(30), ms(20)]);
     }
 }

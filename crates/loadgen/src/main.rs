@@ -54,6 +54,14 @@ struct Args {
     /// DestinationRules with two subsets (default: services / 10).
     #[arg(long)]
     destination_rules: Option<usize>,
+    /// Namespaces the services and proxies are spread over (service and proxy `i` in
+    /// `load-<i mod N>`; one: everything in `load`).
+    #[arg(long, default_value_t = 1)]
+    namespaces: usize,
+    /// `namespace`: a Sidecar per namespace importing `./*` and `istio-system/*`, as istio.io's
+    /// load tests (the reference mesh); `none`: every proxy sees every service (the worst case).
+    #[arg(long, default_value = "none", value_parser = ["none", "namespace"])]
+    sidecar_scope: String,
     /// Use delta xDS instead of state of the world.
     #[arg(long)]
     delta: bool,
@@ -101,6 +109,8 @@ fn main() -> Result<()> {
             endpoints: args.endpoints,
             virtual_services: args.virtual_services.unwrap_or((args.services / 10).max(1)),
             destination_rules: args.destination_rules.unwrap_or(args.services / 10),
+            namespaces: args.namespaces.max(1),
+            sidecar_scope: args.sidecar_scope == "namespace",
         },
         proxies: args.proxies,
         scenario: args.scenario,

@@ -15,7 +15,7 @@ use xds_api::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryResponse, DiscoveryResponse};
 use xds_api::{pbwkt, type_url};
 
-use crate::mesh::{sidecar_metadata, sidecar_node_id};
+use crate::mesh::{namespace, sidecar_metadata, sidecar_node_id};
 use crate::upstream::Upstream;
 
 /// How a simulated proxy runs.
@@ -28,6 +28,8 @@ pub struct ProxyOptions {
     /// Report the endpoint addresses of every plain cluster whose addresses change
     /// ([`ProxyEvent::Endpoints`], for endpoint churn).
     pub endpoints: bool,
+    /// The mesh's namespace count: proxy `n` runs in [`namespace`]`(namespaces, n)`.
+    pub namespaces: usize,
 }
 
 /// A response as received, for replay.
@@ -112,7 +114,8 @@ async fn run_sotw(
     let mut moved = opts.endpoints.then(MovedEndpoints::default);
     let start = Instant::now();
     let channel = upstream.channel(n).await?;
-    let mut client = AdsClient::on_channel(channel, &sidecar_node_id(n), sidecar_metadata(n)).await?;
+    let ns = namespace(opts.namespaces, n);
+    let mut client = AdsClient::on_channel(channel, &sidecar_node_id(&ns, n), sidecar_metadata(&ns, n)).await?;
     client.timeout = RECV_TIMEOUT;
     let hs = client.handshake(None).await?;
     let elapsed = start.elapsed();
@@ -202,7 +205,8 @@ fn follow(client: &mut AdsClient, type_url: &str, current: &mut Vec<String>, mut
 
 async fn run_delta(addr: &str, n: usize, opts: ProxyOptions, events: &mpsc::UnboundedSender<ProxyEvent>) -> Result<()> {
     let start = Instant::now();
-    let mut client = DeltaAdsClient::connect(addr, &sidecar_node_id(n), sidecar_metadata(n)).await?;
+    let ns = namespace(opts.namespaces, n);
+    let mut client = DeltaAdsClient::connect(addr, &sidecar_node_id(&ns, n), sidecar_metadata(&ns, n)).await?;
     client.timeout = RECV_TIMEOUT;
     let mut proxy = DeltaProxy {
         client,

@@ -18,6 +18,9 @@ pub struct Report {
     pub proxies: usize,
     pub services: usize,
     pub endpoints: usize,
+    /// Namespaces of the mesh, and whether a Sidecar scopes each (`namespace`) or not (`none`).
+    pub namespaces: usize,
+    pub sidecar_scope: String,
     /// Proxies that completed the scenario.
     pub converged: usize,
     /// Connect to last handshake ACK, whatever the scenario.
@@ -87,6 +90,8 @@ impl Report {
             "proxies": self.proxies,
             "services": self.services,
             "endpoints": self.endpoints,
+            "namespaces": self.namespaces,
+            "sidecar_scope": self.sidecar_scope,
             "converged": self.converged,
             "connect_p50_ms": self.connect_p50_ms,
             "connect_p99_ms": self.connect_p99_ms,
@@ -128,7 +133,10 @@ impl Report {
             ),
             (
                 "mesh",
-                format!("{} services x {} endpoints", self.services, self.endpoints),
+                format!(
+                    "{} services x {} endpoints, {} namespace(s), Sidecar scope {}",
+                    self.services, self.endpoints, self.namespaces, self.sidecar_scope
+                ),
             ),
             ("proxies converged", format!("{} / {}", self.converged, self.proxies)),
             ("connect p50", ms(self.connect_p50_ms)),

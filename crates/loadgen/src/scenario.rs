@@ -103,6 +103,8 @@ impl Default for LoadOptions {
                 endpoints: 5,
                 virtual_services: 10,
                 destination_rules: 10,
+                namespaces: 1,
+                sidecar_scope: false,
             },
             proxies: 10,
             scenario: Scenario::Connect,
@@ -134,11 +136,14 @@ pub async fn run(opts: &LoadOptions) -> Result<Report> {
         proxies: opts.proxies,
         services: opts.mesh.services,
         endpoints: opts.mesh.endpoints,
+        namespaces: opts.mesh.namespaces,
+        sidecar_scope: if opts.mesh.sidecar_scope { "namespace" } else { "none" }.to_owned(),
         discovery_bin: control.binary(),
         ..Default::default()
     };
     let proxy = ProxyOptions {
         delta: opts.delta,
+        namespaces: opts.mesh.namespaces,
         ..Default::default()
     };
     if opts.scenario == Scenario::Ramp {
@@ -185,10 +190,12 @@ pub async fn run(opts: &LoadOptions) -> Result<Report> {
         match phase.capture {
             Some(Ok(capture)) => {
                 report.raw_push_bytes = Some(capture.push_bytes());
+                // replayed to as many proxies as the change reached (proxy 0 is one of them)
+                let reached = (0..opts.proxies).filter(|&n| opts.mesh.sees(n, 0)).count();
                 let raw = raw_phase(
                     capture,
                     Watched::Routes,
-                    opts.proxies,
+                    reached,
                     opts.streams_per_connection,
                     opts.timeout,
                 )
@@ -302,6 +309,7 @@ async fn discovery_phase(opts: &LoadOptions, control: &ControlPlane, proxies: us
             delta: opts.delta,
             record: record && n == 0,
             endpoints: sustained,
+            namespaces: opts.mesh.namespaces,
         };
         tasks.spawn(run_proxy(upstream.clone(), n, proxy, tx.clone()));
     }
@@ -339,8 +347,9 @@ async fn discovery_phase(opts: &LoadOptions, control: &ControlPlane, proxies: us
 }
 
 /// Makes the scenario's one change (config-change: rewrites VirtualService 0; endpoint-churn:
-/// moves service 0's endpoints), returns when it was made and measures, per proxy, the time from
-/// the write to its ACK of routes (resp. endpoints) that differ from what it had before.
+/// moves service 0's endpoints), returns when it was made and measures, per proxy that sees
+/// service 0, the time from the write to its ACK of routes (resp. endpoints) that differ from
+/// what it had before.
 async fn change(tally: &mut Tally, opts: &LoadOptions, dir: &std::path::Path, watched: Watched) -> Result<Instant> {
     if watched == Watched::Routes && opts.mesh.virtual_services == 0 {
         bail!("config-change needs at least one VirtualService (--virtual-services)");
@@ -350,8 +359,10 @@ async fn change(tally: &mut Tally, opts: &LoadOptions, dir: &std::path::Path, wa
     }
     let made = Instant::now();
     tally.change_made(watched, made);
+    // with Sidecar scoping only the proxies of service 0's namespace see the change
+    tally.expect_change((0..tally.changed.len()).map(|n| opts.mesh.sees(n, 0)).collect());
     match watched {
-        Watched::Routes => change_virtual_service(dir, 0, 1)?,
+        Watched::Routes => change_virtual_service(dir, &opts.mesh, 0, 1)?,
         Watched::Endpoints => churn_endpoints(dir, &opts.mesh, 1)?,
     }
     tally.until(Tally::all_changed).await;

@@ -23,6 +23,9 @@ pub(crate) struct Tally {
     changed_since: Option<(Watched, Instant, Vec<Option<u64>>)>,
     /// Per proxy: from the change to its first ACK of different content.
     pub changed: Vec<Option<Duration>>,
+    /// Per proxy: whether the change is waited for (proxies a Sidecar keeps from seeing it are
+    /// not); every proxy unless [`Tally::expect_change`] says otherwise.
+    expected: Option<Vec<bool>>,
     /// What the recording proxy received, in order.
     pub recorded: Vec<(Instant, Recorded)>,
     /// Sustained endpoint churn: which proxy has ACKed which change.
@@ -43,6 +46,7 @@ impl Tally {
             content: [vec![None; n], vec![None; n]],
             changed_since: None,
             changed: vec![None; n],
+            expected: None,
             recorded: Vec::new(),
             churn: None,
             bytes: 0,
@@ -76,12 +80,21 @@ impl Tally {
         self.changed_since = Some((watched, at, before));
     }
 
-    /// Every converged proxy has ACKed the change.
+    /// Waits for the change at the proxies `expected` marks only.
+    pub fn expect_change(&mut self, expected: Vec<bool>) {
+        self.expected = Some(expected);
+    }
+
+    /// Every converged proxy expected to see the change has ACKed it.
     pub fn all_changed(&self) -> bool {
-        self.changed
-            .iter()
-            .zip(&self.converged)
-            .all(|(c, v)| c.is_some() || v.is_none())
+        self.changed.iter().zip(&self.converged).enumerate().all(|(p, (c, v))| {
+            c.is_some()
+                || v.is_none()
+                || self
+                    .expected
+                    .as_ref()
+                    .is_some_and(|e| !e.get(p).copied().unwrap_or(true))
+        })
     }
 
     /// Mean bytes each proxy that ACKed the change received for it (`None` before any did).

@@ -11,6 +11,8 @@ fn options(delta: bool) -> LoadOptions {
             endpoints: 2,
             virtual_services: 1,
             destination_rules: 1,
+            namespaces: 1,
+            sidecar_scope: false,
         },
         proxies: 3,
         scenario: Scenario::EndpointChurn,

@@ -11,6 +11,8 @@ fn options(scenario: Scenario, delta: bool) -> LoadOptions {
             endpoints: 2,
             virtual_services: 1,
             destination_rules: 1,
+            namespaces: 1,
+            sidecar_scope: false,
         },
         proxies: 5,
         scenario,
@@ -55,4 +57,45 @@ async fn every_proxy_acks_the_changed_routes_and_endpoints() {
         assert_eq!(report.raw_p99_ms.is_some(), raw, "{}", report.table());
         assert_eq!(report.to_json()["raw_ratio"].is_number(), raw);
     }
+}
+
+/// istio.io's reference mesh: services and proxies over namespaces, a Sidecar per namespace.
+/// The VirtualService change reaches the proxies of its namespace only, and carries only their
+/// namespace's routes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_mesh_scopes_each_namespace() {
+    let scoped = |sidecar_scope: bool, scenario: Scenario| {
+        let mut o = options(scenario, false);
+        o.mesh.namespaces = 2;
+        o.mesh.sidecar_scope = sidecar_scope;
+        o.mesh.virtual_services = 2;
+        o.proxies = 6;
+        o.raw = false;
+        o
+    };
+    let report = loadgen::run(&scoped(true, Scenario::Connect)).await.unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(report.converged, 6, "{}", report.table());
+    let unscoped_connect = loadgen::run(&scoped(false, Scenario::Connect)).await.unwrap();
+    assert!(
+        report.bytes_sent < unscoped_connect.bytes_sent,
+        "scoped {} >= unscoped {}",
+        report.bytes_sent,
+        unscoped_connect.bytes_sent
+    );
+
+    let change = loadgen::run(&scoped(true, Scenario::ConfigChange)).await.unwrap();
+    assert!(change.errors.is_empty(), "{:?}", change.errors);
+    // proxies 0, 2 and 4 are in load-0 with VirtualService 0
+    assert_eq!(change.converged, 3, "{}", change.table());
+    let unscoped = loadgen::run(&scoped(false, Scenario::ConfigChange)).await.unwrap();
+    assert_eq!(unscoped.converged, 6, "{}", unscoped.table());
+    let (a, b) = (
+        change.change_bytes_per_proxy.unwrap_or_default(),
+        unscoped.change_bytes_per_proxy.unwrap_or_default(),
+    );
+    assert!(a > 0.0 && a < b, "scoped {a} bytes per proxy, unscoped {b}");
+    let json = change.to_json();
+    assert_eq!(json["namespaces"], 2);
+    assert_eq!(json["sidecar_scope"], "namespace");
 }

@@ -13,6 +13,8 @@ fn ramp(proxies: usize, ramp: RampOptions) -> LoadOptions {
             endpoints: 1,
             virtual_services: 1,
             destination_rules: 0,
+            namespaces: 1,
+            sidecar_scope: false,
         },
         proxies,
         scenario: Scenario::Ramp,

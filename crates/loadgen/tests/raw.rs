@@ -185,6 +185,8 @@ async fn the_raw_scenario_replays_a_real_config_change() {
                 endpoints: 2,
                 virtual_services: 1,
                 destination_rules: 1,
+                namespaces: 1,
+                sidecar_scope: false,
             },
             proxies: 4,
             scenario: Scenario::Raw,
