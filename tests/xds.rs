@@ -325,15 +325,38 @@ async fn istioctl_proxy_status_and_config_dump_over_xds() -> anyhow::Result<()> 
     gateway.handshake(None).await?;
 
     let istioctl_node = "sidecar~127.0.0.1~istioctl-1.istio-system~istio-system.svc.cluster.local";
-    let mut istioctl = AdsClient::connect(
-        d.grpc_addr,
-        istioctl_node,
-        json!({"GENERATOR": "event", "NAMESPACE": "istio-system"}),
-    )
-    .await?;
-    istioctl.request("istio.io/debug/syncz", &[])?;
-    let r = istioctl.expect_type("istio.io/debug/syncz").await?;
-    let configs: Vec<ClientConfig> = r.decode()?;
+    // The handshake's last ACK reaches the server on the gateway's own stream, maybe after
+    // istioctl's first question: ask again on a new stream until it has landed (a few ms), as a
+    // user reruns `istioctl proxy-status`.
+    let wanted = [
+        type_url::CLUSTER,
+        type_url::ENDPOINT,
+        type_url::LISTENER,
+        type_url::ROUTE,
+    ];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (mut istioctl, r, configs) = loop {
+        let mut istioctl = AdsClient::connect(
+            d.grpc_addr,
+            istioctl_node,
+            json!({"GENERATOR": "event", "NAMESPACE": "istio-system"}),
+        )
+        .await?;
+        istioctl.request("istio.io/debug/syncz", &[])?;
+        let r = istioctl.expect_type("istio.io/debug/syncz").await?;
+        let configs: Vec<ClientConfig> = r.decode()?;
+        let synced = |c: &ClientConfig| {
+            wanted.iter().all(|t| {
+                c.generic_xds_configs
+                    .iter()
+                    .any(|x| x.type_url == *t && x.config_status == ConfigStatus::Synced as i32)
+            })
+        };
+        if configs.iter().all(synced) || std::time::Instant::now() > deadline {
+            break (istioctl, r, configs);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
     assert_eq!(configs.len(), 1, "the gateway only, not istioctl: {configs:?}");
     let node = configs[0].node.as_ref().unwrap();
     assert_eq!(node.id, "istio-ingressgateway-e2e.istio-system");
@@ -344,12 +367,7 @@ async fn istioctl_proxy_status_and_config_dump_over_xds() -> anyhow::Result<()> 
         .iter()
         .map(|c| (c.type_url.as_str(), c.config_status))
         .collect();
-    for t in [
-        type_url::CLUSTER,
-        type_url::ENDPOINT,
-        type_url::LISTENER,
-        type_url::ROUTE,
-    ] {
+    for t in wanted {
         assert!(
             states.contains(&(t, ConfigStatus::Synced as i32)),
             "{t} not SYNCED in {states:?}"
