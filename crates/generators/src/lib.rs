@@ -9,6 +9,8 @@
 mod authn;
 mod authz;
 mod cds;
+#[cfg(test)]
+mod deterministic_tests;
 mod eds;
 mod generate;
 mod lds;

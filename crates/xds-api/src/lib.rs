@@ -3,6 +3,7 @@
 //! [`Resource`] that generators make and the ADS server sends.
 #![forbid(unsafe_code)]
 
+pub mod canonical;
 pub mod json;
 mod resource;
 
@@ -53,12 +54,18 @@ pub mod type_url {
     }
 }
 
-/// Packs a message into `Any` with its full type URL.
+/// Packs a message into `Any` with its full type URL. Messages with map fields the generators
+/// fill (routes, RBAC, jwt_authn) get their map entries in a stable order ([`canonical`]), so
+/// equal messages pack to equal bytes.
 pub fn pack<M: prost::Message + Name>(m: &M) -> pbwkt::Any {
-    pbwkt::Any {
-        type_url: M::type_url(),
-        value: m.encode_to_vec(),
+    let type_url = M::type_url();
+    let mut value = m.encode_to_vec();
+    if let Some(fields) = canonical::map_fields(&type_url) {
+        // prost's own output always parses; if it did not, the bytes (sorted or not) stay valid
+        let sorted = canonical::sort_map_entries(&mut value, fields);
+        debug_assert!(sorted.is_ok(), "{type_url}: {sorted:?}");
     }
+    pbwkt::Any { type_url, value }
 }
 
 /// Converts a protobuf `Struct` (node metadata) to JSON.
