@@ -64,6 +64,9 @@ pub struct Report {
     /// config-change and one-change endpoint-churn: bytes each proxy received for the change
     /// (mean over the proxies that ACKed it).
     pub change_bytes_per_proxy: Option<f64>,
+    /// The same change: pilot-discovery's CPU seconds from the write to the last proxy's ACK,
+    /// per proxy that received it (`/proc` counts in 10 ms ticks, so small runs read 0).
+    pub change_cpu_s_per_proxy: Option<f64>,
     pub errors: Vec<String>,
     pub wall_s: f64,
 }
@@ -117,6 +120,7 @@ impl Report {
             "loadgen_cpu_s": self.loadgen_cpu_s,
             "bytes_sent": self.bytes_sent,
             "change_bytes_per_proxy": self.change_bytes_per_proxy,
+            "change_cpu_s_per_proxy": self.change_cpu_s_per_proxy,
             "errors": self.errors.len(),
             "wall_s": self.wall_s,
         })
@@ -163,6 +167,11 @@ impl Report {
                 "change bytes per proxy",
                 self.change_bytes_per_proxy
                     .map_or("-".to_owned(), |b| format!("{:.1} kB", b / 1e3)),
+            ),
+            (
+                "change CPU per proxy",
+                self.change_cpu_s_per_proxy
+                    .map_or("-".to_owned(), |s| format!("{:.3} ms", s * 1e3)),
             ),
             ("errors", self.errors.len().to_string()),
             ("wall time", format!("{:.1} s", self.wall_s)),

@@ -180,6 +180,8 @@ pub async fn run(opts: &LoadOptions) -> Result<Report> {
             report.bytes_sent = phase.tally.bytes;
             if phase.churn.is_none() {
                 report.change_bytes_per_proxy = phase.tally.change_bytes_per_proxy();
+                let pushed = phase.samples.len();
+                report.change_cpu_s_per_proxy = phase.change_cpu_s.filter(|_| pushed > 0).map(|s| s / pushed as f64);
             }
             if let Some(figures) = &phase.churn {
                 figures.fill(&mut report);
@@ -295,6 +297,8 @@ struct Phase {
     capture: Option<Result<Capture>>,
     /// Sustained endpoint churn's figures.
     churn: Option<ChurnFigures>,
+    /// pilot-discovery's CPU seconds from the one change's write to its last proxy's ACK.
+    change_cpu_s: Option<f64>,
 }
 
 /// Runs `proxies` proxies against pilot-discovery through the handshake and the scenario's
@@ -327,6 +331,7 @@ async fn discovery_phase(opts: &LoadOptions, control: &ControlPlane, proxies: us
         connect,
         capture: None,
         churn: None,
+        change_cpu_s: None,
         tally,
     };
     if sustained {
@@ -334,7 +339,11 @@ async fn discovery_phase(opts: &LoadOptions, control: &ControlPlane, proxies: us
         phase.samples = figures.lags.clone();
         phase.churn = Some(figures);
     } else if let Some(watched) = watched {
+        let cpu_before = control.pid().and_then(cpu_seconds);
         let made = change(&mut phase.tally, opts, &control.dir, watched).await?;
+        if let (Some(before), Some(after)) = (cpu_before, control.pid().and_then(cpu_seconds)) {
+            phase.change_cpu_s = Some(after - before);
+        }
         phase.samples = phase.tally.change_times();
         if record {
             let acked = phase.tally.changed.first().copied().flatten().map(|d| made + d);

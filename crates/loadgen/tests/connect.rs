@@ -95,6 +95,12 @@ async fn the_reference_mesh_scopes_each_namespace() {
         unscoped.change_bytes_per_proxy.unwrap_or_default(),
     );
     assert!(a > 0.0 && a < b, "scoped {a} bytes per proxy, unscoped {b}");
+    // pilot-discovery's CPU over the change, per proxy it reached (ticks of 10 ms: may read 0)
+    assert!(
+        change.change_cpu_s_per_proxy.is_some_and(|s| s >= 0.0),
+        "{}",
+        change.table()
+    );
     let json = change.to_json();
     assert_eq!(json["namespaces"], 2);
     assert_eq!(json["sidecar_scope"], "namespace");
