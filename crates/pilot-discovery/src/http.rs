@@ -16,7 +16,7 @@ use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use xds_api::type_url;
-use xds_server::{CurrentResourcesError, DiscoveryServer};
+use xds_server::{CurrentResources, CurrentResourcesError, DiscoveryServer};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -144,15 +144,27 @@ struct DumpQuery {
     proxy_id: Option<String>,
 }
 
+/// The resources of `types` the proxy named by `?proxyID=` would be sent now, or the answer
+/// saying why not (400 without proxyID, 404 not connected, 503 before the first push).
+fn proxy_resources(s: &AppState, q: DumpQuery, types: &[&str]) -> Result<CurrentResources, (StatusCode, String)> {
+    let Some(id) = q.proxy_id.filter(|s| !s.is_empty()) else {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            "proxyID is required (a connection ID, node ID, or pod.namespace)\n".to_owned(),
+        ));
+    };
+    s.server.current_resources(&id, types).map_err(|e| {
+        let status = match e {
+            CurrentResourcesError::NotConnected(_) => StatusCode::NOT_FOUND,
+            CurrentResourcesError::NoPush => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        (status, format!("{e}\n"))
+    })
+}
+
 /// The xDS pilot would send a connected proxy now, in the layout of Envoy's `/config_dump`.
 async fn config_dump(State(s): State<AppState>, Query(q): Query<DumpQuery>) -> Response {
-    let Some(id) = q.proxy_id.filter(|s| !s.is_empty()) else {
-        return (
-            StatusCode::BAD_REQUEST,
-            "proxyID is required (a connection ID, node ID, or pod.namespace)\n",
-        )
-            .into_response();
-    };
     const SECTIONS: [(&str, &str, &str, &str); 4] = [
         (
             type_url::CLUSTER,
@@ -179,15 +191,9 @@ async fn config_dump(State(s): State<AppState>, Query(q): Query<DumpQuery>) -> R
             "route_config",
         ),
     ];
-    let current = match s.server.current_resources(&id, &SECTIONS.map(|(t, ..)| t)) {
+    let current = match proxy_resources(&s, q, &SECTIONS.map(|(t, ..)| t)) {
         Ok(c) => c,
-        Err(e @ CurrentResourcesError::NotConnected(_)) => {
-            return (StatusCode::NOT_FOUND, format!("{e}\n")).into_response();
-        }
-        Err(e @ CurrentResourcesError::NoPush) => {
-            return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response();
-        }
-        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+        Err(answer) => return answer.into_response(),
     };
     let version = &current.version;
     let mut sections = Vec::new();
@@ -217,22 +223,9 @@ async fn config_dump(State(s): State<AppState>, Query(q): Query<DumpQuery>) -> R
 /// (`{"table": {host: {"ips", "registry", "shortname", "namespace"}}}`).
 async fn ndsz(State(s): State<AppState>, Query(q): Query<DumpQuery>) -> Response {
     use prost::Message as _;
-    let Some(id) = q.proxy_id.filter(|s| !s.is_empty()) else {
-        return (
-            StatusCode::BAD_REQUEST,
-            "proxyID is required (a connection ID, node ID, or pod.namespace)\n",
-        )
-            .into_response();
-    };
-    let current = match s.server.current_resources(&id, &[type_url::NAME_TABLE]) {
+    let current = match proxy_resources(&s, q, &[type_url::NAME_TABLE]) {
         Ok(c) => c,
-        Err(e @ CurrentResourcesError::NotConnected(_)) => {
-            return (StatusCode::NOT_FOUND, format!("{e}\n")).into_response();
-        }
-        Err(e @ CurrentResourcesError::NoPush) => {
-            return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response();
-        }
-        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+        Err(answer) => return answer.into_response(),
     };
     let mut table = serde_json::Map::new();
     for r in current.of(type_url::NAME_TABLE) {
