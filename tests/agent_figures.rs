@@ -22,6 +22,7 @@ use test_support::agent::{Agent, AgentOptions};
 use test_support::backend::{Backend, http_get};
 use test_support::discovery::{Discovery, DiscoveryOptions};
 use test_support::envoy::workspace_root;
+use test_support::figures::{memory_kib, rank, round, sorted};
 use test_support::ports::free_port;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
@@ -218,20 +219,6 @@ async fn stop(agent: &mut Agent) -> anyhow::Result<()> {
         Agent::signal(pid, "KILL")?;
     }
     exited.map(drop)
-}
-
-/// `VmRSS` and `VmHWM` (peak RSS) of a process, in KiB.
-fn memory_kib(pid: u32) -> anyhow::Result<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let field = |name: &str| -> anyhow::Result<u64> {
-        let line = status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .with_context(|| format!("no {name}"))?;
-        let kib = line.trim_start_matches(name).trim().trim_end_matches("kB").trim();
-        Ok(kib.parse()?)
-    };
-    Ok((field("VmRSS:")?, field("VmHWM:")?))
 }
 
 // ---- figure 3: latency added per forwarded xDS message ----
@@ -502,24 +489,6 @@ fn cluster(i: usize) -> Cluster {
 }
 
 // ---- statistics and output ----
-
-/// Nearest-rank percentile of sorted values.
-fn rank(sorted: &[f64], p: f64) -> f64 {
-    let n = sorted.len();
-    let i = ((p / 100.0) * n as f64).ceil() as usize;
-    sorted.get(i.clamp(1, n.max(1)) - 1).copied().unwrap_or(f64::NAN)
-}
-
-fn sorted(v: &[f64]) -> Vec<f64> {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v
-}
-
-/// To 0.1 of the unit: the clock's precision is not the measurement's.
-fn round(x: f64) -> f64 {
-    (x * 10.0).round() / 10.0
-}
 
 fn spread(v: &[f64]) -> Value {
     let s = sorted(v);

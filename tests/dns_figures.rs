@@ -27,6 +27,7 @@ use hickory_proto::rr::{Name, RData, Record, RecordType};
 use istio_api::nds::NameTable;
 use istio_api::nds::name_table::NameInfo;
 use serde_json::{Value, json};
+use test_support::figures::{memory_kib, rank, round, sorted};
 use tokio::net::UdpSocket;
 
 const WARM_UP: usize = 100;
@@ -137,27 +138,12 @@ fn block(to: SocketAddr, count: usize, name: impl Fn(usize) -> String) -> anyhow
 }
 
 fn vm_rss_kib() -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("no VmRSS in /proc/self/status")
-}
-
-fn rank(sorted: &[f64], pct: f64) -> f64 {
-    let i = ((pct / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
+    Ok(memory_kib(std::process::id())?.0)
 }
 
 fn percentiles(v: &[f64]) -> (f64, f64) {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
+    let s = sorted(v);
     (rank(&s, 50.0), rank(&s, 99.0))
-}
-
-fn round(x: f64) -> f64 {
-    (x * 10.0).round() / 10.0
 }
 
 fn main() -> anyhow::Result<ExitCode> {

@@ -8,6 +8,7 @@ pub mod bin;
 pub mod bootstrap;
 pub mod discovery;
 pub mod envoy;
+pub mod figures;
 pub mod kube_api;
 pub mod mesh_ca;
 pub mod netns;
