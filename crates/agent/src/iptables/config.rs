@@ -168,12 +168,15 @@ pub struct IptablesArgs {
     pub iptables_version: String,
 }
 
-/// Istio's `flag.AdditionalEnv`: (argument id, variable). The variable overrides the flag's own
-/// environment variable; the command line overrides both.
-pub const ADDITIONAL_ENV: [(&str, &str); 3] = [
-    ("redirect_dns", "ISTIO_META_DNS_CAPTURE"),
-    ("drop_invalid", "INVALID_DROP"),
-    ("enable_ipv6", "ISTIO_DUAL_STACK"),
+/// A boolean flag of [`IptablesArgs`], to set.
+pub type BoolFlag = fn(&mut IptablesArgs) -> &mut bool;
+
+/// Istio's `flag.AdditionalEnv`: (argument id, variable, the flag it sets). The variable
+/// overrides the flag's own environment variable; the command line overrides both.
+pub const ADDITIONAL_ENV: [(&str, &str, BoolFlag); 3] = [
+    ("redirect_dns", "ISTIO_META_DNS_CAPTURE", |a| &mut a.redirect_dns),
+    ("drop_invalid", "INVALID_DROP", |a| &mut a.drop_invalid),
+    ("enable_ipv6", "ISTIO_DUAL_STACK", |a| &mut a.enable_ipv6),
 ];
 
 impl IptablesArgs {
@@ -181,19 +184,14 @@ impl IptablesArgs {
     /// on the command line. A value that is not a boolean is reported and ignored, as Istio
     /// ignores it.
     pub fn apply_additional_env(&mut self, matches: &clap::ArgMatches, env: impl Fn(&str) -> Option<String>) {
-        for (id, var) in ADDITIONAL_ENV {
+        for (id, var, flag) in ADDITIONAL_ENV {
             if matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine) {
                 continue;
             }
             let Some(value) = env(var) else { continue };
-            let Some(on) = parse_go_bool(&value) else {
-                eprintln!("warning: ignoring {var}={value:?}: not a boolean");
-                continue;
-            };
-            match id {
-                "redirect_dns" => self.redirect_dns = on,
-                "drop_invalid" => self.drop_invalid = on,
-                _ => self.enable_ipv6 = on,
+            match parse_go_bool(&value) {
+                Some(on) => *flag(self) = on,
+                None => eprintln!("warning: ignoring {var}={value:?}: not a boolean"),
             }
         }
     }
