@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use tokio::time::MissedTickBehavior;
 
-use crate::mesh::{MeshSpec, first_endpoint_address, move_endpoints};
+use crate::mesh::{MeshSpec, first_endpoint_address, move_endpoints, same_namespace};
 use crate::report::{Report, percentile_ms};
 use crate::tally::Tally;
 
@@ -81,7 +81,7 @@ impl ChurnTracker {
     }
 
     fn sees(&self, proxy: usize, service: usize) -> bool {
-        self.scope.is_none_or(|n| proxy % n == service % n)
+        self.scope.is_none_or(|n| same_namespace(n, proxy, service))
     }
 
     /// The newest generation written for `service`.

@@ -44,8 +44,13 @@ impl MeshSpec {
 
     /// Whether proxy `n` sees service `i` (all do unless Sidecars scope them to their namespace).
     pub fn sees(&self, n: usize, i: usize) -> bool {
-        !self.sidecar_scope || self.namespaces <= 1 || n % self.namespaces == i % self.namespaces
+        !self.sidecar_scope || same_namespace(self.namespaces, n, i)
     }
+}
+
+/// Whether proxy or service `a` and `b` are in the same one of `namespaces` namespaces.
+pub fn same_namespace(namespaces: usize, a: usize, b: usize) -> bool {
+    namespaces <= 1 || a % namespaces == b % namespaces
 }
 
 /// `load` when there is one namespace, else `load-<i mod namespaces>`.
