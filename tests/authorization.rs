@@ -13,7 +13,7 @@ use serde_json::json;
 use test_support::backend::DocumentServer;
 use test_support::discovery::{Discovery, DiscoveryOptions};
 use test_support::mesh_ca::MeshCa;
-use test_support::netns::{Network, Pod, WorkloadIdentity};
+use test_support::netns::{Network, Pod, WorkloadIdentity, tail};
 
 const VIP: &str = "240.240.0.20";
 const TCP_VIP: &str = "240.240.0.21";
@@ -183,39 +183,15 @@ impl AuthzMesh {
 
     /// The sum of the reviews sidecar's stats whose names end with `suffix`.
     fn reviews_stat(&self, suffix: &str) -> anyhow::Result<u64> {
-        Ok(self
-            .reviews
-            .envoy_stats()?
-            .iter()
-            .filter(|(k, _)| k.ends_with(suffix))
-            .map(|(_, v)| v)
-            .sum())
+        self.reviews.stat_sum(suffix)
     }
 
     fn assert_no_rejects(&self) -> anyhow::Result<()> {
         for pod in [&self.productpage, &self.ratings, &self.reviews] {
-            let rejected: u64 = pod
-                .envoy_stats()?
-                .iter()
-                .filter(|(k, _)| k.ends_with(".update_rejected"))
-                .map(|(_, v)| v)
-                .sum();
-            if rejected != 0 {
-                bail!(
-                    "Envoy in {} rejected {rejected} updates:\n{}",
-                    pod.name,
-                    tail(&pod.log("pilot-agent.log"))
-                );
-            }
+            pod.assert_no_rejects()?;
         }
         Ok(())
     }
-}
-
-fn tail(s: &str) -> &str {
-    let start = s.len().saturating_sub(6000);
-    let start = (start..s.len()).find(|i| s.is_char_boundary(*i)).unwrap_or(s.len());
-    &s[start..]
 }
 
 /// A RequestAuthentication for reviews whose keys pilot-discovery fetches from `jwks_uri`, and an

@@ -221,13 +221,7 @@ mod netns {
                 .any(|l| l.starts_with("istio_agent_dns_requests_total ") && !l.ends_with(" 0")),
             "DNS metrics on the agent's merged Prometheus endpoint: {code} {dns:?}"
         );
-        let rejected: u64 = app
-            .envoy_stats()
-            .unwrap()
-            .iter()
-            .filter(|(k, _)| k.ends_with(".update_rejected"))
-            .map(|(_, v)| v)
-            .sum();
-        assert_eq!(rejected, 0);
+        app.assert_no_rejects().unwrap();
+        reviews.assert_no_rejects().unwrap();
     }
 }

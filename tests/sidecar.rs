@@ -13,7 +13,7 @@ use anyhow::bail;
 use serde_json::json;
 use test_support::discovery::{Discovery, DiscoveryOptions};
 use test_support::mesh_ca::MeshCa;
-use test_support::netns::{Network, Pod};
+use test_support::netns::{Network, Pod, tail};
 
 const VIP: &str = "240.240.0.10";
 const TCP_VIP: &str = "240.240.0.11";
@@ -251,28 +251,10 @@ impl SidecarMesh {
     /// No Envoy rejected any config pilot sent.
     fn assert_no_rejects(&self) -> anyhow::Result<()> {
         for pod in self.pods() {
-            let rejected: u64 = pod
-                .envoy_stats()?
-                .iter()
-                .filter(|(k, _)| k.ends_with(".update_rejected"))
-                .map(|(_, v)| v)
-                .sum();
-            if rejected != 0 {
-                bail!(
-                    "Envoy in {} rejected {rejected} updates:\n{}",
-                    pod.name,
-                    tail(&pod.log("pilot-agent.log"))
-                );
-            }
+            pod.assert_no_rejects()?;
         }
         Ok(())
     }
-}
-
-fn tail(s: &str) -> &str {
-    let start = s.len().saturating_sub(6000);
-    let start = (start..s.len()).find(|i| s.is_char_boundary(*i)).unwrap_or(s.len());
-    &s[start..]
 }
 
 const HTTP_FEATURES: &str = r#"apiVersion: networking.istio.io/v1

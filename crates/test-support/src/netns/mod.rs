@@ -250,6 +250,13 @@ impl Pod {
     }
 }
 
+/// The last 6,000 bytes of a log, for failure messages.
+pub fn tail(s: &str) -> &str {
+    let start = s.len().saturating_sub(6000);
+    let start = (start..s.len()).find(|i| s.is_char_boundary(*i)).unwrap_or(s.len());
+    &s[start..]
+}
+
 impl Drop for Pod {
     fn drop(&mut self) {
         for child in &mut self.children {

@@ -364,6 +364,29 @@ socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
             .sum())
     }
 
+    /// The sum of Envoy's stats in the pod whose names end with `suffix`.
+    pub fn stat_sum(&self, suffix: &str) -> anyhow::Result<u64> {
+        Ok(self
+            .envoy_stats()?
+            .iter()
+            .filter(|(k, _)| k.ends_with(suffix))
+            .map(|(_, v)| v)
+            .sum())
+    }
+
+    /// Fails, with the tail of the agent's log, if the pod's Envoy rejected any update.
+    pub fn assert_no_rejects(&self) -> anyhow::Result<()> {
+        let rejected = self.stat_sum(".update_rejected")?;
+        if rejected != 0 {
+            bail!(
+                "Envoy in {} rejected {rejected} updates:\n{}",
+                self.name,
+                super::tail(&self.log("pilot-agent.log"))
+            );
+        }
+        Ok(())
+    }
+
     /// Envoy's `/stats` in the pod as `name -> value` (counters and gauges).
     pub fn envoy_stats(&self) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
         let (code, body) = self.curl_root(&format!("http://127.0.0.1:{ADMIN_PORT}/stats"))?;
