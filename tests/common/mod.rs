@@ -45,6 +45,15 @@ impl GatewayMesh {
 
     /// A mesh whose gateway's node metadata also carries `metadata` (e.g. `PROXY_CONFIG`).
     pub async fn start_with_metadata(ads: Ads, metadata: serde_json::Value) -> anyhow::Result<GatewayMesh> {
+        Self::start_with_options(ads, metadata, DiscoveryOptions::default()).await
+    }
+
+    /// A mesh whose pilot-discovery runs with `options` (e.g. other `PILOT_*` settings).
+    pub async fn start_with_options(
+        ads: Ads,
+        metadata: serde_json::Value,
+        options: DiscoveryOptions,
+    ) -> anyhow::Result<GatewayMesh> {
         let mut backends = BTreeMap::new();
         for name in ["reviews-v1", "reviews-v2", "ratings"] {
             backends.insert(name, Backend::start(name).await?);
@@ -57,7 +66,7 @@ impl GatewayMesh {
         let gateway_port = free_port();
         let dir = tempfile::tempdir()?;
         write_mesh_config(dir.path(), gateway_port, &backends)?;
-        let discovery = Discovery::start(dir.path(), DiscoveryOptions::default()).await?;
+        let discovery = Discovery::start(dir.path(), options).await?;
         let envoy = start_gateway_envoy_with(&discovery, ads, metadata).await?;
         let mesh = GatewayMesh {
             dir,

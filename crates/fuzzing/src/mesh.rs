@@ -38,7 +38,6 @@ pub(crate) async fn discovery_server() -> Arc<DiscoveryServer<Environment>> {
     let _ = env.config_changed(&ConfigChange { events });
     let opts = ServerOptions {
         debounce_after: Duration::from_millis(1),
-        debounce_max: Duration::from_millis(10),
         enable_eds_debounce: false,
         push_throttle: 10,
         max_recv_msg_size: 4 << 20,

@@ -71,6 +71,11 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            for (name, why) in settings::NO_EFFECT {
+                if std::env::var_os(name).is_some() {
+                    tracing::warn!("{name} is set but has no effect here: {why}");
+                }
+            }
             block_on(server::run(args, settings))
         }
     }

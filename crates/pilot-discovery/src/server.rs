@@ -144,7 +144,6 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     pipeline_metrics.observe(environment.stats());
     let opts = ServerOptions {
         debounce_after: settings.debounce_after,
-        debounce_max: settings.debounce_max,
         enable_eds_debounce: settings.enable_eds_debounce,
         push_throttle: settings.push_throttle,
         max_recv_msg_size: settings.max_recv_msg_size,

@@ -6,10 +6,10 @@ use std::time::Duration;
 /// Settings read from the environment, with Istio's defaults.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Settings {
-    /// PILOT_DEBOUNCE_AFTER: quiet period before a push.
+    /// PILOT_DEBOUNCE_AFTER: the shortest time between the starts of two pushes. Istio waits this
+    /// long without a change before every push; here a change on an idle server is pushed at once
+    /// and only changes within this of the last push wait (see `xds_server`'s debouncer).
     pub debounce_after: Duration,
-    /// PILOT_DEBOUNCE_MAX: longest a push waits after the first event.
-    pub debounce_max: Duration,
     /// PILOT_ENABLE_EDS_DEBOUNCE: debounce endpoint-only changes too.
     pub enable_eds_debounce: bool,
     /// PILOT_PUSH_THROTTLE: concurrent pushes.
@@ -98,7 +98,6 @@ impl Settings {
         };
         let s = Settings {
             debounce_after: duration("PILOT_DEBOUNCE_AFTER", Duration::from_millis(100))?,
-            debounce_max: duration("PILOT_DEBOUNCE_MAX", Duration::from_secs(10))?,
             enable_eds_debounce: boolean("PILOT_ENABLE_EDS_DEBOUNCE", true)?,
             push_throttle,
             max_recv_msg_size: positive("ISTIO_GPRC_MAXRECVMSGSIZE", DEFAULT_MAX_RECV_MSG_SIZE)?,
@@ -122,6 +121,12 @@ impl Settings {
         Ok(s)
     }
 }
+
+/// Istio's settings read here that no longer do anything, with why (logged at start when set).
+pub const NO_EFFECT: &[(&str, &str)] = &[(
+    "PILOT_DEBOUNCE_MAX",
+    "no push waits longer than PILOT_DEBOUNCE_AFTER after the previous one",
+)];
 
 /// Istio's default for `ISTIO_GPRC_MAXRECVMSGSIZE`.
 pub const DEFAULT_MAX_RECV_MSG_SIZE: usize = 4 * 1024 * 1024;
@@ -149,7 +154,6 @@ mod tests {
     fn istio_defaults() {
         let s = Settings::from_env(env(&[])).unwrap();
         assert_eq!(s.debounce_after, Duration::from_millis(100));
-        assert_eq!(s.debounce_max, Duration::from_secs(10));
         assert!(s.enable_eds_debounce);
         assert_eq!(s.push_throttle, default_push_throttle());
         assert!((20..=100).contains(&s.push_throttle));

@@ -24,10 +24,9 @@ use crate::{Proxy, PushRequest, PushSnapshot, SnapshotBuilder, TriggerReason};
 /// Tuning of pushes, as Istio's `PILOT_*` settings. Reading the environment is the binary's job.
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
-    /// PILOT_DEBOUNCE_AFTER: quiet period before a push.
+    /// PILOT_DEBOUNCE_AFTER: the shortest time between the starts of two pushes (a change on an
+    /// idle server is pushed at once; see the debouncer).
     pub debounce_after: Duration,
-    /// PILOT_DEBOUNCE_MAX: longest wait after the first event.
-    pub debounce_max: Duration,
     /// PILOT_ENABLE_EDS_DEBOUNCE: debounce EDS-only pushes too.
     pub enable_eds_debounce: bool,
     /// PILOT_PUSH_THROTTLE: concurrent push generations.
@@ -53,7 +52,6 @@ impl Default for ServerOptions {
     fn default() -> Self {
         ServerOptions {
             debounce_after: Duration::from_millis(100),
-            debounce_max: Duration::from_secs(10),
             enable_eds_debounce: true,
             push_throttle: 100,
             max_recv_msg_size: 4 * 1024 * 1024,
@@ -123,7 +121,6 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
         let server = Arc::downgrade(self);
         let opts = DebounceOptions {
             debounce_after: self.opts.debounce_after,
-            debounce_max: self.opts.debounce_max,
             enable_eds_debounce: self.opts.enable_eds_debounce,
         };
         tokio::spawn(async move {

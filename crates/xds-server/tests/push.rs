@@ -34,42 +34,48 @@ fn builds(ts: &TestServer) -> Vec<(tokio::time::Instant, PushRequest)> {
 }
 
 #[tokio::test(start_paused = true)]
-async fn burst_is_merged_into_one_build_and_max_is_respected() {
+async fn a_change_is_built_at_once_and_a_burst_at_most_once_per_interval() {
     let ts = server(Mesh::basic(), ServerOptions::default()).await;
     assert_eq!(builds(&ts).len(), 1, "the initial snapshot");
     assert_eq!(builds(&ts)[0].1.reason.get(&TriggerReason::GlobalUpdate), Some(&1));
 
+    // An isolated change (a config and an endpoint event together): built at once.
     let t0 = tokio::time::Instant::now();
+    ts.server.config_update(PushRequest::full(TriggerReason::ConfigUpdate));
+    ts.server.config_update(PushRequest::all_endpoints());
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let b = builds(&ts);
+    assert_eq!(b.len(), 2);
+    assert_eq!(b[1].0, t0);
+    assert!(b[1].1.full);
+    assert_eq!(b[1].1.reason.get(&TriggerReason::EndpointUpdate), Some(&1));
+    assert_eq!(ts.server.current_snapshot().unwrap().version(), "v2");
+    assert_eq!(ts.server.push_status().version, "v2");
+
+    // A burst right after it: merged, one build per 100 ms (PILOT_DEBOUNCE_AFTER).
+    tokio::time::sleep(Duration::from_millis(9)).await;
     for _ in 0..10 {
         ts.server.config_update(PushRequest::full(TriggerReason::ConfigUpdate));
-        ts.server.config_update(PushRequest::all_endpoints());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let b = builds(&ts);
-    assert_eq!(b.len(), 2, "one build for the whole burst");
-    let (at, req) = &b[1];
-    assert_eq!(
-        *at - t0,
-        Duration::from_millis(280),
-        "100ms after the last event at 180ms"
-    );
-    assert!(req.full);
-    assert_eq!(req.reason.get(&TriggerReason::ConfigUpdate), Some(&10));
-    assert_eq!(req.reason.get(&TriggerReason::EndpointUpdate), Some(&10));
-    assert_eq!(ts.server.current_snapshot().unwrap().version(), "v2");
-    assert_eq!(ts.server.push_status().version, "v2");
+    let at: Vec<Duration> = b[2..].iter().map(|(t, _)| *t - t0).collect();
+    assert_eq!(at, [100, 200].map(Duration::from_millis), "events at 10..190 ms");
+    let merged: u32 = b[2..].iter().filter_map(|(_, r)| r.reason.get(&TriggerReason::ConfigUpdate)).sum();
+    assert_eq!(merged, 10);
+    assert_eq!(ts.metric("pilot_debounce_time_count"), Some(3.0));
 
-    // Never quiet: pushed at debounce_max (10s) anyway.
+    // Never quiet for 12 s: still a build every 100 ms, no more.
     let t1 = tokio::time::Instant::now();
     for _ in 0..400 {
         ts.server.config_update(PushRequest::full(TriggerReason::ConfigUpdate));
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
     let b = builds(&ts);
-    assert!(b.len() >= 3);
-    assert_eq!(b[2].0 - t1, Duration::from_secs(10));
-    assert_eq!(ts.metric("pilot_debounce_time_count"), Some(2.0));
+    let storm: Vec<_> = b.iter().filter(|(t, _)| *t >= t1).map(|(t, _)| *t).collect();
+    assert!((115..=121).contains(&storm.len()), "{} builds in 12 s", storm.len());
+    assert!(storm.windows(2).all(|w| w[1] - w[0] >= Duration::from_millis(100)));
 }
 
 #[tokio::test(start_paused = true)]
