@@ -218,7 +218,14 @@ async fn main() -> ExitCode {
                 let l = &figures["change_to_first_request_ms"];
                 println!(
                     "change -> first request by the new route ({} changes, {} ms apart, {}): p50 {} ms, p90 {} ms, p99 {} ms, min {} ms, max {} ms",
-                    figures["changes"], figures["gap_ms"], figures["ads"], l["p50"], l["p90"], l["p99"], l["min"], l["max"]
+                    figures["changes"],
+                    figures["gap_ms"],
+                    figures["ads"],
+                    l["p50"],
+                    l["p90"],
+                    l["p99"],
+                    l["min"],
+                    l["max"]
                 );
                 let s = &figures["storm"];
                 if !s.is_null() {

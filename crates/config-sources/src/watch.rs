@@ -3,15 +3,13 @@
 //! coming back, Kubernetes ConfigMap `..data` swaps, and a failing inotify (it falls back to
 //! polling).
 //!
-//! It does not debounce: pushes are debounced once, by the xDS server (`PILOT_DEBOUNCE_AFTER` /
-//! `PILOT_DEBOUNCE_MAX`), and an isolated change is read at once. It only batches the events it
-//! can see together: those that come within [`SETTLE`] of each other (one `rm -r`, `git checkout`
+//! It does not debounce: pushes are debounced once, by the xDS server (`PILOT_DEBOUNCE_AFTER`),
+//! and an isolated change is read at once. It only batches the events it can see together: those that come within [`SETTLE`] of each other (one `rm -r`, `git checkout`
 //! or `kubectl cp` is one batch); while a file is open for writing (modified and not yet closed),
 //! the events until it is closed, so a file is never read half written; and, since a rescan reads
 //! every file, the events of the [`RESCAN_INTERVAL`] after a rescan that found a change, so a
-//! stream of changes is read once a second rather than once per change (at 100 changes a second, a rescan per change
-//! cost four times the CPU, and a push debounce that never saw its quiet period waited for
-//! `PILOT_DEBOUNCE_MAX`). A batch ends at [`MAX_BATCH`] whatever comes.
+//! stream of changes is read once a second rather than once per change (at 100 changes a second,
+//! a rescan per change cost four times the CPU). A batch ends at [`MAX_BATCH`] whatever comes.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

@@ -175,8 +175,20 @@ mod tests {
         tokio::time::sleep(ms(1)).await;
         assert_eq!(times(&log), vec![Duration::ZERO, Duration::from_secs(1)]);
         let log = log.lock().unwrap();
-        assert_eq!(log[0].2, Debounced { delay: Duration::ZERO, events: 1 });
-        assert_eq!(log[1].2, Debounced { delay: Duration::ZERO, events: 1 });
+        assert_eq!(
+            log[0].2,
+            Debounced {
+                delay: Duration::ZERO,
+                events: 1
+            }
+        );
+        assert_eq!(
+            log[1].2,
+            Debounced {
+                delay: Duration::ZERO,
+                events: 1
+            }
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -207,7 +219,13 @@ mod tests {
         let log = log.lock().unwrap();
         assert_eq!(log[1].1.reason.get(&TriggerReason::ConfigUpdate), Some(&4));
         // The first merged event (20 ms) waited 80 ms.
-        assert_eq!(log[1].2, Debounced { delay: ms(80), events: 4 });
+        assert_eq!(
+            log[1].2,
+            Debounced {
+                delay: ms(80),
+                events: 4
+            }
+        );
     }
 
     /// 1,000 changes a second for 10 s: one push per `debounce_after` (10 a second), none

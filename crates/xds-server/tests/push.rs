@@ -62,7 +62,10 @@ async fn a_change_is_built_at_once_and_a_burst_at_most_once_per_interval() {
     let b = builds(&ts);
     let at: Vec<Duration> = b[2..].iter().map(|(t, _)| *t - t0).collect();
     assert_eq!(at, [100, 200].map(Duration::from_millis), "events at 10..190 ms");
-    let merged: u32 = b[2..].iter().filter_map(|(_, r)| r.reason.get(&TriggerReason::ConfigUpdate)).sum();
+    let merged: u32 = b[2..]
+        .iter()
+        .filter_map(|(_, r)| r.reason.get(&TriggerReason::ConfigUpdate))
+        .sum();
     assert_eq!(merged, 10);
     assert_eq!(ts.metric("pilot_debounce_time_count"), Some(3.0));
 
