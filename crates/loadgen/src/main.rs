@@ -65,6 +65,11 @@ struct Args {
     /// Use delta xDS instead of state of the world.
     #[arg(long)]
     delta: bool,
+    /// `full`: every resource of every response is decoded and checked, as a strict client;
+    /// `light`: each response's envelope (type, version, nonce, resource names read without
+    /// decoding, a checksum of the bytes), clusters and listeners decoded only when they changed.
+    #[arg(long, default_value = "full", value_parser = ["full", "light"])]
+    client: String,
     /// Proxies whose ADS streams share one HTTP/2 connection (state of the world only). Envoy has
     /// one each; share only when the open-file limit cannot cover one per proxy, knowing that
     /// pilot-discovery's per-connection memory is then under-counted.
@@ -115,6 +120,7 @@ fn main() -> Result<()> {
         proxies: args.proxies,
         scenario: args.scenario,
         delta: args.delta,
+        light: args.client == "light",
         streams_per_connection: args.streams_per_connection,
         raw: !args.no_raw,
         ramp: RampOptions {

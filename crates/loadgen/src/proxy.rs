@@ -30,6 +30,11 @@ pub struct ProxyOptions {
     pub endpoints: bool,
     /// The mesh's namespace count: proxy `n` runs in [`namespace`]`(namespaces, n)`.
     pub namespaces: usize,
+    /// The light client (`--client light`): checks each response's envelope (type, version,
+    /// nonce, resource names read without decoding the resources, a checksum of the bytes) and
+    /// decodes clusters and listeners only when their bytes changed (to follow EDS and RDS as
+    /// Envoy does).
+    pub light: bool,
 }
 
 /// A response as received, for replay.
@@ -117,6 +122,7 @@ async fn run_sotw(
     let ns = namespace(opts.namespaces, n);
     let mut client = AdsClient::on_channel(channel, &sidecar_node_id(&ns, n), sidecar_metadata(&ns, n)).await?;
     client.timeout = RECV_TIMEOUT;
+    client.set_light(opts.light);
     let hs = client.handshake(None).await?;
     let elapsed = start.elapsed();
     let at = Instant::now();
@@ -130,6 +136,15 @@ async fn run_sotw(
         .as_ref()
         .map(|r| rds_route_names(&r.raw.resources))
         .unwrap_or_default();
+    // The light client decodes CDS and LDS again only when their bytes changed.
+    let mut followed: HashMap<&'static str, u64> = HashMap::new();
+    if opts.light {
+        for (t, r) in [(type_url::CLUSTER, &hs.clusters), (type_url::LISTENER, &hs.listeners)] {
+            if let Some(r) = r {
+                followed.insert(t, content_hash(r.raw.resources.iter()));
+            }
+        }
+    }
     // Moved out, not kept: 2,000 proxies holding a large mesh's handshake would be gigabytes.
     if let (Some(moved), Some(r)) = (&mut moved, &hs.endpoints) {
         moved.update(r.raw.resources.iter());
@@ -150,7 +165,20 @@ async fn run_sotw(
         let at = Instant::now();
         send(events, ProxyEvent::Bytes(r.raw.encoded_len()));
         // Envoy follows a new CDS/LDS with its EDS/RDS subscription, when it changed, before ACKing.
+        let followed_type = match r.type_url() {
+            type_url::CLUSTER => Some(type_url::CLUSTER),
+            type_url::LISTENER => Some(type_url::LISTENER),
+            _ => None,
+        };
+        let unchanged = match followed_type {
+            Some(t) if opts.light => {
+                let hash = content_hash(r.raw.resources.iter());
+                followed.insert(t, hash) == Some(hash)
+            }
+            _ => false,
+        };
         match r.type_url() {
+            _ if unchanged => {}
             type_url::CLUSTER => follow(
                 &mut client,
                 type_url::ENDPOINT,
@@ -208,6 +236,7 @@ async fn run_delta(addr: &str, n: usize, opts: ProxyOptions, events: &mpsc::Unbo
     let ns = namespace(opts.namespaces, n);
     let mut client = DeltaAdsClient::connect(addr, &sidecar_node_id(&ns, n), sidecar_metadata(&ns, n)).await?;
     client.timeout = RECV_TIMEOUT;
+    client.set_light(opts.light);
     let mut proxy = DeltaProxy {
         client,
         n,

@@ -357,6 +357,7 @@ pub async fn raw_phase(
     watched: Watched,
     proxies: usize,
     streams_per_connection: usize,
+    light: bool,
     timeout: Duration,
 ) -> Result<RawOutcome> {
     let delta = matches!(capture, Capture::Delta(_));
@@ -367,6 +368,7 @@ pub async fn raw_phase(
     for n in 0..proxies {
         let opts = ProxyOptions {
             delta,
+            light,
             ..Default::default()
         };
         tasks.spawn(run_proxy(upstream.clone(), n, opts, tx.clone()));

@@ -15,6 +15,8 @@ const CLK_TCK: f64 = 100.0;
 pub struct Report {
     pub scenario: String,
     pub delta: bool,
+    /// The simulated proxies' client: `full` or `light`.
+    pub client: String,
     pub proxies: usize,
     pub services: usize,
     pub endpoints: usize,
@@ -90,6 +92,7 @@ impl Report {
         json!({
             "scenario": self.scenario,
             "delta": self.delta,
+            "client": self.client,
             "proxies": self.proxies,
             "services": self.services,
             "endpoints": self.endpoints,
@@ -133,7 +136,12 @@ impl Report {
         let rows = [
             (
                 "scenario",
-                format!("{}{}", self.scenario, if self.delta { " (delta)" } else { " (sotw)" }),
+                format!(
+                    "{} ({}, {} client)",
+                    self.scenario,
+                    if self.delta { "delta" } else { "sotw" },
+                    self.client
+                ),
             ),
             (
                 "mesh",

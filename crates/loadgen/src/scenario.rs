@@ -72,6 +72,8 @@ pub struct LoadOptions {
     pub proxies: usize,
     pub scenario: Scenario,
     pub delta: bool,
+    /// The simulated proxies are light clients ([`ProxyOptions::light`]), in the raw phase too.
+    pub light: bool,
     /// Proxies whose ADS streams share one HTTP/2 connection (1, as Envoy, unless the open-file
     /// limit forces more; state of the world only).
     pub streams_per_connection: usize,
@@ -109,6 +111,7 @@ impl Default for LoadOptions {
             proxies: 10,
             scenario: Scenario::Connect,
             delta: false,
+            light: false,
             streams_per_connection: 1,
             raw: true,
             ramp: RampOptions::default(),
@@ -133,6 +136,7 @@ pub async fn run(opts: &LoadOptions) -> Result<Report> {
     let mut report = Report {
         scenario: opts.scenario.as_str().to_owned(),
         delta: opts.delta,
+        client: if opts.light { "light" } else { "full" }.to_owned(),
         proxies: opts.proxies,
         services: opts.mesh.services,
         endpoints: opts.mesh.endpoints,
@@ -144,6 +148,7 @@ pub async fn run(opts: &LoadOptions) -> Result<Report> {
     let proxy = ProxyOptions {
         delta: opts.delta,
         namespaces: opts.mesh.namespaces,
+        light: opts.light,
         ..Default::default()
     };
     if opts.scenario == Scenario::Ramp {
@@ -199,6 +204,7 @@ pub async fn run(opts: &LoadOptions) -> Result<Report> {
                     Watched::Routes,
                     reached,
                     opts.streams_per_connection,
+                    opts.light,
                     opts.timeout,
                 )
                 .await?;
@@ -314,6 +320,7 @@ async fn discovery_phase(opts: &LoadOptions, control: &ControlPlane, proxies: us
             record: record && n == 0,
             endpoints: sustained,
             namespaces: opts.mesh.namespaces,
+            light: opts.light,
         };
         tasks.spawn(run_proxy(upstream.clone(), n, proxy, tx.clone()));
     }

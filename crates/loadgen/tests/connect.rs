@@ -36,6 +36,32 @@ async fn every_proxy_converges_on_connect() {
     assert!(json["raw_p99_ms"].is_null());
 }
 
+/// The light client sees what the full one sees: every proxy converges on a change, with about
+/// the same bytes per proxy (two runs of pilot-discovery: versions and nonces differ), and the
+/// raw phase runs with light clients too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn light_clients_converge_like_full_ones() {
+    for delta in [false, true] {
+        let full = loadgen::run(&options(Scenario::ConfigChange, delta)).await.unwrap();
+        let light = loadgen::run(&LoadOptions {
+            light: true,
+            ..options(Scenario::ConfigChange, delta)
+        })
+        .await
+        .unwrap();
+        assert!(light.errors.is_empty(), "delta={delta}: {:?}", light.errors);
+        assert_eq!(light.converged, 5, "delta={delta}: {}", light.table());
+        assert_eq!(light.to_json()["client"], "light");
+        assert_eq!(full.to_json()["client"], "full");
+        assert!(light.raw_p99_ms.is_some(), "{}", light.table());
+        let (light_bytes, full_bytes) = (light.change_bytes_per_proxy.unwrap(), full.change_bytes_per_proxy.unwrap());
+        assert!(
+            light_bytes > 0.0 && (light_bytes / full_bytes - 1.0).abs() < 0.25,
+            "delta={delta}: {light_bytes} bytes per proxy, full client {full_bytes}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_proxy_acks_the_changed_routes_and_endpoints() {
     for (scenario, delta) in [

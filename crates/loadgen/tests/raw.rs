@@ -157,7 +157,7 @@ async fn the_replayed_push_reaches_and_is_acked_by_every_proxy() {
         })
         .sum();
     assert_eq!(capture.push_bytes(), push as u64);
-    let outcome = raw_phase(capture, Watched::Routes, 6, 4, Duration::from_secs(30))
+    let outcome = raw_phase(capture, Watched::Routes, 6, 4, false, Duration::from_secs(30))
         .await
         .unwrap();
     assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);

@@ -15,7 +15,7 @@ use xds_api::envoy::service::discovery::v3::aggregated_discovery_service_client:
 use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use xds_api::envoy_types::pb::google::rpc::Status as RpcStatus;
 
-use super::{DEFAULT_TIMEOUT, MAX_MESSAGE_SIZE, NACK_CODE, channel, is_named_type, node, resource_name};
+use super::{DEFAULT_TIMEOUT, MAX_MESSAGE_SIZE, NACK_CODE, channel, is_named_type, node, resource_name, resource_name_light};
 
 /// One checked delta response.
 #[derive(Debug, Clone)]
@@ -61,6 +61,12 @@ pub struct DeltaAdsClient {
 }
 
 impl DeltaAdsClient {
+    /// Checks responses' envelopes and resource names without decoding the resources
+    /// ([`DeltaChecker::light`]).
+    pub fn set_light(&mut self, light: bool) {
+        self.checker.light = light;
+    }
+
     /// Opens `DeltaAggregatedResources` to `addr`.
     pub async fn connect(addr: impl Display, node_id: &str, metadata: serde_json::Value) -> Result<DeltaAdsClient> {
         let mut client = AggregatedDiscoveryServiceClient::new(channel(addr).await?)
@@ -199,6 +205,8 @@ impl DeltaAdsClient {
 pub struct DeltaChecker {
     types: BTreeMap<String, TypeState>,
     nonces: HashSet<String>,
+    /// Read resource names with [`resource_name_light`] instead of decoding every resource.
+    pub light: bool,
 }
 
 impl DeltaChecker {
@@ -273,7 +281,8 @@ impl DeltaChecker {
                     r.name, any.type_url
                 )));
             }
-            if let Some(n) = resource_name(any).map_err(|e| violation(e.to_string()))?
+            let name = if self.light { resource_name_light(any) } else { resource_name(any) };
+            if let Some(n) = name.map_err(|e| violation(e.to_string()))?
                 && n != r.name
             {
                 return Err(violation(format!("resource named {:?} carries {n:?}", r.name)));
