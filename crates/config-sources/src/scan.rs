@@ -17,6 +17,10 @@ pub(crate) struct Listing {
     /// Subdirectories that could not be listed: files under them keep their last good contents.
     pub unreadable_dirs: Vec<PathBuf>,
     pub errors: Vec<SourceError>,
+    /// The walk went through a symlink (a file or a directory): a change can then show up under
+    /// another path than the one events name (a ConfigMap's `..data` swap), so only a full walk
+    /// sees it.
+    pub symlinks: bool,
 }
 
 impl Listing {
@@ -57,6 +61,9 @@ fn walk_entries(entries: Vec<PathBuf>, visited: &mut HashSet<PathBuf>, listing: 
             .is_none_or(|n| n.starts_with('.'));
         if hidden {
             continue;
+        }
+        if fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
+            listing.symlinks = true;
         }
         // `metadata` follows symlinks; a dangling symlink is as good as absent.
         let Ok(meta) = fs::metadata(&path) else { continue };

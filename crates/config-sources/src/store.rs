@@ -12,7 +12,7 @@ use model::{Config, ConfigKey};
 
 use crate::error::{DocRef, SourceError, SourceErrorEntry};
 use crate::events::{ConfigChange, ConfigSnapshot, diff};
-use crate::parse::{DEFAULT_NAMESPACE, parse_file};
+use crate::parse::{DEFAULT_NAMESPACE, is_config_file, parse_file};
 use crate::scan::list_config_files;
 
 /// Called with the kind (the `type` label of `pilot_config_invalid`) of every rejected resource,
@@ -28,8 +28,10 @@ pub struct StoreSnapshot {
     pub errors: Arc<Vec<SourceErrorEntry>>,
     /// Rejected resources by kind since start (monotonic).
     pub invalid_counts: Arc<BTreeMap<String, u64>>,
-    /// How many scans of the directory this reflects.
+    /// How many scans of the directory this reflects (full walks and reads of changed files).
     pub scans: u64,
+    /// How many times a file was read, since start.
+    pub files_read: u64,
 }
 
 /// What the store holds for one file.
@@ -41,6 +43,16 @@ struct FileState {
     good: Vec<(DocRef, Arc<Config>)>,
     /// Problems with the last contents read (including warnings for kept configs).
     errors: Vec<SourceError>,
+}
+
+/// What an event's path means for [`FileConfigStore::rescan_paths`].
+enum PathChange {
+    /// A config file that exists: read it.
+    Refresh,
+    /// Nothing there any more: drop it (and what was under it).
+    Gone,
+    /// Not config (a hidden temporary file, another extension).
+    Ignore,
 }
 
 /// The configs of one directory tree.
@@ -56,6 +68,9 @@ pub struct FileConfigStore {
     invalid_counts: BTreeMap<String, u64>,
     observer: Option<InvalidObserver>,
     scans: u64,
+    files_read: u64,
+    /// The last full walk went through a symlink: see [`Listing::symlinks`].
+    symlinks: bool,
 }
 
 impl std::fmt::Debug for FileConfigStore {
@@ -84,6 +99,8 @@ impl FileConfigStore {
             invalid_counts: BTreeMap::new(),
             observer: None,
             scans: 0,
+            files_read: 0,
+            symlinks: false,
         }
     }
 
@@ -138,10 +155,65 @@ impl FileConfigStore {
             self.refresh_file(path);
         }
         self.walk_errors = listing.errors;
+        self.symlinks = listing.symlinks;
         self.rebuild()
     }
 
+    /// Re-reads only `paths` (what file-system events named) and returns what changed; a full
+    /// [`rescan`](Self::rescan) when they cannot tell: a directory or a symlink among them, a
+    /// path outside the directory or one that cannot be looked at, or a tree with symlinks in it
+    /// (where a file changes under another name than the one events give). A reading of 1,000
+    /// files takes 10-15 ms, of one file well under one.
+    pub fn rescan_paths<'a>(&mut self, paths: impl IntoIterator<Item = &'a Path>) -> ConfigChange {
+        if self.symlinks || self.dir_error.is_some() {
+            return self.rescan();
+        }
+        let mut refresh = Vec::new();
+        let mut gone = Vec::new();
+        for path in paths {
+            match self.classify(path) {
+                Some(PathChange::Refresh) => refresh.push(path.to_path_buf()),
+                Some(PathChange::Gone) => gone.push(path.to_path_buf()),
+                Some(PathChange::Ignore) => {}
+                None => return self.rescan(),
+            }
+        }
+        self.scans += 1;
+        for path in gone {
+            // A file, or a directory moved away: everything under it.
+            self.files.retain(|p, _| !p.starts_with(&path));
+        }
+        for path in refresh {
+            self.refresh_file(&path);
+        }
+        self.rebuild()
+    }
+
+    /// What a changed `path` means, `None` when only a full walk can tell.
+    fn classify(&self, path: &Path) -> Option<PathChange> {
+        let relative = path.strip_prefix(&self.dir).ok()?;
+        let hidden = |c: std::path::Component<'_>| c.as_os_str().to_str().is_none_or(|n| n.starts_with('.'));
+        let mut components = relative.components();
+        let name = components.next_back()?;
+        // Under a hidden directory: never walked, and no symlink leads there (there are none).
+        if components.any(hidden) {
+            return Some(PathChange::Ignore);
+        }
+        match fs::symlink_metadata(path) {
+            Ok(meta) if meta.is_file() => Some(if !hidden(name) && is_config_file(path) {
+                PathChange::Refresh
+            } else {
+                PathChange::Ignore
+            }),
+            // A new directory (its files came with it) or symlink.
+            Ok(_) => None,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Some(PathChange::Gone),
+            Err(_) => None,
+        }
+    }
+
     fn refresh_file(&mut self, path: &Path) {
+        self.files_read += 1;
         let bytes = match fs::read(path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -338,6 +410,7 @@ impl FileConfigStore {
             errors: Arc::new(self.errors()),
             invalid_counts: Arc::new(self.invalid_counts.clone()),
             scans: self.scans,
+            files_read: self.files_read,
         }
     }
 }

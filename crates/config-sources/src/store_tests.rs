@@ -316,3 +316,61 @@ fn a_newcomer_never_replaces_a_live_resource() {
     assert_eq!(host(&store), "newcomer.example.com");
     assert!(store.errors().is_empty());
 }
+
+/// `rescan_paths` reads only the files events named, and falls back to a full walk when the
+/// paths cannot tell what changed.
+#[test]
+fn rescan_paths_reads_only_the_named_files_unless_it_cannot_tell() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    for i in 0..20 {
+        write(dir, &format!("se-{i}.yaml"), &service_entry(&format!("se-{i}")));
+    }
+    let mut store = FileConfigStore::load(dir).unwrap();
+    let read = |s: &FileConfigStore| s.snapshot().files_read;
+    assert_eq!(read(&store), 20);
+
+    // One file changed (written beside, renamed over): that file is read, the hidden
+    // temporary name is not config.
+    write(dir, "se-3.yaml", &service_entry_with_host("se-3", "other.example.com"));
+    let tmp_name = dir.join(".se-3.yaml.tmp");
+    let change = store.rescan_paths([tmp_name.as_path(), dir.join("se-3.yaml").as_path()]);
+    assert_eq!(summary(&change), ["~se-3"]);
+    assert_eq!(read(&store), 21);
+
+    // A removed file, and a new one.
+    fs::remove_file(dir.join("se-4.yaml")).unwrap();
+    write(dir, "new.yaml", &service_entry("new"));
+    let change = store.rescan_paths([dir.join("se-4.yaml").as_path(), dir.join("new.yaml").as_path()]);
+    assert_eq!(summary(&change), ["+new", "-se-4"]);
+    assert_eq!(read(&store), 22);
+
+    // Not config: nothing read, nothing changed.
+    write(dir, "notes.txt", "hello");
+    assert!(store.rescan_paths([dir.join("notes.txt").as_path()]).is_empty());
+    assert_eq!(read(&store), 22);
+
+    // A directory moved in: only a walk finds its files (the unchanged ones are read, not parsed).
+    write(dir, "sub/a.yaml", &service_entry("sub-a"));
+    let change = store.rescan_paths([dir.join("sub").as_path()]);
+    assert_eq!(summary(&change), ["+sub-a"]);
+    assert_eq!(read(&store), 22 + 21);
+
+    // ... and moved away: what was under it goes, without a walk.
+    fs::rename(dir.join("sub"), tmp.path().join(".gone")).unwrap();
+    let change = store.rescan_paths([dir.join("sub").as_path()]);
+    assert_eq!(summary(&change), ["-sub-a"]);
+    assert_eq!(read(&store), 43);
+
+    // A tree with a symlink in it: always a full walk (a ConfigMap's files change through `..data`).
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::symlink(dir.join("se-0.yaml"), dir.join("link.yaml")).unwrap();
+        store.rescan();
+        let before = read(&store);
+        write(dir, "se-5.yaml", &service_entry_with_host("se-5", "five.example.com"));
+        let change = store.rescan_paths([dir.join("se-5.yaml").as_path()]);
+        assert_eq!(summary(&change), ["~se-5"]);
+        assert!(read(&store) - before > 10, "a full walk");
+    }
+}

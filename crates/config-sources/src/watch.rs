@@ -1,17 +1,20 @@
 //! Watching a config directory: a thread that waits for file-system events (notify, recursive),
-//! rescans the whole directory and sends what changed. It survives the directory vanishing and
-//! coming back, Kubernetes ConfigMap `..data` swaps, and a failing inotify (it falls back to
+//! reads the files they name again (or the whole directory, when they cannot tell: a new
+//! directory, a symlink, an overflow, a tree with symlinks such as a ConfigMap mount; see
+//! `FileConfigStore::rescan_paths`) and sends what changed. It survives the directory vanishing
+//! and coming back, Kubernetes ConfigMap `..data` swaps, and a failing inotify (it falls back to
 //! polling).
 //!
 //! It does not debounce: pushes are debounced once, by the xDS server (`PILOT_DEBOUNCE_AFTER`),
-//! and an isolated change is read at once. It only batches the events it can see together: those that come within [`SETTLE`] of each other (one `rm -r`, `git checkout`
-//! or `kubectl cp` is one batch); while a file is open for writing (modified and not yet closed),
-//! the events until it is closed, so a file is never read half written; and, since a rescan reads
-//! every file, the events of the [`RESCAN_INTERVAL`] after a rescan that found a change, so a
-//! stream of changes is read once a second rather than once per change (at 100 changes a second,
-//! a rescan per change cost four times the CPU). A batch ends at [`MAX_BATCH`] whatever comes.
+//! and an isolated change is read at once. It only batches the events it can see together: those
+//! that come within [`SETTLE`] of each other (one `rm -r`, `git checkout` or `kubectl cp` is one
+//! batch); while a file is open for writing (modified and not yet closed), the events until it is
+//! closed, so a file is never read half written; and, since a rescan may read every file, the
+//! events of the [`RESCAN_INTERVAL`] after a rescan that found a change, so a stream of changes is
+//! read once a second rather than once per change (at 100 changes a second, a rescan per change
+//! cost four times the CPU). A batch ends at [`MAX_BATCH`] whatever comes.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc as std_mpsc;
 use std::thread;
@@ -73,7 +76,7 @@ pub fn watch_store(store: FileConfigStore) -> Result<ConfigDirWatch, SourceError
     };
     dir_watch.ensure_watched();
     // One rescan right away catches what changed between the load and the start of the watch.
-    let _ = dir_watch.signal_tx.send(Signal::Changed);
+    let _ = dir_watch.signal_tx.send(Signal::Changed(Vec::new()));
     thread::Builder::new()
         .name("config-dir-watch".into())
         .spawn(move || dir_watch.run())
@@ -94,8 +97,8 @@ type DirIdentity = (u64, u64);
 /// What a file-system event means for the next rescan.
 #[derive(Debug)]
 enum Signal {
-    /// Something changed: rescan.
-    Changed,
+    /// Something changed at these paths (none: somewhere, rescan everything).
+    Changed(Vec<PathBuf>),
     /// A file's data changed; it may still be open for writing.
     Writing(PathBuf),
     /// A file open for writing was closed.
@@ -119,10 +122,11 @@ impl DirWatcher {
         // When the last rescan that found a change was: the next one waits for the interval.
         let mut last_change: Option<Instant> = None;
         loop {
+            let mut batch = Batch::default();
             match self.signal_rx.recv_timeout(POLL_INTERVAL) {
                 Ok(signal) => {
                     let not_before = last_change.map_or_else(Instant::now, |t| t + RESCAN_INTERVAL);
-                    self.take_batch(signal, not_before);
+                    batch = self.take_batch(signal, not_before);
                 }
                 Err(std_mpsc::RecvTimeoutError::Timeout) if self.watched.is_some() => {
                     if self.changes.is_closed() {
@@ -131,17 +135,21 @@ impl DirWatcher {
                     continue;
                 }
                 // Not watching (or no watcher at all): poll.
-                Err(_) => {}
+                Err(_) => batch.everything = true,
             }
             if self.changes.is_closed() {
                 return;
             }
             self.ensure_watched();
             let started = Instant::now();
-            let change = self.store.rescan();
+            let change = if batch.everything || self.watched.is_none() {
+                self.store.rescan()
+            } else {
+                self.store.rescan_paths(batch.paths.iter().map(PathBuf::as_path))
+            };
             if !change.is_empty() {
                 last_change = Some(started);
-                tracing::debug!(dir = %self.dir.display(), events = change.events.len(), "config directory changed");
+                tracing::debug!(dir = %self.dir.display(), events = change.events.len(), rescan = ?started.elapsed(), "config directory changed");
                 if self.changes.blocking_send(change).is_err() {
                     return;
                 }
@@ -152,16 +160,16 @@ impl DirWatcher {
 
     /// Takes the events that come with `first`: until [`SETTLE`] passes without one, no file is
     /// open for writing and it is `not_before`; at most [`MAX_BATCH`] after that.
-    fn take_batch(&self, first: Signal, not_before: Instant) {
-        let mut writing = HashSet::new();
-        note(&mut writing, first);
+    fn take_batch(&self, first: Signal, not_before: Instant) -> Batch {
+        let mut batch = Batch::default();
+        batch.note(first);
         let deadline = Instant::now().max(not_before) + MAX_BATCH;
         loop {
             let now = Instant::now();
             if now >= deadline {
-                return;
+                return batch;
             }
-            let wait = if !writing.is_empty() {
+            let wait = if !batch.writing.is_empty() {
                 deadline - now
             } else if now < not_before {
                 not_before - now
@@ -169,13 +177,13 @@ impl DirWatcher {
                 SETTLE.min(deadline - now)
             };
             match self.signal_rx.recv_timeout(wait) {
-                Ok(signal) => note(&mut writing, signal),
+                Ok(signal) => batch.note(signal),
                 Err(std_mpsc::RecvTimeoutError::Timeout) => {
-                    if writing.is_empty() && Instant::now() >= not_before {
-                        return;
+                    if batch.writing.is_empty() && Instant::now() >= not_before {
+                        return batch;
                     }
                 }
-                Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
+                Err(std_mpsc::RecvTimeoutError::Disconnected) => return batch,
             }
         }
     }
@@ -203,7 +211,7 @@ impl DirWatcher {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "config directory watch error: rescanning");
-                    let _ = tx.send(Signal::Changed);
+                    let _ = tx.send(Signal::Changed(Vec::new()));
                 }
             }) {
                 Ok(watcher) => self.watcher = Some(watcher),
@@ -223,15 +231,29 @@ impl DirWatcher {
     }
 }
 
-/// Files open for writing: a data change opens, a close after writing closes.
-fn note(writing: &mut HashSet<PathBuf>, signal: Signal) {
-    match signal {
-        Signal::Changed => {}
-        Signal::Writing(path) => {
-            writing.insert(path);
-        }
-        Signal::Written(path) => {
-            writing.remove(&path);
+/// The events of one batch: which paths changed, and the files still open for writing.
+#[derive(Debug, Default)]
+struct Batch {
+    paths: BTreeSet<PathBuf>,
+    /// An event without paths (an overflow, a watch error) or polling: read everything.
+    everything: bool,
+    writing: HashSet<PathBuf>,
+}
+
+impl Batch {
+    /// A data change opens a file for writing, a close after writing closes it.
+    fn note(&mut self, signal: Signal) {
+        match signal {
+            Signal::Changed(paths) if paths.is_empty() => self.everything = true,
+            Signal::Changed(paths) => self.paths.extend(paths),
+            Signal::Writing(path) => {
+                self.paths.insert(path.clone());
+                self.writing.insert(path);
+            }
+            Signal::Written(path) => {
+                self.writing.remove(&path);
+                self.paths.insert(path);
+            }
         }
     }
 }
@@ -243,7 +265,7 @@ fn signals(event: notify::Event) -> Vec<Signal> {
         EventKind::Access(AccessKind::Close(AccessMode::Write)) => {
             event.paths.into_iter().map(Signal::Written).collect()
         }
-        _ => vec![Signal::Changed],
+        _ => vec![Signal::Changed(event.paths)],
     }
 }
 

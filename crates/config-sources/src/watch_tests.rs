@@ -147,6 +147,27 @@ async fn atomic_rename_over_is_one_update() {
     assert_eq!(host_of(&got[0]), "new.example.com");
 }
 
+/// A change to one file of many reads that file, not the directory (1,000 files take 10-15 ms).
+#[tokio::test]
+async fn a_change_to_one_file_reads_that_file_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    for i in 0..30 {
+        write(tmp.path(), &format!("se-{i}.yaml"), &service_entry(&format!("se-{i}")));
+    }
+    let mut w = start(tmp.path()).await;
+    let before = w.state.borrow().files_read;
+    write(
+        tmp.path(),
+        ".se-7.yaml.tmp",
+        &service_entry_with_host("se-7", "seven.example.com"),
+    );
+    fs::rename(tmp.path().join(".se-7.yaml.tmp"), tmp.path().join("se-7.yaml")).unwrap();
+    let got = events_until(&mut w, |s| !s.is_empty()).await;
+    assert_eq!(summary(&got), ["~se-7"]);
+    let state = state_until(&mut w, |s| s.configs.len() == 30 && s.files_read > before).await;
+    assert_eq!(state.files_read - before, 1, "only se-7.yaml read again");
+}
+
 #[tokio::test]
 async fn directories_created_later_are_watched() {
     let tmp = tempfile::tempdir().unwrap();
