@@ -175,7 +175,10 @@ impl FileConfigStore {
                 Some(PathChange::Refresh) => refresh.push(path.to_path_buf()),
                 Some(PathChange::Gone) => gone.push(path.to_path_buf()),
                 Some(PathChange::Ignore) => {}
-                None => return self.rescan(),
+                None => {
+                    tracing::debug!(path = %path.display(), "config directory: reading everything again");
+                    return self.rescan();
+                }
             }
         }
         self.scans += 1;

@@ -140,6 +140,7 @@ impl State {
             errors: Arc::new(self.errors.values().cloned().collect()),
             invalid_counts: Arc::new(self.invalid_counts.clone()),
             scans: self.scans,
+            files_read: 0,
         }
     }
 }
