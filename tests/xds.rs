@@ -177,6 +177,41 @@ async fn endpoint_only_change_pushes_only_eds() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Delta: an endpoint change sends the assignments that changed and nothing else: subset v2's
+/// and the whole service's, not subset v1's, whose endpoints stayed.
+#[tokio::test]
+async fn delta_endpoint_change_sends_only_the_changed_assignments() -> anyhow::Result<()> {
+    let (dir, d) = start().await?;
+    let mut client = DeltaAdsClient::connect(d.grpc_addr, NODE_ID, metadata()).await?;
+    client.subscribe(type_url::CLUSTER, &[])?;
+    let clusters = client.recv_ack().await?;
+    let bodies: Vec<_> = clusters.raw.resources.iter().filter_map(|r| r.resource.clone()).collect();
+    let eds = test_support::ads::eds_cluster_names(&bodies);
+    assert!(eds.iter().any(|n| n == V1) && eds.iter().any(|n| n == V2), "{eds:?}");
+    let names: Vec<&str> = eds.iter().map(String::as_str).collect();
+    client.subscribe(type_url::ENDPOINT, &names)?;
+    let first = client.recv_ack().await?;
+    assert_eq!(first.names().len(), eds.len(), "{:?}", first.names());
+
+    std::fs::write(
+        dir.path().join("reviews-v2.yaml"),
+        workload_entry_yaml("reviews-v2", "v2", 19099),
+    )?;
+    let r = client.recv_ack().await.map_err(|e| e.context(d.logs()))?;
+    assert_eq!(r.type_url(), type_url::ENDPOINT);
+    let mut changed = r.names();
+    changed.sort();
+    assert_eq!(
+        changed,
+        [V2, "outbound|9080||reviews.default.svc.cluster.local"],
+        "{}",
+        d.logs()
+    );
+    assert!(r.removed().is_empty(), "{:?}", r.removed());
+    client.expect_no_response(Duration::from_millis(800)).await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn nack_is_counted_shown_and_not_resent() -> anyhow::Result<()> {
     let (_dir, d) = start().await?;

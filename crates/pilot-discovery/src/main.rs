@@ -28,7 +28,9 @@ use crate::args::{Cli, Command};
 
 /// mimalloc rather than glibc's malloc: glibc keeps the memory of a spike (adding and removing
 /// 100k resources left RSS at its peak indefinitely), mimalloc returns freed pages to the system
-/// (docs/perf.md, "Memory after a spike").
+/// (docs/perf.md, "Memory after a spike"). The `system-allocator` feature keeps glibc's, for heap
+/// profilers that hook malloc (heaptrack).
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
