@@ -185,7 +185,12 @@ async fn delta_endpoint_change_sends_only_the_changed_assignments() -> anyhow::R
     let mut client = DeltaAdsClient::connect(d.grpc_addr, NODE_ID, metadata()).await?;
     client.subscribe(type_url::CLUSTER, &[])?;
     let clusters = client.recv_ack().await?;
-    let bodies: Vec<_> = clusters.raw.resources.iter().filter_map(|r| r.resource.clone()).collect();
+    let bodies: Vec<_> = clusters
+        .raw
+        .resources
+        .iter()
+        .filter_map(|r| r.resource.clone())
+        .collect();
     let eds = test_support::ads::eds_cluster_names(&bodies);
     assert!(eds.iter().any(|n| n == V1) && eds.iter().any(|n| n == V2), "{eds:?}");
     let names: Vec<&str> = eds.iter().map(String::as_str).collect();

@@ -1,11 +1,13 @@
 //! A Kubernetes-shaped mesh on the fake API server (test-support's): S Services with P Pods each
-//! (one EndpointSlice per Service) in N namespaces. Measures pilot-discovery's start-up to `/ready`
+//! (spread over E EndpointSlices per Service, as the EndpointSlice controller splits large or
+//! dual-stack services) in N namespaces. Measures pilot-discovery's start-up to `/ready`
 //! (initial lists, conversion, first push snapshot), and pod churn: at R changes per second, a new
 //! Pod replaces the oldest one of the next Service (the Pod created, the EndpointSlice updated,
 //! the old Pod deleted, as a rolling update does), each timed from the slice update until a sidecar
 //! (a real ADS client) has received EDS holding the new Pod's address, while `--proxies` - 1 more
 //! sidecars (real ADS clients too, spread over the namespaces, ACKing everything) are pushed the
-//! same changes.
+//! same changes. A long churn also reports the first and the last minute apart (lag p99, RSS), to
+//! show growth.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -25,6 +27,8 @@ use crate::report::{cpu_seconds, peak_rss_mb, percentile_ms};
 pub struct KubeOptions {
     pub services: usize,
     pub pods_per_service: usize,
+    /// EndpointSlices per Service (the Pods dealt round robin over them).
+    pub slices_per_service: usize,
     pub namespaces: usize,
     /// Pod replacements per second (0: no churn phase).
     pub churn_rate: f64,
@@ -38,6 +42,7 @@ pub struct KubeOptions {
 pub struct KubeReport {
     pub services: usize,
     pub pods: usize,
+    pub endpoint_slices: usize,
     pub namespaces: usize,
     pub proxies: usize,
     /// From starting pilot-discovery to `/ready`.
@@ -50,6 +55,12 @@ pub struct KubeReport {
     pub churn_lag_max_ms: Option<f64>,
     /// Changes whose address never reached the sidecar within 30 s of the last change.
     pub churn_missed: usize,
+    /// Lag p99 of the changes made in the churn's first and last 60 s (a churn of 2 minutes or more).
+    pub churn_lag_first_minute_p99_ms: Option<f64>,
+    pub churn_lag_last_minute_p99_ms: Option<f64>,
+    /// pilot-discovery's resident memory 60 s into the churn and at its end.
+    pub churn_rss_mb_after_first_minute: Option<f64>,
+    pub churn_rss_mb_at_end: Option<f64>,
     pub peak_rss_mb: Option<f64>,
     pub cpu_seconds: Option<f64>,
 }
@@ -66,7 +77,7 @@ fn pod(ns: &str, svc: usize, k: usize) -> Value {
                    "conditions": [{"type": "Ready", "status": "True"}]}})
 }
 
-fn slice(ns: &str, svc: usize, pods: &[usize]) -> Value {
+fn slice(ns: &str, svc: usize, index: usize, pods: &[usize]) -> Value {
     let endpoints: Vec<Value> = pods
         .iter()
         .map(|k| {
@@ -75,7 +86,7 @@ fn slice(ns: &str, svc: usize, pods: &[usize]) -> Value {
         })
         .collect();
     json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": format!("svc-{svc}-slice"), "namespace": ns, "labels": {"kubernetes.io/service-name": format!("svc-{svc}")}},
+        "metadata": {"name": format!("svc-{svc}-slice-{index}"), "namespace": ns, "labels": {"kubernetes.io/service-name": format!("svc-{svc}")}},
         "addressType": "IPv4", "endpoints": endpoints, "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]})
 }
 
@@ -89,8 +100,10 @@ pub async fn run(opts: &KubeOptions) -> Result<KubeReport> {
     for n in 0..opts.namespaces.max(1) {
         api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": format!("ns-{n}")}}))?;
     }
-    // Per service, its pods' numbers, oldest first.
+    // Per service, its pods' numbers, oldest first, and the pods of each of its slices.
     let mut pods: Vec<std::collections::VecDeque<usize>> = Vec::with_capacity(opts.services);
+    let mut slices: Vec<Vec<Vec<usize>>> = Vec::with_capacity(opts.services);
+    let per_service = opts.slices_per_service.max(1);
     let mut next_pod = 0usize;
     for s in 0..opts.services {
         let ns = ns_of(s);
@@ -103,7 +116,14 @@ pub async fn run(opts: &KubeOptions) -> Result<KubeReport> {
         for k in &mine {
             api.apply(pod(&ns, s, *k))?;
         }
-        api.apply(slice(&ns, s, &mine))?;
+        let mut dealt = vec![Vec::new(); per_service];
+        for (i, k) in mine.iter().enumerate() {
+            dealt[i % per_service].push(*k);
+        }
+        for (j, members) in dealt.iter().enumerate() {
+            api.apply(slice(&ns, s, j, members))?;
+        }
+        slices.push(dealt);
         pods.push(mine.into_iter().collect());
     }
 
@@ -129,6 +149,7 @@ pub async fn run(opts: &KubeOptions) -> Result<KubeReport> {
     let mut report = KubeReport {
         services: opts.services,
         pods: opts.services * opts.pods_per_service,
+        endpoint_slices: opts.services * per_service,
         namespaces: opts.namespaces,
         proxies: opts.proxies.max(1),
         ready_seconds: ready.as_secs_f64(),
@@ -139,6 +160,10 @@ pub async fn run(opts: &KubeOptions) -> Result<KubeReport> {
         churn_lag_p99_ms: None,
         churn_lag_max_ms: None,
         churn_missed: 0,
+        churn_lag_first_minute_p99_ms: None,
+        churn_lag_last_minute_p99_ms: None,
+        churn_rss_mb_after_first_minute: None,
+        churn_rss_mb_at_end: None,
         peak_rss_mb: None,
         cpu_seconds: None,
     };
@@ -154,9 +179,13 @@ pub async fn run(opts: &KubeOptions) -> Result<KubeReport> {
         client.handshake(None).await?;
         let mut others = start_other_sidecars(&discovery, opts).await?;
         let mut pending: HashMap<String, Instant> = HashMap::new();
-        let mut lags = Vec::new();
+        // (when the change was made, its lag)
+        let mut lags: Vec<(Instant, Duration)> = Vec::new();
         let period = Duration::from_secs_f64(1.0 / opts.churn_rate);
-        let end = Instant::now() + Duration::from_secs_f64(opts.churn_seconds);
+        let churn_start = Instant::now();
+        let end = churn_start + Duration::from_secs_f64(opts.churn_seconds);
+        let minute = Duration::from_secs(60);
+        let mut rss_after_first_minute = None;
         let mut tick = tokio::time::interval(period);
         let mut i = 0usize;
         let drain_until = |last: Instant| last + Duration::from_secs(30);
@@ -168,6 +197,9 @@ pub async fn run(opts: &KubeOptions) -> Result<KubeReport> {
             }
             tokio::select! {
                 _ = tick.tick(), if writing => {
+                    if rss_after_first_minute.is_none() && churn_start.elapsed() >= minute {
+                        rss_after_first_minute = Some(pid.and_then(crate::report::rss_mb));
+                    }
                     let s = i % opts.services;
                     i += 1;
                     let ns = ns_of(s);
@@ -176,8 +208,14 @@ pub async fn run(opts: &KubeOptions) -> Result<KubeReport> {
                     api.apply(pod(&ns, s, new))?;
                     let old = pods[s].pop_front();
                     pods[s].push_back(new);
-                    let list: Vec<usize> = pods[s].iter().copied().collect();
-                    api.apply(slice(&ns, s, &list))?;
+                    // The new Pod takes the old one's place in its slice (or joins the first).
+                    let j = old
+                        .and_then(|o| slices[s].iter().position(|members| members.contains(&o)))
+                        .unwrap_or(0);
+                    let members = &mut slices[s][j];
+                    members.retain(|k| Some(*k) != old);
+                    members.push(new);
+                    api.apply(slice(&ns, s, j, members))?;
                     let now = Instant::now();
                     pending.insert(pod_ip(new), now);
                     last_change = now;
@@ -193,7 +231,7 @@ pub async fn run(opts: &KubeOptions) -> Result<KubeReport> {
                         for cla in r.decode::<ClusterLoadAssignment>()? {
                             for (a, _) in test_support::ads::endpoint_addresses(&cla) {
                                 if let Some(made) = pending.remove(&a) {
-                                    lags.push(now - made);
+                                    lags.push((made, now - made));
                                 }
                             }
                         }
@@ -203,11 +241,24 @@ pub async fn run(opts: &KubeOptions) -> Result<KubeReport> {
                 _ = tokio::time::sleep(Duration::from_millis(200)), if !writing => {}
             }
         }
+        report.churn_rss_mb_at_end = pid.and_then(crate::report::rss_mb);
         others.abort_all();
         report.churn_missed = pending.len();
-        report.churn_lag_p50_ms = percentile_ms(&lags, 0.5);
-        report.churn_lag_p99_ms = percentile_ms(&lags, 0.99);
-        report.churn_lag_max_ms = lags.iter().max().map(|d| d.as_secs_f64() * 1000.0);
+        let all: Vec<Duration> = lags.iter().map(|(_, lag)| *lag).collect();
+        report.churn_lag_p50_ms = percentile_ms(&all, 0.5);
+        report.churn_lag_p99_ms = percentile_ms(&all, 0.99);
+        report.churn_lag_max_ms = all.iter().max().map(|d| d.as_secs_f64() * 1000.0);
+        if opts.churn_seconds >= 120.0 {
+            let within = |from: Instant, to: Instant| -> Vec<Duration> {
+                lags.iter()
+                    .filter(|(t, _)| *t >= from && *t < to)
+                    .map(|(_, lag)| *lag)
+                    .collect()
+            };
+            report.churn_lag_first_minute_p99_ms = percentile_ms(&within(churn_start, churn_start + minute), 0.99);
+            report.churn_lag_last_minute_p99_ms = percentile_ms(&within(end - minute, end), 0.99);
+            report.churn_rss_mb_after_first_minute = rss_after_first_minute.flatten();
+        }
     }
     report.peak_rss_mb = pid.and_then(peak_rss_mb);
     report.cpu_seconds = pid.and_then(cpu_seconds);
@@ -249,7 +300,8 @@ mod tests {
     async fn a_small_kubernetes_mesh_starts_and_every_churned_pod_converges() -> Result<()> {
         let report = run(&KubeOptions {
             services: 20,
-            pods_per_service: 2,
+            pods_per_service: 4,
+            slices_per_service: 2,
             namespaces: 3,
             churn_rate: 10.0,
             churn_seconds: 1.0,
@@ -257,7 +309,8 @@ mod tests {
             discovery_bin: None,
         })
         .await?;
-        assert_eq!(report.pods, 40);
+        assert_eq!(report.pods, 80);
+        assert_eq!(report.endpoint_slices, 40);
         assert!(report.churn_changes >= 5, "{report:?}");
         assert_eq!(report.churn_missed, 0, "{report:?}");
         assert!(report.churn_lag_p50_ms.is_some());

@@ -54,7 +54,10 @@ async fn light_clients_converge_like_full_ones() {
         assert_eq!(light.to_json()["client"], "light");
         assert_eq!(full.to_json()["client"], "full");
         assert!(light.raw_p99_ms.is_some(), "{}", light.table());
-        let (light_bytes, full_bytes) = (light.change_bytes_per_proxy.unwrap(), full.change_bytes_per_proxy.unwrap());
+        let (light_bytes, full_bytes) = (
+            light.change_bytes_per_proxy.unwrap(),
+            full.change_bytes_per_proxy.unwrap(),
+        );
         assert!(
             light_bytes > 0.0 && (light_bytes / full_bytes - 1.0).abs() < 0.25,
             "delta={delta}: {light_bytes} bytes per proxy, full client {full_bytes}"

@@ -503,7 +503,11 @@ impl SotwChecker {
             if any.type_url != t {
                 return Err(violation(format!("resource {i} has type_url {}", any.type_url)));
             }
-            let name = if self.light { resource_name_light(any) } else { resource_name(any) };
+            let name = if self.light {
+                resource_name_light(any)
+            } else {
+                resource_name(any)
+            };
             if let Some(n) = name.map_err(|e| violation(e.to_string()))? {
                 names.push(n);
             }
@@ -582,7 +586,12 @@ mod tests {
             },
         ];
         for r in &resources {
-            assert_eq!(resource_name_light(r).unwrap(), resource_name(r).unwrap(), "{}", r.type_url);
+            assert_eq!(
+                resource_name_light(r).unwrap(),
+                resource_name(r).unwrap(),
+                "{}",
+                r.type_url
+            );
         }
         let mut truncated = resources[0].clone();
         truncated.value.truncate(truncated.value.len() - 3);

@@ -19,6 +19,9 @@ struct Args {
     services: usize,
     #[arg(long, default_value_t = 5)]
     pods_per_service: usize,
+    /// EndpointSlices per Service (its Pods dealt round robin over them).
+    #[arg(long, default_value_t = 1)]
+    slices_per_service: usize,
     #[arg(long, default_value_t = 10)]
     namespaces: usize,
     /// Pod replacements per second (0: start-up only).
@@ -43,6 +46,7 @@ fn main() -> Result<()> {
     let opts = KubeOptions {
         services: a.services,
         pods_per_service: a.pods_per_service,
+        slices_per_service: a.slices_per_service,
         namespaces: a.namespaces,
         churn_rate: a.churn_rate,
         churn_seconds: a.churn_seconds,

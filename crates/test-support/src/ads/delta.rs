@@ -15,7 +15,9 @@ use xds_api::envoy::service::discovery::v3::aggregated_discovery_service_client:
 use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use xds_api::envoy_types::pb::google::rpc::Status as RpcStatus;
 
-use super::{DEFAULT_TIMEOUT, MAX_MESSAGE_SIZE, NACK_CODE, channel, is_named_type, node, resource_name, resource_name_light};
+use super::{
+    DEFAULT_TIMEOUT, MAX_MESSAGE_SIZE, NACK_CODE, channel, is_named_type, node, resource_name, resource_name_light,
+};
 
 /// One checked delta response.
 #[derive(Debug, Clone)]
@@ -281,7 +283,11 @@ impl DeltaChecker {
                     r.name, any.type_url
                 )));
             }
-            let name = if self.light { resource_name_light(any) } else { resource_name(any) };
+            let name = if self.light {
+                resource_name_light(any)
+            } else {
+                resource_name(any)
+            };
             if let Some(n) = name.map_err(|e| violation(e.to_string()))?
                 && n != r.name
             {
