@@ -18,26 +18,38 @@ root = pathlib.Path(__file__).resolve().parent.parent
 runs = [json.loads(line) for line in (root / "docs/perf/loadgen.jsonl").read_text().splitlines() if line.strip()]
 
 change = sorted((r for r in runs if r["scenario"] == "config-change" and not r["delta"]), key=lambda r: r["proxies"])
+
+
+def mesh(r):
+    """The mesh a run used: the unscoped one (first round) or istio.io's reference mesh (issue 15)."""
+    if r.get("sidecar_scope") == "namespace":
+        return f"reference mesh ({r['services']} services, {r['namespaces']} namespaces)"
+    return f"{r['services']} services, unscoped"
+
+
 ramps = [r for r in runs if r["scenario"] == "ramp"]
 
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-for services in sorted({r["services"] for r in change}):
-    rs = [r for r in change if r["services"] == services]
+for name in sorted({mesh(r) for r in change}):
+    rs = [r for r in change if mesh(r) == name]
     xs = [r["proxies"] for r in rs]
-    ax1.plot(xs, [r["convergence_p99_ms"] / 1000 for r in rs], "o-", label=f"convergence p99, {services} services")
-    ax1.plot(xs, [(r["raw_p99_ms"] or 0) / 1000 for r in rs], "s--", label=f"raw limit p99, {services} services")
-    ax2.plot(xs, [r["discovery_rss_mb"] for r in rs], "o-", label=f"config-change, {services} services")
+    ax1.plot(xs, [r["convergence_p99_ms"] / 1000 for r in rs], "o-", label=f"convergence p99, {name}")
+    raw = [r for r in rs if r.get("raw_p99_ms")]
+    ax1.plot([r["proxies"] for r in raw], [r["raw_p99_ms"] / 1000 for r in raw], "s--", label=f"raw limit p99, {name}")
+    ax2.plot(xs, [r["discovery_rss_mb"] for r in rs], "o-", label=f"config-change, {name}")
 for r in ramps:
     steps = r["steps"]
-    ax2.plot([s["proxies"] for s in steps], [s["rss_mb"] for s in steps], ".-",
-             label=f"ramp, {r['services']} service(s)")
+    name = mesh(r) if r.get("sidecar_scope") == "namespace" else f"{r['services']} service(s)"
+    ax2.plot([s["proxies"] for s in steps], [s["rss_mb"] for s in steps], ".-", label=f"ramp, {name}")
 ax1.axhline(1.0, color="grey", lw=0.8, ls=":", label="target 1 s")
+ax1.set_xscale("log")
+ax1.set_yscale("log")
 ax1.set_xlabel("proxies")
 ax1.set_ylabel("seconds")
 ax1.set_title("One VirtualService change: time to every ACK")
 ax1.legend(fontsize=8)
-ax2.axhline(150, color="grey", lw=0.8, ls=":", label="target 150 MB (2,000 proxies)")
-ax2.axhline(2048, color="grey", lw=0.8, ls="-.", label="target 2 GB (25,000 proxies)")
+ax2.axhline(100, color="grey", lw=0.8, ls=":", label="target 100 MB (reference, 2,000)")
+ax2.axhline(1024, color="grey", lw=0.8, ls="-.", label="target 1 GB (reference, 25,000)")
 ax2.set_xscale("log")
 ax2.set_yscale("log")
 ax2.set_xlabel("proxies")

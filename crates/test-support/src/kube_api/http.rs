@@ -576,11 +576,10 @@ fn list(s: &Shared, f: &Filter, q: &BTreeMap<String, String>) -> Response {
             (store.rv, 0)
         }
     };
-    let all: Vec<Value> = store
+    let all: Vec<Arc<Value>> = store
         .list(res_index(f.rt), f.ns.as_deref())
         .into_iter()
         .filter(|o| f.matches(o))
-        .map(|o| at_version(&o, f.rt, &f.version))
         .collect();
     drop(store);
     let limit = q
@@ -588,7 +587,14 @@ fn list(s: &Shared, f: &Filter, q: &BTreeMap<String, String>) -> Response {
         .and_then(|l| l.parse::<usize>().ok())
         .filter(|l| *l > 0)
         .unwrap_or(usize::MAX);
-    let page: Vec<Value> = all.iter().skip(offset).take(limit).cloned().collect();
+    // Only the page is copied out (at the asked version): copying every object for every page
+    // made a paged list of 30,000 Pods quadratic (15 s of this server's CPU at start-up).
+    let page: Vec<Value> = all
+        .iter()
+        .skip(offset)
+        .take(limit)
+        .map(|o| at_version(o, f.rt, &f.version))
+        .collect();
     let next = offset.saturating_add(page.len());
     let mut md = json!({"resourceVersion": rv.to_string()});
     if next < all.len() {
