@@ -82,7 +82,7 @@ fn parse_args() -> anyhow::Result<Args> {
 /// The VirtualService of change `i`: all of `/reviews` to v1 (even) or v2 (odd), and the backend
 /// that must answer once it is live.
 fn change(i: usize) -> (String, &'static str) {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         (virtual_service_yaml(100), "reviews-v1")
     } else {
         (virtual_service_yaml(0), "reviews-v2")
