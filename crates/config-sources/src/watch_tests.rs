@@ -78,6 +78,13 @@ async fn start(dir: &Path) -> ConfigDirWatch {
     w
 }
 
+/// As editors and `kubectl`-style tools write: a hidden temporary file, renamed over `name`.
+fn rename_over(dir: &Path, name: &str, text: &str) {
+    let temp = format!(".{name}.tmp");
+    write(dir, &temp, text);
+    fs::rename(dir.join(&temp), dir.join(name)).unwrap();
+}
+
 fn assert_no_change(w: &mut ConfigDirWatch) {
     match w.changes.try_recv() {
         Err(TryRecvError::Empty) => {}
@@ -135,13 +142,7 @@ async fn atomic_rename_over_is_one_update() {
     let tmp = tempfile::tempdir().unwrap();
     write(tmp.path(), "se.yaml", &service_entry("se"));
     let mut w = start(tmp.path()).await;
-    // As editors and `kubectl`-style tools do: write a temp file, then rename it over.
-    write(
-        tmp.path(),
-        ".se.yaml.tmp",
-        &service_entry_with_host("se", "new.example.com"),
-    );
-    fs::rename(tmp.path().join(".se.yaml.tmp"), tmp.path().join("se.yaml")).unwrap();
+    rename_over(tmp.path(), "se.yaml", &service_entry_with_host("se", "new.example.com"));
     let got = events_until(&mut w, |s| !s.is_empty()).await;
     assert_eq!(summary(&got), ["~se"]);
     assert_eq!(host_of(&got[0]), "new.example.com");
@@ -156,12 +157,11 @@ async fn a_change_to_one_file_reads_that_file_only() {
     }
     let mut w = start(tmp.path()).await;
     let before = w.state.borrow().files_read;
-    write(
+    rename_over(
         tmp.path(),
-        ".se-7.yaml.tmp",
+        "se-7.yaml",
         &service_entry_with_host("se-7", "seven.example.com"),
     );
-    fs::rename(tmp.path().join(".se-7.yaml.tmp"), tmp.path().join("se-7.yaml")).unwrap();
     let got = events_until(&mut w, |s| !s.is_empty()).await;
     assert_eq!(summary(&got), ["~se-7"]);
     let state = state_until(&mut w, |s| s.configs.len() == 30 && s.files_read > before).await;
