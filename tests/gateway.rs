@@ -95,12 +95,7 @@ async fn live_config_change_reaches_envoy_without_restart() -> anyhow::Result<()
     }
     // Same Envoy process, new routes over RDS.
     assert!(mesh.envoy.exit_status().is_none(), "envoy exited");
-    let stats = mesh.envoy.stats().await?;
-    let rds_updates: u64 = stats
-        .iter()
-        .filter(|(k, _)| k.contains(".rds.") && k.ends_with("update_success"))
-        .map(|(_, v)| *v)
-        .sum();
+    let rds_updates = mesh.envoy.rds_total("update_success").await?;
     assert!(rds_updates >= 2, "expected a second RDS update, stats: {rds_updates}");
     mesh.assert_no_rejects().await
 }

@@ -105,15 +105,6 @@ async fn first_served_by(mesh: &GatewayMesh, backend: &str, since: Instant) -> a
     }
 }
 
-async fn rds_attempts(mesh: &GatewayMesh) -> anyhow::Result<u64> {
-    let stats = mesh.envoy.stats().await?;
-    Ok(stats
-        .iter()
-        .filter(|(k, _)| k.contains(".rds.") && k.ends_with(".update_attempt"))
-        .map(|(_, v)| *v)
-        .sum())
-}
-
 async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
     let bin = match &args.discovery_bin {
         Some(b) => b.clone(),
@@ -153,7 +144,7 @@ async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
     let mut storm = json!(null);
     if args.storm_seconds > 0 {
         tokio::time::sleep(args.gap).await;
-        let before = rds_attempts(&mesh).await?;
+        let before = mesh.envoy.rds_total("update_attempt").await?;
         let interval = Duration::from_secs(1) / args.storm_rate as u32;
         let t0 = Instant::now();
         let end = t0 + Duration::from_secs(args.storm_seconds);
@@ -176,7 +167,7 @@ async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
         let last = change(writes).1;
         let settled = first_served_by(&mesh, last, Instant::now()).await?;
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let updates = rds_attempts(&mesh).await? - before;
+        let updates = mesh.envoy.rds_total("update_attempt").await? - before;
         storm = json!({
             "seconds": round(storm_time.as_secs_f64()),
             "writes": writes,

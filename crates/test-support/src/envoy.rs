@@ -293,6 +293,19 @@ impl Envoy {
         Ok(parse_stats(&body))
     }
 
+    /// The sum of the RDS counter `counter` (e.g. `update_success`) over every route
+    /// configuration (`http.<prefix>.rds.<route>.<counter>`).
+    pub async fn rds_total(&self, counter: &str) -> anyhow::Result<u64> {
+        let suffix = format!(".{counter}");
+        Ok(self
+            .stats()
+            .await?
+            .iter()
+            .filter(|(k, _)| k.contains(".rds.") && k.ends_with(&suffix))
+            .map(|(_, v)| *v)
+            .sum())
+    }
+
     /// The sum of every `*update_rejected` stat (CDS, LDS, RDS, EDS, SDS): how many xDS updates
     /// Envoy NACKed.
     pub async fn update_rejected_total(&self) -> anyhow::Result<u64> {
