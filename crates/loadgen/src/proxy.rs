@@ -137,12 +137,10 @@ async fn run_sotw(
         .map(|r| rds_route_names(&r.raw.resources))
         .unwrap_or_default();
     // The light client decodes CDS and LDS again only when their bytes changed.
-    let mut followed: HashMap<&'static str, u64> = HashMap::new();
+    let mut followed: HashMap<String, u64> = HashMap::new();
     if opts.light {
-        for (t, r) in [(type_url::CLUSTER, &hs.clusters), (type_url::LISTENER, &hs.listeners)] {
-            if let Some(r) = r {
-                followed.insert(t, content_hash(r.raw.resources.iter()));
-            }
+        for r in [&hs.clusters, &hs.listeners].into_iter().flatten() {
+            followed.insert(r.type_url().to_owned(), content_hash(r.raw.resources.iter()));
         }
     }
     // Moved out, not kept: 2,000 proxies holding a large mesh's handshake would be gigabytes.
@@ -165,17 +163,9 @@ async fn run_sotw(
         let at = Instant::now();
         send(events, ProxyEvent::Bytes(r.raw.encoded_len()));
         // Envoy follows a new CDS/LDS with its EDS/RDS subscription, when it changed, before ACKing.
-        let followed_type = match r.type_url() {
-            type_url::CLUSTER => Some(type_url::CLUSTER),
-            type_url::LISTENER => Some(type_url::LISTENER),
-            _ => None,
-        };
-        let unchanged = match followed_type {
-            Some(t) if opts.light => {
-                let hash = content_hash(r.raw.resources.iter());
-                followed.insert(t, hash) == Some(hash)
-            }
-            _ => false,
+        let unchanged = opts.light && matches!(r.type_url(), type_url::CLUSTER | type_url::LISTENER) && {
+            let hash = content_hash(r.raw.resources.iter());
+            followed.insert(r.type_url().to_owned(), hash) == Some(hash)
         };
         match r.type_url() {
             _ if unchanged => {}
