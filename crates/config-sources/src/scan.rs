@@ -30,6 +30,11 @@ impl Listing {
     }
 }
 
+/// Entries the walk skips: names starting with a dot (and names that are not UTF-8).
+pub(crate) fn is_hidden(name: &std::ffi::OsStr) -> bool {
+    name.to_str().is_none_or(|n| n.starts_with('.'))
+}
+
 /// Walks `root`. Fails only when `root` itself cannot be listed.
 pub(crate) fn list_config_files(root: &Path) -> Result<Listing, SourceError> {
     let dir_error = |e: io::Error| SourceError::Directory {
@@ -55,11 +60,7 @@ fn read_sorted(dir: &Path) -> io::Result<Vec<PathBuf>> {
 
 fn walk_entries(entries: Vec<PathBuf>, visited: &mut HashSet<PathBuf>, listing: &mut Listing) {
     for path in entries {
-        let hidden = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_none_or(|n| n.starts_with('.'));
-        if hidden {
+        if path.file_name().is_none_or(is_hidden) {
             continue;
         }
         if fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {

@@ -13,7 +13,7 @@ use model::{Config, ConfigKey};
 use crate::error::{DocRef, SourceError, SourceErrorEntry};
 use crate::events::{ConfigChange, ConfigSnapshot, diff};
 use crate::parse::{DEFAULT_NAMESPACE, is_config_file, parse_file};
-use crate::scan::list_config_files;
+use crate::scan::{is_hidden, list_config_files};
 
 /// Called with the kind (the `type` label of `pilot_config_invalid`) of every rejected resource,
 /// once per parse of a file's new contents.
@@ -195,15 +195,15 @@ impl FileConfigStore {
     /// What a changed `path` means, `None` when only a full walk can tell.
     fn classify(&self, path: &Path) -> Option<PathChange> {
         let relative = path.strip_prefix(&self.dir).ok()?;
-        let hidden = |c: std::path::Component<'_>| c.as_os_str().to_str().is_none_or(|n| n.starts_with('.'));
         let mut components = relative.components();
-        let name = components.next_back()?;
+        components.next_back()?;
         // Under a hidden directory: never walked, and no symlink leads there (there are none).
-        if components.any(hidden) {
+        if components.any(|c| is_hidden(c.as_os_str())) {
             return Some(PathChange::Ignore);
         }
         match fs::symlink_metadata(path) {
-            Ok(meta) if meta.is_file() => Some(if !hidden(name) && is_config_file(path) {
+            // `is_config_file` also refuses hidden names (a temporary file renamed over).
+            Ok(meta) if meta.is_file() => Some(if is_config_file(path) {
                 PathChange::Refresh
             } else {
                 PathChange::Ignore
