@@ -27,12 +27,15 @@ async fn upstream_death_ends_envoys_stream_and_a_new_stream_works_after_restart(
         .await
         .unwrap();
 
+    // The script's end of the stream lives until Envoy's stream has ended: dropping it ends the
+    // upstream stream cleanly (grpc-status 0), which the proxy passes on as a clean end, as
+    // Istio's does, if the killed server's connection task has not been dropped yet.
     upstream.kill();
-    drop(stream);
     let ended = envoy
         .ended()
         .await
         .expect("Envoy's stream must end with an error status");
+    drop(stream);
     assert_ne!(ended.code(), Code::Ok);
     assert!(ended.message().contains("upstream"), "{ended}");
     within("disconnected", status.wait_for(|s| !s.upstream_connected))
