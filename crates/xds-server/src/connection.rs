@@ -2,7 +2,7 @@
 //! pending push slot that the push loop merges requests into (never a queue that grows per push).
 //! Also what both stream kinds share: node parsing, registration, generation off the runtime.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -279,12 +279,10 @@ fn partial_eds(w: WatchedResource, req: &PushRequest) -> Option<WatchedResource>
     if req.configs_updated.is_all() {
         return Some(w);
     }
-    let hosts: HashSet<&str> = req.configs_updated.services().map(|k| k.hostname.as_str()).collect();
-    // `outbound|<port>|<subset>|<host>`
-    let names: Names = w
-        .names
-        .iter()
-        .filter(|n| n.rsplit('|').next().is_some_and(|h| hosts.contains(h)))
+    let names: Names = req
+        .configs_updated
+        .services()
+        .flat_map(|k| w.names.of_host(&k.hostname))
         .cloned()
         .collect();
     (!names.is_empty()).then_some(WatchedResource { names, ..w })
@@ -351,6 +349,45 @@ pub(crate) fn log_generate_error(conn_id: &str, t: &str, e: &GenerateError) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_endpoint_push_in_sotw_covers_only_the_clusters_of_the_moved_services() {
+        let interner = crate::watched::NameInterner::default();
+        let names = interner.lock().names([
+            "outbound|80||a.ns.svc.cluster.local",
+            "outbound|80|v1|a.ns.svc.cluster.local",
+            "outbound|9090||a.ns.svc.cluster.local",
+            "outbound|80||b.ns.svc.cluster.local",
+            "outbound|80||ab.ns.svc.cluster.local",
+        ]);
+        let eds = |names: &Names| WatchedResource {
+            type_url: type_url::ENDPOINT.into(),
+            names: names.clone(),
+            wildcard: false,
+        };
+        let moved = |hosts: &[&str]| PushRequest::endpoints(hosts.iter().map(|h| model::ServiceKey::new(*h, "ns")));
+        let covered = |req: &PushRequest| {
+            partial_eds(eds(&names), req).map(|w| w.names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+        };
+        assert_eq!(
+            covered(&moved(&["a.ns.svc.cluster.local"])).unwrap(),
+            [
+                "outbound|80|v1|a.ns.svc.cluster.local",
+                "outbound|80||a.ns.svc.cluster.local",
+                "outbound|9090||a.ns.svc.cluster.local",
+            ]
+        );
+        // the same host twice (two namespaces' keys) is covered once
+        let twice = PushRequest::endpoints([
+            model::ServiceKey::new("b.ns.svc.cluster.local", "ns"),
+            model::ServiceKey::new("b.ns.svc.cluster.local", "other"),
+        ]);
+        assert_eq!(covered(&twice).unwrap(), ["outbound|80||b.ns.svc.cluster.local"]);
+        assert_eq!(covered(&moved(&["c.ns.svc.cluster.local"])), None);
+        // every service: the watch as it is
+        let all = partial_eds(eds(&names), &PushRequest::all_endpoints()).unwrap();
+        assert!(all.names.ptr_eq(&names));
+    }
 
     #[test]
     fn refuses_bad_nodes_with_invalid_argument_naming_the_node() {

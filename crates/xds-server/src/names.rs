@@ -2,52 +2,115 @@
 //! connection that subscribes to exactly those names) and the server's `NameInterner`, which
 //! keeps each name and each set once and prunes what no connection holds any more.
 
-use std::collections::{BTreeSet, HashSet};
+use std::borrow::Borrow;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ops::Deref;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::connection::lock;
 
 /// A set of subscribed resource names, shared: the server interns equal sets (and each name), so
 /// the sidecars of a namespace, which subscribe to the same names, hold one set between them.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Names(Arc<BTreeSet<Arc<str>>>);
+pub struct Names(Arc<NameSet>);
+
+/// The names, and an index of them by host built the first time an endpoint push asks.
+#[derive(Debug, Default)]
+struct NameSet {
+    names: BTreeSet<Arc<str>>,
+    by_host: OnceLock<HashMap<Box<str>, Vec<Arc<str>>>>,
+}
+
+impl PartialEq for NameSet {
+    fn eq(&self, other: &Self) -> bool {
+        self.names == other.names
+    }
+}
+
+impl Eq for NameSet {}
 
 impl Names {
+    fn new(names: BTreeSet<Arc<str>>) -> Names {
+        Names(Arc::new(NameSet {
+            names,
+            by_host: OnceLock::new(),
+        }))
+    }
+
     /// Whether `name` is subscribed.
     pub fn contains(&self, name: &str) -> bool {
-        self.0.contains(name)
+        self.0.names.contains(name)
     }
 
     /// Whether both are the same shared set (not only equal).
     pub fn ptr_eq(&self, other: &Names) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
     }
+
+    /// The subscribed cluster names of `host` (the last `|`-separated part of a name, as in
+    /// `outbound|<port>|<subset>|<host>`). The index is built once per shared set, so an
+    /// endpoint push looks up the few hosts it changed instead of splitting every name of every
+    /// sidecar (2,000 names for each of 2,000 unscoped sidecars).
+    pub fn of_host(&self, host: &str) -> &[Arc<str>] {
+        let by_host = self.0.by_host.get_or_init(|| {
+            let mut by_host: HashMap<Box<str>, Vec<Arc<str>>> = HashMap::new();
+            for n in &self.0.names {
+                let h = n.rsplit('|').next().unwrap_or_default();
+                by_host.entry(h.into()).or_default().push(n.clone());
+            }
+            by_host
+        });
+        by_host.get(host).map_or(&[], Vec::as_slice)
+    }
 }
 
 impl Deref for Names {
     type Target = BTreeSet<Arc<str>>;
     fn deref(&self) -> &Self::Target {
-        &self.0
+        &self.0.names
     }
 }
 
 /// A set of its own, not interned (for views outside the server, e.g. `/debug/config_dump`).
 impl FromIterator<String> for Names {
     fn from_iter<I: IntoIterator<Item = String>>(iter: I) -> Self {
-        Names(Arc::new(iter.into_iter().map(Arc::from).collect()))
+        Names::new(iter.into_iter().map(Arc::from).collect())
     }
 }
 
 impl<'a> FromIterator<&'a str> for Names {
     fn from_iter<I: IntoIterator<Item = &'a str>>(iter: I) -> Self {
-        Names(Arc::new(iter.into_iter().map(Arc::from).collect()))
+        Names::new(iter.into_iter().map(Arc::from).collect())
     }
 }
 
 impl FromIterator<Arc<str>> for Names {
     fn from_iter<I: IntoIterator<Item = Arc<str>>>(iter: I) -> Self {
-        Names(Arc::new(iter.into_iter().collect()))
+        Names::new(iter.into_iter().collect())
+    }
+}
+
+/// An interned set in the table, found by its names.
+#[derive(Debug)]
+struct Interned(Arc<NameSet>);
+
+impl std::hash::Hash for Interned {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.names.hash(state);
+    }
+}
+
+impl PartialEq for Interned {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.names == other.0.names
+    }
+}
+
+impl Eq for Interned {}
+
+impl Borrow<BTreeSet<Arc<str>>> for Interned {
+    fn borrow(&self) -> &BTreeSet<Arc<str>> {
+        &self.0.names
     }
 }
 
@@ -62,7 +125,7 @@ pub(crate) struct NameInterner {
 #[derive(Debug, Default)]
 struct Table {
     names: HashSet<Arc<str>>,
-    sets: HashSet<Arc<BTreeSet<Arc<str>>>>,
+    sets: HashSet<Interned>,
     /// Entries (names + sets) left by the last prune.
     kept: usize,
 }
@@ -108,12 +171,12 @@ impl Interning<'_> {
     /// The shared set equal to `set` (whose names should come from [`name`](Self::name)).
     pub fn set(&mut self, set: BTreeSet<Arc<str>>) -> Names {
         if let Some(s) = self.0.sets.get(&set) {
-            return Names(s.clone());
+            return Names(s.0.clone());
         }
-        let s = Arc::new(set);
-        self.0.sets.insert(s.clone());
+        let s = Names::new(set);
+        self.0.sets.insert(Interned(s.0.clone()));
         self.maybe_prune();
-        Names(s)
+        s
     }
 
     fn maybe_prune(&mut self) {
@@ -122,7 +185,7 @@ impl Interning<'_> {
             return;
         }
         // Sets first: a set only the table holds still holds its names.
-        t.sets.retain(|s| Arc::strong_count(s) > 1);
+        t.sets.retain(|s| Arc::strong_count(&s.0) > 1);
         t.names.retain(|n| Arc::strong_count(n) > 1);
         t.kept = t.names.len() + t.sets.len();
     }
