@@ -157,7 +157,7 @@ impl<S> Connection<S> {
 /// Reads a stream's first request and registers its proxy, as both ADS flavours start. A node that
 /// cannot be parsed is refused with `InvalidArgument` naming what is wrong (counted in
 /// `pilot_xds_invalid_node`). `None` when the stream ended or was refused.
-pub(crate) async fn accept<B: SnapshotBuilder, Req: prost::Message + Default, Resp>(
+pub(crate) async fn accept<B: SnapshotBuilder, Req: crate::grpc::Decode, Resp>(
     server: &Arc<DiscoveryServer<B>>,
     inbound: &mut crate::grpc::Requests<Req>,
     out: &crate::outbound::OutSender<Resp>,

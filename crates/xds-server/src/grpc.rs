@@ -11,7 +11,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{BufMut, Bytes};
+use bytes::{Buf, BufMut, Bytes};
 use futures::{Stream, StreamExt};
 use http_body::Frame;
 use prost::Message;
@@ -187,7 +187,25 @@ fn invalid(status: Status, reason: &'static str) -> RequestError {
     RequestError::Invalid { status, reason }
 }
 
-impl<T: Message + Default> Requests<T> {
+/// A request message read from its bytes: prost's messages as prost decodes them, and the state
+/// of the world's [`SotwRequest`](crate::request::SotwRequest), which keeps its names in them.
+pub(crate) trait Decode: Sized {
+    fn decode_request(buf: Bytes) -> Result<Self, String>;
+}
+
+impl<T: Message + Default> Decode for T {
+    fn decode_request(buf: Bytes) -> Result<T, String> {
+        T::decode(buf).map_err(|e| e.to_string())
+    }
+}
+
+impl Decode for crate::request::SotwRequest {
+    fn decode_request(buf: Bytes) -> Result<Self, String> {
+        crate::request::SotwRequest::decode(buf)
+    }
+}
+
+impl<T: Decode> Requests<T> {
     /// The next whole message in the buffer, if there is one.
     fn next_message(&mut self) -> Result<Option<T>, RequestError> {
         if self.buf.len() < HEADER_SIZE {
@@ -212,17 +230,18 @@ impl<T: Message + Default> Requests<T> {
         if self.buf.len() < HEADER_SIZE + len {
             return Ok(None);
         }
-        let message = self.buf.split_to(HEADER_SIZE + len);
+        let mut message = self.buf.split_to(HEADER_SIZE + len);
         if self.buf.is_empty() {
             self.buf = bytes::BytesMut::new();
         }
-        T::decode(&message[HEADER_SIZE..])
+        message.advance(HEADER_SIZE);
+        T::decode_request(message.freeze())
             .map(Some)
             .map_err(|e| invalid(Status::invalid_argument(format!("malformed request: {e}")), "malformed"))
     }
 }
 
-impl<T: Message + Default> Stream for Requests<T> {
+impl<T: Decode> Stream for Requests<T> {
     type Item = Result<T, RequestError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
@@ -329,6 +348,7 @@ fn trailers(status: &Status) -> http::HeaderMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::request::SotwRequest;
     use futures::StreamExt;
     use xds_api::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 
@@ -366,11 +386,22 @@ mod tests {
         wire.extend_from_slice(&frame(&b));
         // Cut in awkward places: inside the first header, the first body, and the second header.
         let chunks = vec![wire[..3].to_vec(), wire[3..500].to_vec(), wire[500..].to_vec()];
-        let mut requests = Requests::<DiscoveryRequest>::new(body_of(chunks), 1 << 20);
+        let mut requests = Requests::<DiscoveryRequest>::new(body_of(chunks.clone()), 1 << 20);
         assert_eq!(requests.next().await.unwrap().unwrap(), a);
         assert_eq!(requests.next().await.unwrap().unwrap(), b);
         assert_eq!(requests.buf.capacity(), 0);
         assert!(requests.next().await.is_none());
+        // The state of the world's own reading: the same names, kept in the received bytes.
+        let mut requests = Requests::<SotwRequest>::new(body_of(chunks), 1 << 20);
+        let first = requests.next().await.unwrap().unwrap();
+        assert_eq!(first.type_url, "a");
+        assert!(
+            first
+                .resource_names_str()
+                .eq(a.resource_names.iter().map(String::as_str))
+        );
+        assert_eq!(requests.next().await.unwrap().unwrap().type_url, "b");
+        assert_eq!(requests.buf.capacity(), 0);
     }
 
     #[tokio::test]
@@ -383,6 +414,9 @@ mod tests {
         let e = garbage.next().await.unwrap().unwrap_err();
         assert_eq!(code(e), tonic::Code::InvalidArgument);
         assert!(garbage.next().await.is_none());
+        let mut garbage = Requests::<SotwRequest>::new(body_of(vec![vec![0, 0, 0, 0, 2, 0xff, 0xff]]), 1 << 20);
+        let e = garbage.next().await.unwrap().unwrap_err();
+        assert_eq!(code(e), tonic::Code::InvalidArgument);
         let mut compressed = Requests::<DiscoveryRequest>::new(body_of(vec![vec![1, 0, 0, 0, 0]]), 1 << 20);
         assert_eq!(
             code(compressed.next().await.unwrap().unwrap_err()),

@@ -18,6 +18,7 @@ mod grpc;
 mod metrics;
 mod names;
 mod outbound;
+mod request;
 mod server;
 mod sotw;
 mod status;

@@ -5,9 +5,10 @@ use std::collections::HashMap;
 
 use xds_api::Resource;
 use xds_api::envoy::config::core::v3::Node;
-use xds_api::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use xds_api::envoy::service::discovery::v3::DiscoveryResponse;
 
 use crate::connection::{Connection, Generated};
+use crate::request::SotwRequest;
 use crate::stream::{Cause, Flavour};
 use crate::watched::{NameInterner, Outcome, Respond, Watch, sotw_request};
 use crate::{PushSnapshot, WatchedResource};
@@ -15,22 +16,22 @@ use crate::{PushSnapshot, WatchedResource};
 pub(crate) struct Sotw;
 
 impl Flavour for Sotw {
-    type Request = DiscoveryRequest;
+    type Request = SotwRequest;
     type Response = DiscoveryResponse;
     const DELTA: bool = false;
     const LOG: &'static str = "";
 
-    fn node(req: &DiscoveryRequest) -> Option<&Node> {
+    fn node(req: &SotwRequest) -> Option<&Node> {
         req.node.as_ref()
     }
 
-    fn type_url(req: &DiscoveryRequest) -> &str {
+    fn type_url(req: &SotwRequest) -> &str {
         &req.type_url
     }
 
     fn on_request(
         watched: &mut HashMap<String, Watch>,
-        req: &DiscoveryRequest,
+        req: &SotwRequest,
         names: &NameInterner,
     ) -> (Outcome, Option<WatchedResource>) {
         let (outcome, respond) = sotw_request(watched, req, names);

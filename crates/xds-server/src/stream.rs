@@ -28,7 +28,7 @@ pub(crate) enum Cause {
 
 /// What state of the world and delta streams do differently.
 pub(crate) trait Flavour: Send + Sync + 'static {
-    type Request: prost::Message + Default + Send + 'static;
+    type Request: crate::grpc::Decode + Send + 'static;
     type Response: prost::Message + Send + 'static;
     const DELTA: bool;
     /// "" or "delta ", for logs.

@@ -5,11 +5,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
-use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use xds_api::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use xds_api::type_url;
 
 pub(crate) use crate::names::NameInterner;
 pub use crate::names::Names;
+use crate::request::SotwRequest;
 
 /// A delta resource version, shared with the resource it versions (`Resource::version`), so that
 /// a connection's `known` holds a pointer per resource rather than a copy of its version.
@@ -93,6 +94,29 @@ pub(crate) fn nack_detail(message: &str) -> String {
     format!("{}... ({} bytes in all)", &message[..end], message.len())
 }
 
+/// Whether `listed` names exactly the watch's `names`. Every ACK repeats the names, so this is
+/// the common case and costs no allocation per name: names sent in the set's (sorted) order are
+/// compared as they come; otherwise (Envoy lists them in its own hash set's order) as a sorted
+/// list of the request's own spans, duplicates dropped.
+fn same_names<'a>(names: &Names, listed: impl Iterator<Item = &'a [u8]> + Clone) -> bool {
+    if names.iter().map(|n| n.as_bytes()).eq(listed.clone()) {
+        return true;
+    }
+    let mut sorted: Vec<&[u8]> = listed.collect();
+    if sorted.len() < names.len() {
+        return false;
+    }
+    sorted.sort_unstable();
+    sorted.dedup();
+    names.iter().map(|n| n.as_bytes()).eq(sorted)
+}
+
+/// Whether `names` holds a name `before` does not. The same shared set (what nearly every ACK
+/// resolves to) holds none, without walking 2,000 names of each.
+fn added_to(names: &Names, before: &Names) -> bool {
+    !names.ptr_eq(before) && names.difference(before).next().is_some()
+}
+
 fn new_watch(type_url: &str, names: Names, wildcard: bool) -> Watch {
     Watch {
         resource: WatchedResource {
@@ -109,28 +133,17 @@ fn new_watch(type_url: &str, names: Names, wildcard: bool) -> Watch {
 /// the subscription grew (non-wildcard) or changed (wildcard).
 pub(crate) fn sotw_request(
     watched: &mut HashMap<String, Watch>,
-    req: &DiscoveryRequest,
+    req: &SotwRequest,
     interner: &NameInterner,
 ) -> (Outcome, Respond) {
     let t = req.type_url.as_str();
     let wildcard_type = is_wildcard_type(t);
-    let listed = || req.resource_names.iter().map(String::as_str).filter(|n| *n != "*");
-    // Every ACK repeats the names: keep the watch's shared set unless they changed. Names sent in
-    // order (as this set keeps them) are compared as they come, without sorting them into a new
-    // set: a sidecar that sees 2,000 clusters ACKs each EDS push with all 2,000.
+    let listed = || req.resource_names().filter(|n| *n != b"*");
     let names = match watched.get(t) {
-        Some(w) if w.resource.names.iter().map(|n| &**n).eq(listed()) => w.resource.names.clone(),
-        current => {
-            let requested: BTreeSet<&str> = listed().collect();
-            match current {
-                Some(w) if w.resource.names.iter().map(|n| &**n).eq(requested.iter().copied()) => {
-                    w.resource.names.clone()
-                }
-                _ => interner.lock().names(requested.iter().copied()),
-            }
-        }
+        Some(w) if same_names(&w.resource.names, listed()) => w.resource.names.clone(),
+        _ => interner.lock().names(req.resource_names_str().filter(|n| *n != "*")),
     };
-    let wildcard = wildcard_type && (names.is_empty() || req.resource_names.iter().any(|n| n == "*"));
+    let wildcard = wildcard_type && (names.is_empty() || req.resource_names().any(|n| n == b"*"));
     if let Some(err) = &req.error_detail {
         let outcome = Outcome::Nack {
             code: err.code,
@@ -141,7 +154,7 @@ pub(crate) fn sotw_request(
         };
         w.last_error = nack_detail(&err.message);
         w.nonce_nacked = req.response_nonce.clone();
-        let added = !wildcard_type && names.difference(&w.resource.names).next().is_some();
+        let added = !wildcard_type && added_to(&names, &w.resource.names);
         w.resource.names = names;
         return (outcome, if added { Respond::All } else { Respond::No });
     }
@@ -164,8 +177,9 @@ pub(crate) fn sotw_request(
     w.nonce_acked = req.response_nonce.clone();
     w.nonce_nacked.clear();
     w.last_error.clear();
-    let added = names.difference(&w.resource.names).next().is_some();
-    let changed = added || names != w.resource.names || wildcard != w.resource.wildcard;
+    let added = added_to(&names, &w.resource.names);
+    let changed =
+        added || !names.ptr_eq(&w.resource.names) && names != w.resource.names || wildcard != w.resource.wildcard;
     w.resource.names = names;
     w.resource.wildcard = wildcard;
     let respond = if wildcard_type { changed } else { added };
@@ -275,19 +289,21 @@ pub(crate) fn delta_request(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xds_api::envoy::service::discovery::v3::DiscoveryRequest;
     use xds_api::envoy_types::pb::google::rpc::Status;
 
     fn names(w: &Watch) -> Vec<&str> {
         w.resource.names.iter().map(|n| &**n).collect()
     }
 
-    fn sotw(t: &str, names: &[&str], nonce: &str) -> DiscoveryRequest {
-        DiscoveryRequest {
+    fn sotw(t: &str, names: &[&str], nonce: &str) -> SotwRequest {
+        (&DiscoveryRequest {
             type_url: t.into(),
             resource_names: names.iter().map(|s| s.to_string()).collect(),
             response_nonce: nonce.into(),
             ..Default::default()
-        }
+        })
+            .into()
     }
 
     #[test]
@@ -426,14 +442,16 @@ mod tests {
 mod sharing_tests {
     use super::*;
     use crate::names::PRUNE_MIN;
+    use xds_api::envoy::service::discovery::v3::DiscoveryRequest;
 
-    fn eds(names: &[&str], nonce: &str) -> DiscoveryRequest {
-        DiscoveryRequest {
+    fn eds(names: &[&str], nonce: &str) -> SotwRequest {
+        (&DiscoveryRequest {
             type_url: type_url::ENDPOINT.into(),
             resource_names: names.iter().map(|s| s.to_string()).collect(),
             response_nonce: nonce.into(),
             ..Default::default()
-        }
+        })
+            .into()
     }
 
     fn names_of(w: &HashMap<String, Watch>) -> &Names {
@@ -471,6 +489,11 @@ mod sharing_tests {
         assert!(!names_of(&a).ptr_eq(&before) && names_of(&a).contains("outbound|80||z"));
         assert!(matches!(respond, Respond::All));
         sotw_request(&mut a, &eds(&["outbound|80||y", "outbound|80||x"], "1"), &i);
+        // out of order, as many names but one replaced: a new set
+        sotw_request(&mut b, &eds(&["outbound|80||z", "outbound|80||x"], ""), &i);
+        b.get_mut(type_url::ENDPOINT).unwrap().nonce_sent = "1".into();
+        sotw_request(&mut b, &eds(&["outbound|80||y", "outbound|80||x"], "1"), &i);
+        assert!(names_of(&b).ptr_eq(names_of(&a)));
         // a different set still shares its names
         sotw_request(&mut b, &eds(&["outbound|80||x"], ""), &i);
         assert!(Arc::ptr_eq(
