@@ -5,6 +5,7 @@
 //! message starts with "xDS protocol violation".
 
 pub mod delta;
+mod outgoing;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt::Display;
@@ -24,10 +25,11 @@ use xds_api::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, http_connection_manager::RouteSpecifier,
 };
 use xds_api::envoy::extensions::transport_sockets::tls::v3::Secret;
-use xds_api::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use xds_api::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use xds_api::envoy_types::pb::google::rpc::Status as RpcStatus;
 use xds_api::{pbwkt, type_url};
+
+use outgoing::{Outgoing, encode_names};
 
 /// Largest message accepted, as the server's limit.
 pub const MAX_MESSAGE_SIZE: usize = 100 * 1024 * 1024;
@@ -222,9 +224,11 @@ impl Response {
 #[derive(Debug, Default)]
 struct TypeState {
     names: BTreeSet<String>,
-    /// Names a response may carry: the subscription, plus older ones until a response shows
+    /// `names` encoded for requests, once per subscription.
+    encoded_names: bytes::Bytes,
+    /// Names of older subscriptions that a response may still carry, until a response shows
     /// that the server has caught up with the latest.
-    allowed: BTreeSet<String>,
+    stale: BTreeSet<String>,
     acked_version: String,
     last_nonce: String,
 }
@@ -242,7 +246,7 @@ pub struct Handshake {
 pub struct AdsClient {
     node: Node,
     node_sent: bool,
-    tx: mpsc::UnboundedSender<DiscoveryRequest>,
+    tx: mpsc::UnboundedSender<Outgoing>,
     inbound: Streaming<DiscoveryResponse>,
     checker: SotwChecker,
     last: Option<Response>,
@@ -273,7 +277,7 @@ impl AdsClient {
         node_id: &str,
         metadata: serde_json::Value,
     ) -> Result<AdsClient> {
-        let mut client = AggregatedDiscoveryServiceClient::new(channel)
+        let mut client = tonic::client::Grpc::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_SIZE)
             .max_encoding_message_size(MAX_MESSAGE_SIZE);
         let (tx, rx) = mpsc::unbounded_channel();
@@ -283,8 +287,13 @@ impl AdsClient {
                 .metadata_mut()
                 .insert("authorization", format!("Bearer {token}").parse().context("token")?);
         }
+        client.ready().await.context("opening StreamAggregatedResources")?;
+        let codec = tonic_prost::ProstCodec::<Outgoing, DiscoveryResponse>::default();
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+            "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources",
+        );
         let inbound = client
-            .stream_aggregated_resources(request)
+            .streaming(request, path, codec)
             .await
             .context("opening StreamAggregatedResources")?
             .into_inner();
@@ -300,12 +309,27 @@ impl AdsClient {
     }
 
     /// Sends a raw request as is (the node is added to the first one). For tests of odd input.
-    pub fn send_raw(&mut self, mut req: DiscoveryRequest) -> Result<()> {
+    pub fn send_raw(&mut self, req: DiscoveryRequest) -> Result<()> {
+        self.send(req.into())
+    }
+
+    fn send(&mut self, mut out: Outgoing) -> Result<()> {
         if !self.node_sent {
-            req.node.get_or_insert_with(|| self.node.clone());
+            out.req.node.get_or_insert_with(|| self.node.clone());
             self.node_sent = true;
         }
-        self.tx.send(req).map_err(|_| anyhow!("ADS stream closed"))
+        self.tx.send(out).map_err(|_| anyhow!("ADS stream closed"))
+    }
+
+    /// A request for `type_url` with the current subscription's names.
+    fn with_names(&mut self, type_url: &str, req: DiscoveryRequest) -> Result<()> {
+        let names = self
+            .checker
+            .types
+            .get(type_url)
+            .map(|st| st.encoded_names.clone())
+            .unwrap_or_default();
+        self.send(Outgoing { req, names })
     }
 
     /// Subscribes to `names` of `type_url` (empty = wildcard for CDS/LDS), as Envoy does when its
@@ -315,12 +339,11 @@ impl AdsClient {
         let st = self.checker.types.entry(type_url.to_owned()).or_default();
         let req = DiscoveryRequest {
             version_info: st.acked_version.clone(),
-            resource_names: st.names.iter().cloned().collect(),
             type_url: type_url.to_owned(),
             response_nonce: st.last_nonce.clone(),
             ..Default::default()
         };
-        self.send_raw(req)
+        self.with_names(type_url, req)
     }
 
     /// Checks responses' envelopes and resource names without decoding the resources
@@ -373,12 +396,11 @@ impl AdsClient {
         st.acked_version = resp.version().to_owned();
         let req = DiscoveryRequest {
             version_info: resp.version().to_owned(),
-            resource_names: st.names.iter().cloned().collect(),
             type_url: resp.type_url().to_owned(),
             response_nonce: resp.nonce().to_owned(),
             ..Default::default()
         };
-        self.send_raw(req)
+        self.with_names(resp.type_url(), req)
     }
 
     /// NACKs the last response received as Envoy: the previous version, its nonce, `detail`.
@@ -387,7 +409,6 @@ impl AdsClient {
         let st = self.checker.types.entry(last.type_url().to_owned()).or_default();
         let req = DiscoveryRequest {
             version_info: st.acked_version.clone(),
-            resource_names: st.names.iter().cloned().collect(),
             type_url: last.type_url().to_owned(),
             response_nonce: last.nonce().to_owned(),
             error_detail: Some(RpcStatus {
@@ -397,7 +418,7 @@ impl AdsClient {
             }),
             ..Default::default()
         };
-        self.send_raw(req)
+        self.with_names(last.type_url(), req)
     }
 
     /// Receives and ACKs one response.
@@ -471,8 +492,10 @@ impl SotwChecker {
     /// Records a subscription sent for `type_url`.
     pub fn subscribe(&mut self, type_url: &str, names: &[&str]) {
         let st = self.types.entry(type_url.to_owned()).or_default();
-        st.names = names.iter().map(|s| s.to_string()).collect();
-        st.allowed.extend(st.names.iter().cloned());
+        let old = std::mem::replace(&mut st.names, names.iter().map(|s| s.to_string()).collect());
+        st.stale.extend(old);
+        st.stale.retain(|n| !st.names.contains(n));
+        st.encoded_names = encode_names(&st.names);
     }
 
     /// Checks one response against the protocol and what was subscribed.
@@ -517,14 +540,14 @@ impl SotwChecker {
             return Err(violation(format!("duplicate resource names in {names:?}")));
         }
         if is_named_type(&t) {
-            if let Some(n) = names.iter().find(|n| !st.allowed.contains(*n)) {
+            if let Some(n) = names.iter().find(|n| !st.names.contains(*n) && !st.stale.contains(*n)) {
                 return Err(violation(format!(
                     "resource {n:?} was not subscribed (subscribed: {:?})",
                     st.names
                 )));
             }
             if names.iter().all(|n| st.names.contains(n)) {
-                st.allowed = st.names.clone();
+                st.stale.clear();
             }
         }
         st.last_nonce = raw.nonce.clone();
