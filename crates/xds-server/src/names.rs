@@ -15,10 +15,17 @@ use crate::connection::lock;
 pub struct Names(Arc<NameSet>);
 
 /// The names, and an index of them by host built the first time an endpoint push asks.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct NameSet {
     names: BTreeSet<Arc<str>>,
     by_host: OnceLock<HashMap<Box<str>, Vec<Arc<str>>>>,
+}
+
+/// The names only: the index is derived from them.
+impl std::fmt::Debug for NameSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.names.fmt(f)
+    }
 }
 
 impl PartialEq for NameSet {

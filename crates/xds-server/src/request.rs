@@ -75,8 +75,9 @@ impl SotwRequest {
             };
             field.map_err(|e| e.to_string())?;
         }
-        // The names and the keys and lengths between them are one span of the message: when it
-        // is all ASCII (as resource names are) every name is UTF-8, without a check per name.
+        // The bytes from the first name to the end of the last (keys, lengths and whatever else
+        // lies between) are one slice: when it is all ASCII, as resource names are, every name is
+        // UTF-8 without a check per name; otherwise each name is checked.
         if let (Some(first), Some(last)) = (req.names.first(), req.names.last()) {
             let all = buf.get(first.start..last.end).unwrap_or_default();
             if !all.is_ascii() {
