@@ -39,6 +39,9 @@ pub use type_filter::type_needs_push;
 pub use watched::{Names, WatchedResource};
 pub use xds_api::{GenerateError, Resource};
 
+#[doc(hidden)]
+pub use request::bench as ack_bench;
+
 /// One immutable push snapshot: what every proxy is sent for one push. Built once per push.
 pub trait PushSnapshot: Send + Sync + 'static {
     /// Version of this push, e.g. "2026-11-21T19:00:00Z/7"; used as `version_info`.
