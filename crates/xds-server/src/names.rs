@@ -19,6 +19,8 @@ pub struct Names(Arc<NameSet>);
 struct NameSet {
     names: BTreeSet<Arc<str>>,
     by_host: OnceLock<HashMap<Box<str>, Vec<Arc<str>>>>,
+    /// Each name's place in `names`, built the first time an ACK lists them in another order.
+    position: OnceLock<HashMap<Arc<str>, u32, foldhash::fast::RandomState>>,
 }
 
 /// The names only: the index is derived from them.
@@ -41,6 +43,7 @@ impl Names {
         Names(Arc::new(NameSet {
             names,
             by_host: OnceLock::new(),
+            position: OnceLock::new(),
         }))
     }
 
@@ -52,6 +55,29 @@ impl Names {
     /// Whether both are the same shared set (not only equal).
     pub fn ptr_eq(&self, other: &Names) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// Whether `listed` (in any order, duplicates allowed) names exactly this set: a lookup per
+    /// name in an index built once per shared set, for the ACKs of Envoy, which lists its names
+    /// in its own hash set's order. A name that is not UTF-8 is no name of the set.
+    pub fn equals_unordered<'a>(&self, listed: impl Iterator<Item = &'a [u8]>) -> bool {
+        let position = self
+            .0
+            .position
+            .get_or_init(|| self.0.names.iter().zip(0u32..).map(|(n, i)| (n.clone(), i)).collect());
+        let mut seen = vec![0u64; self.0.names.len().div_ceil(64)];
+        let mut distinct = 0;
+        for n in listed {
+            let Some(&i) = std::str::from_utf8(n).ok().and_then(|n| position.get(n)) else {
+                return false;
+            };
+            let (word, bit) = (i as usize / 64, 1u64 << (i % 64));
+            if let Some(w) = seen.get_mut(word).filter(|w| **w & bit == 0) {
+                *w |= bit;
+                distinct += 1;
+            }
+        }
+        distinct == self.0.names.len()
     }
 
     /// The subscribed cluster names of `host` (the last `|`-separated part of a name, as in
@@ -195,5 +221,26 @@ impl Interning<'_> {
         t.sets.retain(|s| Arc::strong_count(&s.0) > 1);
         t.names.retain(|n| Arc::strong_count(n) > 1);
         t.kept = t.names.len() + t.sets.len();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unordered_listing_equals_the_set_only_with_every_name_and_no_other() {
+        let interner = NameInterner::default();
+        let set = interner.lock().names(["a", "b", "c"]);
+        let equals = |listed: &[&str]| set.equals_unordered(listed.iter().map(|n| n.as_bytes()));
+        assert!(equals(&["c", "a", "b"]));
+        assert!(equals(&["b", "b", "c", "a"]));
+        assert!(!equals(&["c", "a"]));
+        assert!(!equals(&["c", "a", "a"]));
+        assert!(!equals(&["c", "a", "b", "d"]));
+        assert!(!set.equals_unordered([&b"a"[..], b"b", b"c", &[0xff]].into_iter()));
+        let empty = interner.lock().names([]);
+        assert!(empty.equals_unordered(std::iter::empty()));
+        assert!(!empty.equals_unordered([&b"a"[..]].into_iter()));
     }
 }

@@ -96,19 +96,10 @@ pub(crate) fn nack_detail(message: &str) -> String {
 
 /// Whether `listed` names exactly the watch's `names`. Every ACK repeats the names, so this is
 /// the common case and costs no allocation per name: names sent in the set's (sorted) order are
-/// compared as they come; otherwise (Envoy lists them in its own hash set's order) as a sorted
-/// list of the request's own spans, duplicates dropped.
+/// compared as they come; otherwise (Envoy lists them in its own hash set's order) each is
+/// looked up in the shared set's index of positions.
 fn same_names<'a>(names: &Names, listed: impl Iterator<Item = &'a [u8]> + Clone) -> bool {
-    if names.iter().map(|n| n.as_bytes()).eq(listed.clone()) {
-        return true;
-    }
-    let mut sorted: Vec<&[u8]> = listed.collect();
-    if sorted.len() < names.len() {
-        return false;
-    }
-    sorted.sort_unstable();
-    sorted.dedup();
-    names.iter().map(|n| n.as_bytes()).eq(sorted)
+    names.iter().map(|n| n.as_bytes()).eq(listed.clone()) || names.equals_unordered(listed)
 }
 
 /// Whether `names` holds a name `before` does not. The same shared set (what nearly every ACK
