@@ -15,16 +15,16 @@ mod tally;
 pub mod upstream;
 
 pub use churn::ChurnOptions;
+pub use mesh::MeshSpec;
+pub use ramp::{RampOptions, RampStep};
+pub use report::Report;
+pub use scenario::{LoadOptions, Scenario, run};
 
 /// Turns transparent huge pages off for the load generator (and what it starts), as
-/// pilot-discovery does for itself: mimalloc asks for huge pages, whose zeroing cost more CPU
-/// than the work measured.
+/// pilot-discovery does for itself: mimalloc asks the kernel for huge pages, and zeroing them
+/// took 44 % of pilot-discovery's CPU in a push before it turned them off (docs/perf.md).
 pub fn disable_transparent_huge_pages() {
     if let Err(e) = nix::sys::prctl::set_thp_disable(true) {
         eprintln!("cannot turn transparent huge pages off (prctl PR_SET_THP_DISABLE): {e}");
     }
 }
-pub use mesh::MeshSpec;
-pub use ramp::{RampOptions, RampStep};
-pub use report::Report;
-pub use scenario::{LoadOptions, Scenario, run};
