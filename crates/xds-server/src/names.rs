@@ -20,7 +20,31 @@ struct NameSet {
     names: BTreeSet<Arc<str>>,
     by_host: OnceLock<HashMap<Box<str>, Vec<Arc<str>>>>,
     /// Each name's place in `names`, built the first time an ACK lists them in another order.
-    position: OnceLock<HashMap<Arc<str>, u32, foldhash::fast::RandomState>>,
+    position: OnceLock<HashMap<ByBytes, u32, foldhash::fast::RandomState>>,
+}
+
+/// A name found by its bytes: an ACK's names are spans of the request, already checked for UTF-8
+/// when it was read, so the lookup need not check them again.
+struct ByBytes(Arc<str>);
+
+impl std::hash::Hash for ByBytes {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.as_bytes().hash(state);
+    }
+}
+
+impl PartialEq for ByBytes {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl Eq for ByBytes {}
+
+impl Borrow<[u8]> for ByBytes {
+    fn borrow(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
 }
 
 /// The names only: the index is derived from them.
@@ -59,16 +83,20 @@ impl Names {
 
     /// Whether `listed` (in any order, duplicates allowed) names exactly this set: a lookup per
     /// name in an index built once per shared set, for the ACKs of Envoy, which lists its names
-    /// in its own hash set's order. A name that is not UTF-8 is no name of the set.
+    /// in its own hash set's order. Names are compared as bytes.
     pub fn equals_unordered<'a>(&self, listed: impl Iterator<Item = &'a [u8]>) -> bool {
-        let position = self
-            .0
-            .position
-            .get_or_init(|| self.0.names.iter().zip(0u32..).map(|(n, i)| (n.clone(), i)).collect());
+        let position = self.0.position.get_or_init(|| {
+            self.0
+                .names
+                .iter()
+                .zip(0u32..)
+                .map(|(n, i)| (ByBytes(n.clone()), i))
+                .collect()
+        });
         let mut seen = vec![0u64; self.0.names.len().div_ceil(64)];
         let mut distinct = 0;
         for n in listed {
-            let Some(&i) = std::str::from_utf8(n).ok().and_then(|n| position.get(n)) else {
+            let Some(&i) = position.get(n) else {
                 return false;
             };
             let (word, bit) = (i as usize / 64, 1u64 << (i % 64));
