@@ -15,7 +15,7 @@ use xds_api::envoy::config::core::v3::Node;
 use xds_api::envoy_types::pb::google::rpc::Status as RpcStatus;
 
 /// `envoy.service.discovery.v3.DiscoveryRequest`, names kept as spans of the received bytes.
-#[derive(Clone, Default)]
+#[derive(Default)]
 pub(crate) struct SotwRequest {
     pub version_info: String,
     pub node: Option<Node>,
