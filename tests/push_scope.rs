@@ -37,8 +37,12 @@ fn write(dir: &Path, file: &str, yaml: &str) -> anyhow::Result<()> {
 }
 
 async fn sidecar(d: &Discovery, ns: &str, ip: &str) -> anyhow::Result<AdsClient> {
-    let node = format!("sidecar~{ip}~app.{ns}~{ns}.svc.cluster.local");
-    let md = json!({"NAMESPACE": ns, "LABELS": {"app": "app"}, "ISTIO_VERSION": "1.28.0"});
+    labelled_sidecar(d, ns, ip, "app").await
+}
+
+async fn labelled_sidecar(d: &Discovery, ns: &str, ip: &str, app: &str) -> anyhow::Result<AdsClient> {
+    let node = format!("sidecar~{ip}~{app}.{ns}~{ns}.svc.cluster.local");
+    let md = json!({"NAMESPACE": ns, "LABELS": {"app": app}, "ISTIO_VERSION": "1.28.0"});
     let mut c = AdsClient::connect(d.grpc_addr, &node, md).await?;
     c.handshake(None).await?;
     Ok(c)
@@ -108,6 +112,58 @@ async fn only_proxies_that_see_a_change_are_pushed() -> anyhow::Result<()> {
     std::fs::remove_file(p.join("vs.yaml"))?;
     in_a.expect_no_response(QUIET).await?;
     in_b.expect_no_response(Duration::ZERO).await?;
+    assert_eq!(d.metric("pilot_total_xds_rejects").await?, 0.0);
+    Ok(())
+}
+
+/// Proxies of one namespace share what they see unless a Sidecar's workload selector tells them
+/// apart: then only the proxies it selects see what it imports.
+#[tokio::test]
+async fn a_sidecar_with_a_workload_selector_decides_what_its_proxies_are_pushed() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let p = dir.path();
+    write(p, "a.yaml", &service_entry("a", "svc", "*"))?;
+    write(p, "b.yaml", &service_entry("b", "svc", "*"))?;
+    write(
+        p,
+        "vs.yaml",
+        &virtual_service("b", "svc.b.svc.cluster.local", "*", "5s"),
+    )?;
+    // Namespace a imports only itself, except for the `wide` workloads, which import b too.
+    write(
+        p,
+        "sidecars.yaml",
+        "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {name: default, namespace: a}\n\
+         spec:\n  egress: [{hosts: [\"./*\"]}]\n---\n\
+         apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {name: wide, namespace: a}\n\
+         spec:\n  workloadSelector: {labels: {app: wide}}\n  egress: [{hosts: [\"./*\", \"b/*\"]}]\n",
+    )?;
+    let d = Discovery::start(p, DiscoveryOptions::default()).await?;
+    let mut narrow = labelled_sidecar(&d, "a", "10.0.0.1", "narrow").await?;
+    let mut other_narrow = labelled_sidecar(&d, "a", "10.0.0.2", "other").await?;
+    let mut wide = labelled_sidecar(&d, "a", "10.0.0.3", "wide").await?;
+
+    // b's VirtualService: only the proxy whose Sidecar imports b.
+    write(
+        p,
+        "vs.yaml",
+        &virtual_service("b", "svc.b.svc.cluster.local", "*", "7s"),
+    )?;
+    expect_full_push(&mut wide).await.map_err(|e| e.context(d.logs()))?;
+    narrow.expect_no_response(QUIET).await?;
+    other_narrow.expect_no_response(Duration::ZERO).await?;
+
+    // a's own service: every proxy of a, whatever its labels.
+    write(
+        p,
+        "a.yaml",
+        &service_entry("a", "svc", "*")
+            .replace("10.1.0.1", "10.1.0.2")
+            .replace("8080", "8081"),
+    )?;
+    for c in [&mut narrow, &mut other_narrow, &mut wide] {
+        expect_full_push(c).await.map_err(|e| e.context(d.logs()))?;
+    }
     assert_eq!(d.metric("pilot_total_xds_rejects").await?, 0.0);
     Ok(())
 }

@@ -19,9 +19,26 @@ use model::{Changed, Config, ConfigKey, ConfigKind, ConfigSpec, ConfigsUpdated, 
 
 use crate::PushContext;
 
-/// What decides a proxy's view besides the push: type, namespace, labels. IP addresses matter
-/// only for a service the proxy serves, which is checked apart and never cached.
-type ViewKey = (NodeType, String, BTreeMap<String, String>);
+/// What decides a proxy's view besides the push. IP addresses matter only for a service the proxy
+/// serves, which is checked apart and never cached.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum ViewKey {
+    /// A sidecar sees what its namespace and the Sidecar resource in effect let it see; its labels
+    /// matter only in choosing that Sidecar.
+    Sidecar(String, Option<ConfigKey>),
+    /// A gateway: its labels decide which Gateways select it.
+    Other(NodeType, String, BTreeMap<String, String>),
+}
+
+impl ViewKey {
+    fn of(push: &PushContext, proxy: &Proxy) -> ViewKey {
+        if proxy.is_sidecar() {
+            ViewKey::Sidecar(proxy.config_namespace.clone(), push.sidecar_for(proxy).map(|c| c.key()))
+        } else {
+            ViewKey::Other(proxy.node_type, proxy.config_namespace.clone(), proxy.labels.clone())
+        }
+    }
+}
 
 /// Per push: configs by key, and answers per (proxy class, change).
 #[derive(Default)]
@@ -74,10 +91,7 @@ impl PushContext {
             return Some(true);
         }
         let cache = &self.dependencies;
-        let cache_key = (
-            (proxy.node_type, proxy.config_namespace.clone(), proxy.labels.clone()),
-            key.clone(),
-        );
+        let cache_key = (ViewKey::of(self, proxy), key.clone());
         if let Some(answer) = cache
             .answers
             .lock()

@@ -27,7 +27,7 @@ mod tests;
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use model::service::Endpoints;
 use model::{Config, ConfigKind, MeshConfig, Proxy, Service};
@@ -37,11 +37,11 @@ pub use destination_rules::{DestinationRuleIndex, MergedDestinationRule};
 pub use gateways::GatewayIndex;
 pub use instances::ServiceInstance;
 pub use services::ServiceIndex;
-pub use sidecar_scope::{EgressListener, SidecarScope, UNIX_ADDRESS_PREFIX};
+pub use sidecar_scope::{EgressListener, SidecarIndex, SidecarScope, UNIX_ADDRESS_PREFIX};
 pub use virtual_services::{MESH_GATEWAY, VirtualServiceIndex, resolve_gateway_name, resolve_short_names};
 
-/// A proxy's namespace and labels: all that decides its Sidecar scope.
-type ScopeKey = (String, BTreeMap<String, String>);
+/// A proxy's namespace and the Sidecar in effect for it: all that decides its Sidecar scope.
+type ScopeKey = (String, Option<model::ConfigKey>);
 
 /// Everything a push is built from.
 #[derive(Debug, Clone)]
@@ -80,7 +80,9 @@ pub struct PushContext {
     instances: instances::InstancesByAddress,
     /// Configs by key and `proxy_sees` answers, for push filtering.
     dependencies: dependencies::DependencyCache,
-    /// Sidecar scopes by (proxy namespace, proxy labels), computed on first use.
+    /// The Sidecar resources by namespace, built on first use.
+    sidecars: OnceLock<SidecarIndex>,
+    /// Sidecar scopes by (proxy namespace, Sidecar in effect), computed on first use.
     sidecar_scopes: Mutex<HashMap<ScopeKey, Arc<SidecarScope>>>,
 }
 
@@ -144,6 +146,7 @@ impl PushContext {
             request_authentications,
             instances: Default::default(),
             dependencies: Default::default(),
+            sidecars: OnceLock::new(),
             sidecar_scopes: Mutex::default(),
         }
     }
@@ -211,6 +214,7 @@ impl PushContext {
             request_authentications,
             instances: Default::default(),
             dependencies: Default::default(),
+            sidecars: OnceLock::new(),
             sidecar_scopes: Mutex::default(),
         }
     }
@@ -357,13 +361,27 @@ impl PushContext {
             .collect()
     }
 
-    /// The `SidecarScope` of the proxy (Istio's `proxy.SidecarScope`), shared per namespace and labels.
+    /// The Sidecar resource in effect for the proxy (none: everything is visible).
+    pub fn sidecar_for(&self, proxy: &Proxy) -> Option<&Arc<Config>> {
+        self.sidecars
+            .get_or_init(|| SidecarIndex::new(&self.configs))
+            .select(&self.mesh, proxy)
+    }
+
+    /// The `SidecarScope` of the proxy (Istio's `proxy.SidecarScope`), shared by the proxies of a
+    /// namespace that the same Sidecar applies to.
     pub fn sidecar_scope(&self, proxy: &Proxy) -> Arc<SidecarScope> {
-        let key = (proxy.config_namespace.clone(), proxy.labels.clone());
+        let sidecar = self.sidecar_for(proxy);
+        let key = (proxy.config_namespace.clone(), sidecar.map(|c| c.key()));
         let mut cache = self.sidecar_scopes.lock().unwrap_or_else(PoisonError::into_inner);
         cache
             .entry(key)
-            .or_insert_with(|| Arc::new(SidecarScope::for_proxy(&self.configs, &self.mesh, proxy)))
+            .or_insert_with(|| {
+                Arc::new(match sidecar {
+                    Some(c) => SidecarScope::from_sidecar(c, &proxy.config_namespace),
+                    None => SidecarScope::default(),
+                })
+            })
             .clone()
     }
 

@@ -7,7 +7,7 @@
 //! hosts; a Sidecar without egress listeners imports `*/*`. Ingress listeners, when present, replace
 //! the proxy's service instances as its inbound configuration (`ingress_listeners`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, LazyLock};
 
 use model::networking::{ConnectionPoolSettings, IstioIngressListener};
@@ -41,31 +41,8 @@ impl SidecarScope {
     /// The scope for a sidecar `proxy`, in Istio's selection order; creation order decides ties.
     /// Gateways are never scoped (Istio's `DefaultSidecarScopeForGateway`).
     pub fn for_proxy(configs: &[Arc<Config>], mesh: &MeshConfig, proxy: &Proxy) -> SidecarScope {
-        if !proxy.is_sidecar() {
-            return SidecarScope::default();
-        }
-        let mut sidecars: Vec<&Arc<Config>> = configs
-            .iter()
-            .filter(|c| c.kind == ConfigKind::Sidecar && matches!(c.spec, ConfigSpec::Sidecar(_)))
-            .collect();
-        sidecars.sort_by(|a, b| crate::creation_order(a, b));
-        let ns = proxy.config_namespace.as_str();
-        let chosen = sidecars
-            .iter()
-            .filter(|c| c.meta.namespace == ns)
-            .find(|c| selector(c).is_some_and(|l| l.iter().all(|(k, v)| proxy.labels.get(k) == Some(v))))
-            .or_else(|| {
-                sidecars
-                    .iter()
-                    .find(|c| c.meta.namespace == ns && selector(c).is_none())
-            })
-            .or_else(|| {
-                sidecars
-                    .iter()
-                    .find(|c| c.meta.namespace == mesh.root_namespace && selector(c).is_none())
-            });
-        match chosen {
-            Some(c) => SidecarScope::from_sidecar(c, ns),
+        match SidecarIndex::new(configs).select(mesh, proxy) {
+            Some(c) => SidecarScope::from_sidecar(c, &proxy.config_namespace),
             None => SidecarScope::default(),
         }
     }
@@ -232,6 +209,48 @@ impl SidecarScope {
 }
 
 /// The non-empty workload selector of a Sidecar config.
+/// The Sidecar resources of one push by namespace, oldest first: which one applies to a proxy.
+/// A proxy's scope depends on its namespace and that Sidecar only, so proxies whose labels differ
+/// but select the same Sidecar share one scope (Istio's `SidecarScope` per Sidecar resource).
+#[derive(Debug, Default)]
+pub struct SidecarIndex {
+    by_namespace: HashMap<String, Vec<Arc<Config>>>,
+}
+
+impl SidecarIndex {
+    pub fn new(configs: &[Arc<Config>]) -> SidecarIndex {
+        let mut sidecars: Vec<&Arc<Config>> = configs
+            .iter()
+            .filter(|c| c.kind == ConfigKind::Sidecar && matches!(c.spec, ConfigSpec::Sidecar(_)))
+            .collect();
+        sidecars.sort_by(|a, b| crate::creation_order(a, b));
+        let mut by_namespace: HashMap<String, Vec<Arc<Config>>> = HashMap::new();
+        for c in sidecars {
+            by_namespace
+                .entry(c.meta.namespace.clone())
+                .or_default()
+                .push(c.clone());
+        }
+        SidecarIndex { by_namespace }
+    }
+
+    /// The Sidecar that applies to `proxy`: the oldest in its namespace whose workload selector
+    /// matches its labels, else its namespace's without selector, else the root namespace's
+    /// without selector. None for gateways.
+    pub fn select(&self, mesh: &MeshConfig, proxy: &Proxy) -> Option<&Arc<Config>> {
+        if !proxy.is_sidecar() {
+            return None;
+        }
+        let of = |ns: &str| self.by_namespace.get(ns).map(Vec::as_slice).unwrap_or_default();
+        let local = of(&proxy.config_namespace);
+        local
+            .iter()
+            .find(|c| selector(c).is_some_and(|l| l.iter().all(|(k, v)| proxy.labels.get(k) == Some(v))))
+            .or_else(|| local.iter().find(|c| selector(c).is_none()))
+            .or_else(|| of(&mesh.root_namespace).iter().find(|c| selector(c).is_none()))
+    }
+}
+
 fn selector(c: &Config) -> Option<&BTreeMap<String, String>> {
     match &c.spec {
         ConfigSpec::Sidecar(sc) => sc

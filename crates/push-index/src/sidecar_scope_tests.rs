@@ -359,3 +359,37 @@ fn a_sidecar_without_egress_imports_everything_and_declares_the_inbound_side() {
     assert!(default.egress_listeners()[0].port().is_none());
     assert_eq!(cds_services(&p, &b).len(), 3);
 }
+
+/// A scope is computed once per namespace and Sidecar in effect: proxies whose labels differ share
+/// it, unless a workload selector picks a Sidecar of their own.
+#[test]
+fn proxies_share_the_scope_of_the_sidecar_that_applies_whatever_their_labels() {
+    let mut docs = base();
+    docs.push(sidecar("default", "a", egress(&["./*"])));
+    docs.push(sidecar(
+        "wide",
+        "a",
+        json!({"workloadSelector": {"labels": {"app": "wide"}}, "egress": [{"hosts": ["./*", "b/*"]}]}),
+    ));
+    let p = push(docs);
+    let one = p.sidecar_scope(&proxy("a", json!({"app": "one", "version": "v1"})));
+    let two = p.sidecar_scope(&proxy("a", json!({"app": "two"})));
+    let wide = p.sidecar_scope(&proxy("a", json!({"app": "wide", "version": "v2"})));
+    assert!(Arc::ptr_eq(&one, &two));
+    assert!(!Arc::ptr_eq(&one, &wide));
+    let key = |name: &str| ConfigKey {
+        kind: ConfigKind::Sidecar,
+        namespace: "a".into(),
+        name: name.into(),
+    };
+    assert_eq!(one.sidecar(), Some(&key("default")));
+    assert_eq!(wide.sidecar(), Some(&key("wide")));
+    assert_eq!(visible(&p, &proxy("a", json!({"app": "two"}))), ["svc-a.example.com"]);
+    assert_eq!(
+        visible(&p, &proxy("a", json!({"app": "wide"}))),
+        ["svc-a.example.com", "svc-b.example.com"]
+    );
+    // Another namespace without a Sidecar: the default scope, not a's.
+    let b = p.sidecar_scope(&proxy("b", json!({"app": "one"})));
+    assert!(b.is_default());
+}

@@ -78,6 +78,19 @@ impl<S> Connection<S> {
         true
     }
 
+    /// Whether `req`, built into `snapshot`, may concern this proxy (Istio's `ProxyNeedsPush`,
+    /// asked before the stream is woken). A connection not yet pushed from any snapshot is woken
+    /// and decides once its first answer has been generated.
+    pub fn concerned_by(&self, snapshot: &S, req: &PushRequest) -> bool
+    where
+        S: PushSnapshot,
+    {
+        let Some(last_pushed) = lock(&self.last_pushed).clone() else {
+            return true;
+        };
+        snapshot.needs_push(&self.proxy(), req, Some(&last_pushed))
+    }
+
     /// Marks a push pending, merged with any push not yet started. Never blocks on the peer.
     pub fn enqueue(&self, req: &PushRequest) {
         let mut p = lock(&self.pending);
@@ -387,6 +400,38 @@ mod tests {
         // every service: the watch as it is
         let all = partial_eds(eds(&names), &PushRequest::all_endpoints()).unwrap();
         assert!(all.names.ptr_eq(&names));
+    }
+
+    /// A snapshot whose changes concern the proxies of one namespace only.
+    struct OfNamespace(&'static str);
+
+    impl PushSnapshot for OfNamespace {
+        fn version(&self) -> &str {
+            "v1"
+        }
+        fn generate(&self, _: &Proxy, _: &WatchedResource) -> Result<Vec<Resource>, GenerateError> {
+            Ok(Vec::new())
+        }
+        fn needs_push(&self, proxy: &Proxy, _: &PushRequest, _: Option<&Self>) -> bool {
+            proxy.config_namespace == self.0
+        }
+    }
+
+    /// The push loop asks the snapshot before it wakes a stream; a connection not yet pushed from
+    /// any snapshot is always woken (its first answer may predate the push).
+    #[test]
+    fn a_push_concerns_a_connection_as_its_snapshot_says_once_it_was_pushed() {
+        let node = Node {
+            id: "sidecar~10.0.0.1~app.a~a.svc.cluster.local".into(),
+            ..Default::default()
+        };
+        let proxy = parse_node(Some(&node)).unwrap();
+        let conn: Connection<OfNamespace> = Connection::new("c-1".into(), proxy.clone(), proxy, "peer".into(), false);
+        let req = PushRequest::full(model::TriggerReason::ConfigUpdate);
+        assert!(conn.concerned_by(&OfNamespace("b"), &req));
+        *lock(&conn.last_pushed) = Some(Arc::new(OfNamespace("a")));
+        assert!(conn.concerned_by(&OfNamespace("a"), &req));
+        assert!(!conn.concerned_by(&OfNamespace("b"), &req));
     }
 
     #[test]

@@ -378,9 +378,9 @@ async fn push<B: SnapshotBuilder>(server: Weak<DiscoveryServer<B>>, req: PushReq
             })
             .inc_by(u64::from(*n));
     }
-    if s.build_snapshot(&req).await.is_none() {
+    let Some(snapshot) = s.build_snapshot(&req).await else {
         return;
-    }
+    };
     let conns: Vec<Arc<Connection<B::Snapshot>>> = lock(&s.connections).values().cloned().collect();
     lock(&s.push_status).connections = conns.len();
     tracing::info!(
@@ -391,7 +391,15 @@ async fn push<B: SnapshotBuilder>(server: Weak<DiscoveryServer<B>>, req: PushReq
         req.full,
         conns.len()
     );
+    let t0 = Instant::now();
+    let mut woken = 0;
     for c in conns {
-        c.enqueue(&req);
+        if c.concerned_by(&snapshot, &req) {
+            c.enqueue(&req);
+            woken += 1;
+        } else {
+            tracing::debug!("Skipping push to {}, no updates required", c.id);
+        }
     }
+    tracing::debug!("push dispatched to {woken} connections in {:?}", t0.elapsed());
 }
