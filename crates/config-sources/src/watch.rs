@@ -8,7 +8,9 @@
 //! It does not debounce: pushes are debounced once, by the xDS server (`PILOT_DEBOUNCE_AFTER`),
 //! and an isolated change is read at once. It only batches the events it can see together: those
 //! that come within [`SETTLE`] of each other (one `rm -r`, `git checkout` or `kubectl cp` is one
-//! batch); while a file is open for writing (modified and not yet closed), the events until it is
+//! batch), or within [`SETTLE_ONE_FILE`] while the batch is one config file (with hidden
+//! siblings, as an atomic write's temporary file: the common edit, whose events come at once);
+//! while a file is open for writing (modified and not yet closed), the events until it is
 //! closed, so a file is never read half written; and, since a rescan may read every file, the
 //! events of the [`RESCAN_INTERVAL`] after a rescan that found a change, so a stream of changes is
 //! read once a second rather than once per change (at 100 changes a second, a rescan per change
@@ -30,6 +32,10 @@ use crate::store::{FileConfigStore, StoreSnapshot};
 
 /// Events this close to each other are one batch.
 const SETTLE: Duration = Duration::from_millis(10);
+/// As [`SETTLE`], while the batch names one config file: the events of writing one file (or of
+/// renaming a hidden temporary file over it) come within microseconds of each other, and a tool
+/// that writes several files writes the next one as fast, which makes the batch wait [`SETTLE`].
+const SETTLE_ONE_FILE: Duration = Duration::from_millis(2);
 /// The shortest time from a rescan that found a change to the next rescan.
 const RESCAN_INTERVAL: Duration = Duration::from_secs(1);
 /// The longest a batch lasts (a writer that keeps a file open, a never-ending stream of events).
@@ -174,7 +180,7 @@ impl DirWatcher {
             } else if now < not_before {
                 not_before - now
             } else {
-                SETTLE.min(deadline - now)
+                batch.settle().min(deadline - now)
             };
             match self.signal_rx.recv_timeout(wait) {
                 Ok(signal) => batch.note(signal),
@@ -241,6 +247,17 @@ struct Batch {
 }
 
 impl Batch {
+    /// How long a quiet spell ends this batch: [`SETTLE_ONE_FILE`] when it names one config file
+    /// and otherwise only hidden files, [`SETTLE`] otherwise.
+    fn settle(&self) -> Duration {
+        let hidden = |p: &PathBuf| p.file_name().is_none_or(|n| n.as_encoded_bytes().starts_with(b"."));
+        let mut shown = self.paths.iter().filter(|p| !hidden(p));
+        match (shown.next(), shown.next()) {
+            (Some(one), None) if !self.everything && crate::is_config_file(one) => SETTLE_ONE_FILE,
+            _ => SETTLE,
+        }
+    }
+
     /// A data change opens a file for writing, a close after writing closes it.
     fn note(&mut self, signal: Signal) {
         match signal {

@@ -316,3 +316,37 @@ async fn dropping_the_changes_receiver_stops_the_watcher() {
     let stopped = timeout(WAIT, async { while state.changed().await.is_ok() {} }).await;
     assert!(stopped.is_ok(), "watcher still running");
 }
+
+/// One config file, alone or with hidden siblings (an atomic write's temporary file), ends its
+/// batch after the short quiet spell; several files, a directory, or an unknown change wait for
+/// the long one, so that a `git checkout` stays one batch.
+#[test]
+fn a_batch_of_one_config_file_settles_sooner() {
+    let batch = |signals: Vec<Signal>| {
+        let mut b = Batch::default();
+        for s in signals {
+            b.note(s);
+        }
+        b.settle()
+    };
+    let p = |s: &str| PathBuf::from(format!("/conf/{s}"));
+    assert_eq!(batch(vec![Signal::Written(p("vs.yaml"))]), SETTLE_ONE_FILE);
+    let atomic = vec![
+        Signal::Changed(vec![p(".vs.yaml.tmp")]),
+        Signal::Writing(p(".vs.yaml.tmp")),
+        Signal::Written(p(".vs.yaml.tmp")),
+        Signal::Changed(vec![p(".vs.yaml.tmp"), p("vs.yaml")]),
+    ];
+    assert_eq!(batch(atomic), SETTLE_ONE_FILE);
+    assert_eq!(
+        batch(vec![Signal::Written(p("a.yaml")), Signal::Written(p("b.yaml"))]),
+        SETTLE
+    );
+    assert_eq!(batch(vec![Signal::Changed(vec![p("new-dir")])]), SETTLE);
+    assert_eq!(batch(vec![Signal::Changed(vec![p("notes.txt")])]), SETTLE);
+    assert_eq!(batch(vec![Signal::Changed(Vec::new())]), SETTLE);
+    assert_eq!(
+        batch(vec![Signal::Written(p("vs.yaml")), Signal::Changed(Vec::new())]),
+        SETTLE
+    );
+}

@@ -41,12 +41,13 @@ impl PushSnapshot for Push {
     /// Istio's `ProxyNeedsPush`: the changes as this push, the one before it and the one the
     /// proxy was last pushed from have them; any of them part of the proxy's view means a push.
     fn needs_push(&self, proxy: &Proxy, req: &PushRequest, last_pushed: Option<&Push>) -> bool {
-        let earlier: Vec<&PushContext> = self
-            .previous
-            .as_deref()
-            .into_iter()
-            .chain(last_pushed.map(|p| p.context.as_ref()))
-            .collect();
+        let mut earlier: Vec<&PushContext> = self.previous.as_deref().into_iter().collect();
+        // Usually the proxy was last pushed from the previous push: ask it once.
+        if let Some(last) = last_pushed.map(|p| p.context.as_ref())
+            && !earlier.iter().any(|e| std::ptr::eq(*e, last))
+        {
+            earlier.push(last);
+        }
         push_index::proxy_needs_push(&self.context, &earlier, proxy, &req.configs_updated)
     }
 }
