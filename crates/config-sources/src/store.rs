@@ -11,7 +11,7 @@ use std::sync::Arc;
 use model::{Config, ConfigKey};
 
 use crate::error::{DocRef, SourceError, SourceErrorEntry};
-use crate::events::{ConfigChange, ConfigSnapshot, diff};
+use crate::events::{ConfigChange, ConfigEvent, ConfigSnapshot, diff};
 use crate::parse::{DEFAULT_NAMESPACE, is_config_file, parse_file};
 use crate::scan::{is_hidden, list_config_files};
 
@@ -43,6 +43,17 @@ struct FileState {
     good: Vec<(DocRef, Arc<Config>)>,
     /// Problems with the last contents read (including warnings for kept configs).
     errors: Vec<SourceError>,
+}
+
+/// One document defining a key: its file, where in the file, and the config.
+type Definition<'a> = (&'a PathBuf, DocRef, &'a Arc<Config>);
+
+/// Where a duplicate sits (file, then document): the order a full rebuild reports them in.
+fn duplicate_order(e: &SourceError) -> (&Path, u32, Option<u32>) {
+    match e {
+        SourceError::Duplicate { file, doc, .. } => (file, doc.document, doc.item),
+        other => (other.file(), 0, None),
+    }
 }
 
 /// What an event's path means for [`FileConfigStore::rescan_paths`].
@@ -182,14 +193,31 @@ impl FileConfigStore {
             }
         }
         self.scans += 1;
+        // The keys the files read or dropped here defined before and define now: only their
+        // owners can change.
+        let mut keys: BTreeSet<ConfigKey> = BTreeSet::new();
+        let mut read = Vec::with_capacity(refresh.len());
         for path in gone {
             // A file, or a directory moved away: everything under it.
-            self.files.retain(|p, _| !p.starts_with(&path));
+            self.files.retain(|p, state| {
+                let under = p.starts_with(&path);
+                if under {
+                    keys.extend(state.good.iter().map(|(_, c)| c.key()));
+                }
+                !under
+            });
         }
         for path in refresh {
+            if let Some(state) = self.files.get(&path) {
+                keys.extend(state.good.iter().map(|(_, c)| c.key()));
+            }
             self.refresh_file(&path);
+            if let Some(state) = self.files.get(&path) {
+                keys.extend(state.good.iter().map(|(_, c)| c.key()));
+            }
+            read.push(path);
         }
-        self.rebuild()
+        self.rebuild_keys(&keys, read)
     }
 
     /// What a changed `path` means, `None` when only a full walk can tell.
@@ -334,6 +362,90 @@ impl FileConfigStore {
                 configs.insert(key, config.clone());
             }
         }
+        self.warn_new_duplicates(&duplicates);
+        let change = diff(&self.configs, &configs);
+        self.configs = Arc::new(configs);
+        self.origins = Arc::new(origins);
+        self.duplicates = duplicates;
+        change
+    }
+
+    /// As [`rebuild`](Self::rebuild) for `keys` only, the keys defined before or now by the files
+    /// just `read` (or dropped): the other keys keep their owners, since their files did not
+    /// change. A key's possible owners are the files just read, the file it came from and the
+    /// files where it was a duplicate.
+    fn rebuild_keys(&mut self, keys: &BTreeSet<ConfigKey>, read: Vec<PathBuf>) -> ConfigChange {
+        if keys.is_empty() {
+            return ConfigChange::default();
+        }
+        let mut holders: BTreeSet<PathBuf> = read.into_iter().collect();
+        holders.extend(keys.iter().filter_map(|k| self.origins.get(k)).cloned());
+        holders.extend(self.duplicates.iter().filter_map(|d| match d {
+            SourceError::Duplicate { file, key, .. } if keys.contains(key) => Some(file.clone()),
+            _ => None,
+        }));
+        // Each key's definitions in path order, then document order: the full rebuild's order.
+        let mut definitions: BTreeMap<&ConfigKey, Vec<Definition<'_>>> = BTreeMap::new();
+        for (path, state) in holders.iter().filter_map(|p| self.files.get_key_value(p)) {
+            for (doc, config) in &state.good {
+                if let Some(key) = keys.get(&config.key()) {
+                    definitions.entry(key).or_default().push((path, *doc, config));
+                }
+            }
+        }
+        let mut configs = (*self.configs).clone();
+        let mut origins = (*self.origins).clone();
+        let mut duplicates: Vec<SourceError> = self
+            .duplicates
+            .iter()
+            .filter(|d| !matches!(d, SourceError::Duplicate { key, .. } if keys.contains(key)))
+            .cloned()
+            .collect();
+        let mut events = Vec::new();
+        let mut deleted = Vec::new();
+        for key in keys {
+            let defs = definitions.get(key).map(Vec::as_slice).unwrap_or_default();
+            let live = self.origins.get(key).filter(|o| defs.iter().any(|(p, ..)| p == o));
+            let Some(owner) = live.or_else(|| defs.first().map(|(p, ..)| *p)) else {
+                if let Some(old) = configs.remove(key) {
+                    deleted.push(ConfigEvent::Deleted(old));
+                }
+                origins.remove(key);
+                continue;
+            };
+            let mut winner = None;
+            for (path, doc, config) in defs {
+                if *path == owner && winner.is_none() {
+                    winner = Some(*config);
+                } else {
+                    duplicates.push(SourceError::Duplicate {
+                        file: (*path).clone(),
+                        doc: *doc,
+                        key: key.clone(),
+                        first: owner.clone(),
+                    });
+                }
+            }
+            let Some(new) = winner else { continue };
+            match configs.insert(key.clone(), new.clone()) {
+                None => events.push(ConfigEvent::Added(new.clone())),
+                Some(old) if !Arc::ptr_eq(&old, new) && old != *new => {
+                    events.push(ConfigEvent::Updated { old, new: new.clone() })
+                }
+                Some(_) => {}
+            }
+            origins.insert(key.clone(), owner.clone());
+        }
+        events.extend(deleted);
+        duplicates.sort_by(|a, b| duplicate_order(a).cmp(&duplicate_order(b)));
+        self.warn_new_duplicates(&duplicates);
+        self.configs = Arc::new(configs);
+        self.origins = Arc::new(origins);
+        self.duplicates = duplicates;
+        ConfigChange { events }
+    }
+
+    fn warn_new_duplicates(&mut self, duplicates: &[SourceError]) {
         for d in duplicates.iter().filter(|d| !self.duplicates.contains(d)) {
             tracing::warn!(error = %d, "duplicate config ignored");
             let kind = d.kind().unwrap_or_else(|| "unknown".to_owned());
@@ -342,11 +454,6 @@ impl FileConfigStore {
             }
             *self.invalid_counts.entry(kind).or_default() += 1;
         }
-        let change = diff(&self.configs, &configs);
-        self.configs = Arc::new(configs);
-        self.origins = Arc::new(origins);
-        self.duplicates = duplicates;
-        change
     }
 
     /// Every config, in key order.

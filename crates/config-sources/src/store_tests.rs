@@ -374,3 +374,48 @@ fn rescan_paths_reads_only_the_named_files_unless_it_cannot_tell() {
         assert!(read(&store) - before > 10, "a full walk");
     }
 }
+
+/// `rescan_paths` updates only the keys of the files it read, and ends where a full rebuild ends:
+/// the same configs, owners, duplicates and errors, and the same events, through a long run of
+/// writes, rewrites and deletions of files that define the same keys (a deterministic sequence).
+#[test]
+fn reading_named_files_ends_as_a_full_rebuild_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut incremental = FileConfigStore::load(dir).unwrap();
+    let mut full = FileConfigStore::load(dir).unwrap();
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = |n: u64| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) % n
+    };
+    for step in 0..400 {
+        let file = format!("f{}.yaml", next(6));
+        let path = dir.join(&file);
+        if next(5) == 0 {
+            let _ = std::fs::remove_file(&path);
+        } else {
+            // One to three documents from a small set of names: duplicates within and across files.
+            let docs: Vec<String> = (0..=next(3))
+                .map(|_| {
+                    let name = format!("se-{}", next(4));
+                    match next(4) {
+                        0 => "kind: [broken\n".to_owned(),
+                        1 => service_entry_with_host(&name, &format!("v{step}.example.com")),
+                        _ => service_entry(&name),
+                    }
+                })
+                .collect();
+            write(dir, &file, &docs.join("---\n"));
+        }
+        let got = incremental.rescan_paths([path.as_path()]);
+        let want = full.rescan();
+        assert_eq!(summary(&got), summary(&want), "step {step}: {file}");
+        assert_eq!(incremental.configs, full.configs, "step {step}");
+        assert_eq!(incremental.origins, full.origins, "step {step}");
+        assert_eq!(incremental.source_errors(), full.source_errors(), "step {step}");
+        assert_eq!(incremental.invalid_counts, full.invalid_counts, "step {step}");
+    }
+}
