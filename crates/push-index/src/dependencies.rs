@@ -19,39 +19,65 @@ use model::{Changed, Config, ConfigKey, ConfigKind, ConfigSpec, ConfigsUpdated, 
 
 use crate::PushContext;
 
-/// What decides a proxy's view besides the push. IP addresses matter only for a service the proxy
-/// serves, which is checked apart and never cached.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum ViewKey {
-    /// A sidecar sees what its namespace and the Sidecar resource in effect let it see; its labels
-    /// matter only in choosing that Sidecar.
-    Sidecar(String, Option<ConfigKey>),
-    /// A gateway: its labels decide which Gateways select it.
-    Other(NodeType, String, BTreeMap<String, String>),
+/// Per push: configs by key, and answers per change and proxy class.
+#[derive(Default)]
+pub(crate) struct DependencyCache {
+    configs: OnceLock<HashMap<ConfigKey, Arc<Config>>>,
+    answers: Mutex<FastMap<Changed, Answers>>,
 }
 
-impl ViewKey {
-    fn of(push: &PushContext, proxy: &Proxy) -> ViewKey {
-        if proxy.is_sidecar() {
-            ViewKey::Sidecar(proxy.config_namespace.clone(), push.sidecar_for(proxy).map(|c| c.key()))
-        } else {
-            ViewKey::Other(proxy.node_type, proxy.config_namespace.clone(), proxy.labels.clone())
+/// Hashed with foldhash: these maps are read once per connection and push, with keys that are
+/// names (std's SipHash cost a third of the lookups).
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// The answers for one change by what decides a proxy's view besides the push. IP addresses
+/// matter only for a service the proxy serves, which is checked apart and never cached. Looked up
+/// without allocating: a push asks once per connection.
+#[derive(Default)]
+struct Answers {
+    /// Sidecars, by namespace, then the Sidecar in effect (its position in the push's Sidecar
+    /// index): their labels matter only in choosing that Sidecar.
+    sidecars: FastMap<String, FastMap<Option<usize>, Option<bool>>>,
+    /// Gateways: their labels decide which Gateways select them.
+    others: FastMap<(NodeType, String, BTreeMap<String, String>), Option<bool>>,
+}
+
+impl Answers {
+    fn get(&self, proxy: &Proxy, sidecar: Option<Option<usize>>) -> Option<Option<bool>> {
+        match sidecar {
+            Some(position) => self
+                .sidecars
+                .get(proxy.config_namespace.as_str())
+                .and_then(|m| m.get(&position))
+                .copied(),
+            None => self.others.get(&other_key(proxy)).copied(),
+        }
+    }
+
+    fn insert(&mut self, proxy: &Proxy, sidecar: Option<Option<usize>>, answer: Option<bool>) {
+        match sidecar {
+            Some(position) => {
+                self.sidecars
+                    .entry(proxy.config_namespace.clone())
+                    .or_default()
+                    .insert(position, answer);
+            }
+            None => {
+                self.others.insert(other_key(proxy), answer);
+            }
         }
     }
 }
 
-/// Per push: configs by key, and answers per (proxy class, change).
-#[derive(Default)]
-pub(crate) struct DependencyCache {
-    configs: OnceLock<HashMap<ConfigKey, Arc<Config>>>,
-    answers: Mutex<HashMap<(ViewKey, Changed), Option<bool>>>,
+fn other_key(proxy: &Proxy) -> (NodeType, String, BTreeMap<String, String>) {
+    (proxy.node_type, proxy.config_namespace.clone(), proxy.labels.clone())
 }
 
 impl std::fmt::Debug for DependencyCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let answers = self.answers.lock().map(|a| a.len()).unwrap_or_default();
         f.debug_struct("DependencyCache")
-            .field("answers", &answers)
+            .field("changes", &answers)
             .finish_non_exhaustive()
     }
 }
@@ -91,14 +117,15 @@ impl PushContext {
             return Some(true);
         }
         let cache = &self.dependencies;
-        let cache_key = (ViewKey::of(self, proxy), key.clone());
-        if let Some(answer) = cache
+        let sidecar = proxy.is_sidecar().then(|| self.sidecar_position(proxy));
+        let cached = cache
             .answers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(&cache_key)
-        {
-            return *answer;
+            .get(key)
+            .and_then(|a| a.get(proxy, sidecar));
+        if let Some(answer) = cached {
+            return answer;
         }
         let answer = match key {
             Changed::Service(service) => self.sees_service(proxy, service),
@@ -108,7 +135,9 @@ impl PushContext {
             .answers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(cache_key, answer);
+            .entry(key.clone())
+            .or_default()
+            .insert(proxy, sidecar, answer);
         answer
     }
 

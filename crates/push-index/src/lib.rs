@@ -40,8 +40,13 @@ pub use services::ServiceIndex;
 pub use sidecar_scope::{EgressListener, SidecarIndex, SidecarScope, UNIX_ADDRESS_PREFIX};
 pub use virtual_services::{MESH_GATEWAY, VirtualServiceIndex, resolve_gateway_name, resolve_short_names};
 
-/// A proxy's namespace and the Sidecar in effect for it: all that decides its Sidecar scope.
-type ScopeKey = (String, Option<model::ConfigKey>);
+/// Sidecar scopes by proxy namespace, then Sidecar in effect; hashed with foldhash (asked for
+/// every proxy at every push).
+type ScopesByNamespace = HashMap<
+    String,
+    HashMap<Option<usize>, Arc<SidecarScope>, foldhash::fast::RandomState>,
+    foldhash::fast::RandomState,
+>;
 
 /// Everything a push is built from.
 #[derive(Debug, Clone)]
@@ -82,8 +87,9 @@ pub struct PushContext {
     dependencies: dependencies::DependencyCache,
     /// The Sidecar resources by namespace, built on first use.
     sidecars: OnceLock<SidecarIndex>,
-    /// Sidecar scopes by (proxy namespace, Sidecar in effect), computed on first use.
-    sidecar_scopes: Mutex<HashMap<ScopeKey, Arc<SidecarScope>>>,
+    /// Sidecar scopes by proxy namespace, then Sidecar in effect (its position in `sidecars`),
+    /// computed on first use: all that decides a sidecar's scope.
+    sidecar_scopes: Mutex<ScopesByNamespace>,
 }
 
 fn authorization_index(input: &PushInput) -> security_policies::PolicyIndex {
@@ -363,26 +369,35 @@ impl PushContext {
 
     /// The Sidecar resource in effect for the proxy (none: everything is visible).
     pub fn sidecar_for(&self, proxy: &Proxy) -> Option<&Arc<Config>> {
-        self.sidecars
-            .get_or_init(|| SidecarIndex::new(&self.configs))
-            .select(&self.mesh, proxy)
+        let index = self.sidecar_index();
+        index.select(&self.mesh, proxy).and_then(|i| index.get(i))
+    }
+
+    /// The position of the Sidecar in effect for the proxy in this push's Sidecar index: with the
+    /// proxy's namespace, all that decides what a sidecar sees.
+    pub(crate) fn sidecar_position(&self, proxy: &Proxy) -> Option<usize> {
+        self.sidecar_index().select(&self.mesh, proxy)
+    }
+
+    fn sidecar_index(&self) -> &SidecarIndex {
+        self.sidecars.get_or_init(|| SidecarIndex::new(&self.configs))
     }
 
     /// The `SidecarScope` of the proxy (Istio's `proxy.SidecarScope`), shared by the proxies of a
     /// namespace that the same Sidecar applies to.
     pub fn sidecar_scope(&self, proxy: &Proxy) -> Arc<SidecarScope> {
-        let sidecar = self.sidecar_for(proxy);
-        let key = (proxy.config_namespace.clone(), sidecar.map(|c| c.key()));
+        let position = self.sidecar_position(proxy);
+        let ns = proxy.config_namespace.as_str();
         let mut cache = self.sidecar_scopes.lock().unwrap_or_else(PoisonError::into_inner);
-        cache
-            .entry(key)
-            .or_insert_with(|| {
-                Arc::new(match sidecar {
-                    Some(c) => SidecarScope::from_sidecar(c, &proxy.config_namespace),
-                    None => SidecarScope::default(),
-                })
-            })
-            .clone()
+        if let Some(scope) = cache.get(ns).and_then(|m| m.get(&position)) {
+            return scope.clone();
+        }
+        let scope = Arc::new(match position.and_then(|i| self.sidecar_index().get(i)) {
+            Some(c) => SidecarScope::from_sidecar(c, ns),
+            None => SidecarScope::default(),
+        });
+        cache.entry(ns.to_owned()).or_default().insert(position, scope.clone());
+        scope
     }
 
     /// Whether the proxy's outbound traffic policy is `REGISTRY_ONLY` (its Sidecar's, else the mesh's).

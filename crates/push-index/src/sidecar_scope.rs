@@ -41,7 +41,8 @@ impl SidecarScope {
     /// The scope for a sidecar `proxy`, in Istio's selection order; creation order decides ties.
     /// Gateways are never scoped (Istio's `DefaultSidecarScopeForGateway`).
     pub fn for_proxy(configs: &[Arc<Config>], mesh: &MeshConfig, proxy: &Proxy) -> SidecarScope {
-        match SidecarIndex::new(configs).select(mesh, proxy) {
+        let index = SidecarIndex::new(configs);
+        match index.select(mesh, proxy).and_then(|i| index.get(i)) {
             Some(c) => SidecarScope::from_sidecar(c, &proxy.config_namespace),
             None => SidecarScope::default(),
         }
@@ -214,40 +215,47 @@ impl SidecarScope {
 /// but select the same Sidecar share one scope (Istio's `SidecarScope` per Sidecar resource).
 #[derive(Debug, Default)]
 pub struct SidecarIndex {
-    by_namespace: HashMap<String, Vec<Arc<Config>>>,
+    /// Every Sidecar, oldest first; the index's answers are positions in it.
+    sidecars: Vec<Arc<Config>>,
+    by_namespace: HashMap<String, Vec<usize>, foldhash::fast::RandomState>,
 }
 
 impl SidecarIndex {
     pub fn new(configs: &[Arc<Config>]) -> SidecarIndex {
-        let mut sidecars: Vec<&Arc<Config>> = configs
+        let mut sidecars: Vec<Arc<Config>> = configs
             .iter()
             .filter(|c| c.kind == ConfigKind::Sidecar && matches!(c.spec, ConfigSpec::Sidecar(_)))
+            .cloned()
             .collect();
         sidecars.sort_by(|a, b| crate::creation_order(a, b));
-        let mut by_namespace: HashMap<String, Vec<Arc<Config>>> = HashMap::new();
-        for c in sidecars {
-            by_namespace
-                .entry(c.meta.namespace.clone())
-                .or_default()
-                .push(c.clone());
+        let mut by_namespace: HashMap<String, Vec<usize>, foldhash::fast::RandomState> = HashMap::default();
+        for (i, c) in sidecars.iter().enumerate() {
+            by_namespace.entry(c.meta.namespace.clone()).or_default().push(i);
         }
-        SidecarIndex { by_namespace }
+        SidecarIndex { sidecars, by_namespace }
     }
 
-    /// The Sidecar that applies to `proxy`: the oldest in its namespace whose workload selector
-    /// matches its labels, else its namespace's without selector, else the root namespace's
-    /// without selector. None for gateways.
-    pub fn select(&self, mesh: &MeshConfig, proxy: &Proxy) -> Option<&Arc<Config>> {
+    /// The position of the Sidecar that applies to `proxy`: the oldest in its namespace whose
+    /// workload selector matches its labels, else its namespace's without selector, else the root
+    /// namespace's without selector. None for gateways.
+    pub fn select(&self, mesh: &MeshConfig, proxy: &Proxy) -> Option<usize> {
         if !proxy.is_sidecar() {
             return None;
         }
         let of = |ns: &str| self.by_namespace.get(ns).map(Vec::as_slice).unwrap_or_default();
+        let selector = |i: &usize| selector(&self.sidecars[*i]);
         let local = of(&proxy.config_namespace);
         local
             .iter()
-            .find(|c| selector(c).is_some_and(|l| l.iter().all(|(k, v)| proxy.labels.get(k) == Some(v))))
-            .or_else(|| local.iter().find(|c| selector(c).is_none()))
-            .or_else(|| of(&mesh.root_namespace).iter().find(|c| selector(c).is_none()))
+            .find(|i| selector(i).is_some_and(|l| l.iter().all(|(k, v)| proxy.labels.get(k) == Some(v))))
+            .or_else(|| local.iter().find(|i| selector(i).is_none()))
+            .or_else(|| of(&mesh.root_namespace).iter().find(|i| selector(i).is_none()))
+            .copied()
+    }
+
+    /// The Sidecar at a position [`select`](Self::select) gave.
+    pub fn get(&self, position: usize) -> Option<&Arc<Config>> {
+        self.sidecars.get(position)
     }
 }
 
