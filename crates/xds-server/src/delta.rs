@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use xds_api::Resource;
 use xds_api::envoy::config::core::v3::Node;
-use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource as PbResource};
+use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 
 use crate::connection::{Connection, Generated, lock};
+use crate::response::{Response, Shared};
 use crate::stream::{Cause, Flavour};
 use crate::watched::{NameInterner, Outcome, Respond, Version, Watch, delta_request, version_str};
 use crate::{PushSnapshot, WatchedResource};
@@ -18,7 +19,7 @@ pub(crate) struct Delta;
 
 impl Flavour for Delta {
     type Request = DeltaDiscoveryRequest;
-    type Response = DeltaDiscoveryResponse;
+    type Response = Response<DeltaDiscoveryResponse>;
     const DELTA: bool = true;
     const LOG: &'static str = "delta ";
 
@@ -55,7 +56,7 @@ impl Flavour for Delta {
         resources: &[Resource],
         version: &str,
         cause: Cause,
-    ) -> Option<(DeltaDiscoveryResponse, usize, String)> {
+    ) -> Option<(Response<DeltaDiscoveryResponse>, usize, String)> {
         let t = g.watched.type_url.as_str();
         let (changed, removed) = {
             let mut watched = lock(&conn.watched);
@@ -67,31 +68,32 @@ impl Flavour for Delta {
             return None;
         }
         let by_name: BTreeMap<&str, _> = resources.iter().map(|r| (r.name.as_str(), r)).collect();
-        let pb_resources: Vec<PbResource> = changed
+        let shared: Vec<Shared> = changed
             .iter()
             .filter_map(|&(name, v)| {
-                by_name.get(name).map(|r| PbResource {
+                by_name.get(name).map(|r| Shared::Delta {
                     name: name.to_owned(),
                     version: version_str(v).to_owned(),
-                    resource: Some((*r.resource).clone()),
-                    ..Default::default()
+                    any: r.resource.clone(),
                 })
             })
             .collect();
-        let n = pb_resources.len();
+        let n = shared.len();
         let log = format!(" removed:{removed:?}");
-        let resp = DeltaDiscoveryResponse {
-            system_version_info: version.to_owned(),
-            resources: pb_resources,
-            type_url: t.to_owned(),
-            removed_resources: removed,
-            ..Default::default()
+        let resp = Response {
+            message: DeltaDiscoveryResponse {
+                system_version_info: version.to_owned(),
+                type_url: t.to_owned(),
+                removed_resources: removed,
+                ..Default::default()
+            },
+            resources: shared,
         };
         Some((resp, n, log))
     }
 
-    fn set_nonce(resp: &mut DeltaDiscoveryResponse, nonce: String) {
-        resp.nonce = nonce;
+    fn set_nonce(resp: &mut Response<DeltaDiscoveryResponse>, nonce: String) {
+        resp.message.nonce = nonce;
     }
 }
 

@@ -5,13 +5,14 @@
 //! Here each response is framed into an allocation of its own, freed once HTTP/2 has written it.
 //! Requests are decoded here too (`Requests`), so that no buffer outlives the message it held.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, BufMut, Bytes};
+use bytes::{Buf, Bytes};
 use futures::{Stream, StreamExt};
 use http_body::Frame;
 use prost::Message;
@@ -25,6 +26,7 @@ use crate::SnapshotBuilder;
 use crate::auth::StreamAuthenticator;
 use crate::delta::Delta;
 use crate::outbound::ResponseStream;
+use crate::response::{Framed, HEADER_SIZE};
 use crate::server::DiscoveryServer;
 use crate::sotw::Sotw;
 use crate::stream::Flavour;
@@ -32,8 +34,6 @@ use crate::stream::Flavour;
 const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
 const SOTW_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
 const DELTA_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
-/// gRPC's length-prefixed message header: a compression flag and a big-endian length.
-const HEADER_SIZE: usize = 5;
 
 /// `AggregatedDiscoveryService` over a [`DiscoveryServer`], for `tonic::transport::Server`.
 pub struct AdsService<B: SnapshotBuilder> {
@@ -288,8 +288,12 @@ fn peer_of(req: &http::Request<Body>) -> Option<SocketAddr> {
 }
 
 /// A streaming gRPC response whose messages come from `rx`.
-fn grpc_response<T: Message + Send + 'static>(rx: ResponseStream<T>) -> http::Response<Body> {
-    let body = http_body_util::StreamBody::new(Frames { rx, done: false });
+fn grpc_response<R: Framed>(rx: ResponseStream<R>) -> http::Response<Body> {
+    let body = http_body_util::StreamBody::new(Frames {
+        rx,
+        chunks: VecDeque::new(),
+        done: false,
+    });
     let mut response = http::Response::new(Body::new(body));
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -298,22 +302,32 @@ fn grpc_response<T: Message + Send + 'static>(rx: ResponseStream<T>) -> http::Re
     response
 }
 
-/// The response body: one data frame per message, then the trailers (`grpc-status`).
-struct Frames<T> {
-    rx: ResponseStream<T>,
+/// The response body: the data frames of each message (`Response::frame`: copied pieces and the
+/// push's large resource values), then the trailers (`grpc-status`).
+struct Frames<R> {
+    rx: ResponseStream<R>,
+    /// The rest of the message being sent.
+    chunks: VecDeque<Bytes>,
     done: bool,
 }
 
-impl<T: Message> Stream for Frames<T> {
+impl<R: Framed> Stream for Frames<R> {
     type Item = Result<Frame<Bytes>, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if let Some(chunk) = self.chunks.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(chunk))));
+        }
         if self.done {
             return Poll::Ready(None);
         }
         match self.rx.poll_next_unpin(cx) {
             Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(Ok(message))) => Poll::Ready(Some(Ok(Frame::data(frame(&message))))),
+            Poll::Ready(Some(Ok(message))) => {
+                self.chunks = message.frame().into();
+                let first = self.chunks.pop_front().unwrap_or_default();
+                Poll::Ready(Some(Ok(Frame::data(first))))
+            }
             Poll::Ready(Some(Err(status))) => {
                 self.done = true;
                 Poll::Ready(Some(Ok(Frame::trailers(trailers(&status)))))
@@ -327,7 +341,9 @@ impl<T: Message> Stream for Frames<T> {
 }
 
 /// One length-prefixed message in an allocation of exactly its size.
+#[cfg(test)]
 fn frame<T: Message>(message: &T) -> Bytes {
+    use bytes::BufMut;
     let len = message.encoded_len();
     let mut buf = Vec::with_capacity(HEADER_SIZE + len);
     buf.put_u8(0);

@@ -19,6 +19,7 @@ mod metrics;
 mod names;
 mod outbound;
 mod request;
+mod response;
 mod server;
 mod sotw;
 mod status;

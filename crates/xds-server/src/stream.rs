@@ -29,7 +29,7 @@ pub(crate) enum Cause {
 /// What state of the world and delta streams do differently.
 pub(crate) trait Flavour: Send + Sync + 'static {
     type Request: crate::grpc::Decode + Send + 'static;
-    type Response: prost::Message + Send + 'static;
+    type Response: crate::response::Framed;
     const DELTA: bool;
     /// "" or "delta ", for logs.
     const LOG: &'static str;
