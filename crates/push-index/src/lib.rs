@@ -367,12 +367,6 @@ impl PushContext {
             .collect()
     }
 
-    /// The Sidecar resource in effect for the proxy (none: everything is visible).
-    pub fn sidecar_for(&self, proxy: &Proxy) -> Option<&Arc<Config>> {
-        let index = self.sidecar_index();
-        index.select(&self.mesh, proxy).and_then(|i| index.get(i))
-    }
-
     /// The position of the Sidecar in effect for the proxy in this push's Sidecar index: with the
     /// proxy's namespace, all that decides what a sidecar sees.
     pub(crate) fn sidecar_position(&self, proxy: &Proxy) -> Option<usize> {
