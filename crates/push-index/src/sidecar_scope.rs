@@ -209,7 +209,6 @@ impl SidecarScope {
     }
 }
 
-/// The non-empty workload selector of a Sidecar config.
 /// The Sidecar resources of one push by namespace, oldest first: which one applies to a proxy.
 /// A proxy's scope depends on its namespace and that Sidecar only, so proxies whose labels differ
 /// but select the same Sidecar share one scope (Istio's `SidecarScope` per Sidecar resource).
@@ -259,6 +258,7 @@ impl SidecarIndex {
     }
 }
 
+/// The non-empty workload selector of a Sidecar config.
 fn selector(c: &Config) -> Option<&BTreeMap<String, String>> {
     match &c.spec {
         ConfigSpec::Sidecar(sc) => sc
