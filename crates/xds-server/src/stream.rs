@@ -108,7 +108,9 @@ struct Stream<B: SnapshotBuilder, F: Flavour> {
 
 impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
     async fn run(&mut self, first: F::Request, mut inbound: Requests<F::Request>) -> Result<(), Closed> {
-        self.on_request(first).await?;
+        // The request and push futures are boxed: inline, they made every idle stream's task
+        // 5 kB instead of 2.7 kB.
+        Box::pin(self.on_request(first)).await?;
         let conn = self.conn.clone();
         let out = self.out.clone();
         loop {
@@ -116,14 +118,14 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
             tokio::select! {
                 biased;
                 msg = inbound.next() => match msg {
-                    Some(Ok(req)) => self.on_request(req).await?,
+                    Some(Ok(req)) => Box::pin(self.on_request(req)).await?,
                     Some(Err(e)) => {
                         end_with(&self.server, &self.out, &self.conn.id, e).await;
                         return Ok(());
                     }
                     None => return Ok(()),
                 },
-                req = conn.next_push() => self.push(req).await?,
+                req = conn.next_push() => Box::pin(self.push(req)).await?,
                 _ = out.closed() => return Ok(()),
             }
         }
