@@ -5,14 +5,16 @@
 //! fresh push contexts (their caches empty), as one push does.
 //! Run: `cargo bench -p push-index --bench needs_push`.
 
+mod mesh;
+
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use divan::Bencher;
+use mesh::input;
 use model::config::parse_config;
-use model::proxy::NodeMetadata;
 use model::{Changed, Config, ConfigKind, ConfigsUpdated, MeshConfig, Proxy};
-use push_index::{ChangeScope, PushContext, PushInput, proxy_needs_push};
+use push_index::{ChangeScope, PushContext, proxy_needs_push};
 use serde_json::{Value, json};
 
 const NAMESPACES: usize = 50;
@@ -73,30 +75,6 @@ fn configs(generation: u64) -> Vec<Arc<Config>> {
     out
 }
 
-fn input(mesh: &Arc<MeshConfig>, configs: Vec<Arc<Config>>, version: &str) -> PushInput {
-    PushInput {
-        mesh: mesh.clone(),
-        domain: "cluster.local".into(),
-        registry: Arc::new(registry::build(&configs, mesh)),
-        configs,
-        version: version.into(),
-        features: Default::default(),
-        jwks: Default::default(),
-    }
-}
-
-fn sidecar(n: usize) -> Proxy {
-    let ns = namespace(n);
-    let md = json!({"NAMESPACE": ns, "ISTIO_VERSION": "1.28.0", "LABELS": {"app": format!("pod-{}", n % 16)}});
-    let id = format!(
-        "sidecar~10.0.{}.{}~pod-{n}.{ns}~{ns}.svc.cluster.local",
-        n / 250,
-        n % 250 + 1
-    );
-    let metadata = NodeMetadata::from_json(&id, &md).unwrap_or_else(|e| panic!("bench proxy metadata: {e}"));
-    Proxy::parse(&id, metadata).unwrap_or_else(|e| panic!("bench proxy: {e}"))
-}
-
 /// One VirtualService change: which of the 2,000 sidecars it concerns (the 40 of its namespace).
 #[divan::bench]
 fn virtual_service_change_2000_sidecars(bencher: Bencher) {
@@ -109,7 +87,7 @@ fn virtual_service_change_2000_sidecars(bencher: Bencher) {
     let before = input(&mesh, configs(0), "2");
     let after = input(&mesh, configs(1), "3");
     let changes = ConfigsUpdated::Only(BTreeSet::from([Changed::Config(virtual_service(0, 1).key())]));
-    let proxies: Vec<Proxy> = (0..SIDECARS).map(sidecar).collect();
+    let proxies: Vec<Proxy> = (0..SIDECARS).map(|n| mesh::sidecar_in(&namespace(n), n)).collect();
     bencher
         .with_inputs(|| {
             let previous = base.rebuild(before.clone(), &scope);

@@ -116,10 +116,15 @@ pub fn push(services: usize) -> PushContext {
 
 /// Sidecar proxy `n` of the mesh, with the metadata Istio's injector sets (as the load generator's).
 pub fn sidecar(n: usize) -> Proxy {
-    let md = json!({"NAMESPACE": NAMESPACE, "ISTIO_VERSION": "1.28.0", "CLUSTER_ID": "Kubernetes",
+    sidecar_in(NAMESPACE, n)
+}
+
+/// Sidecar proxy `n` in namespace `ns`, as [`sidecar`].
+pub fn sidecar_in(ns: &str, n: usize) -> Proxy {
+    let md = json!({"NAMESPACE": ns, "ISTIO_VERSION": "1.28.0", "CLUSTER_ID": "Kubernetes",
         "LABELS": {"app": format!("pod-{}", n % 16)}, "POD_NAME": format!("pod-{n}")});
     let id = format!(
-        "sidecar~10.0.{}.{}~pod-{n}.{NAMESPACE}~{NAMESPACE}.svc.cluster.local",
+        "sidecar~10.0.{}.{}~pod-{n}.{ns}~{ns}.svc.cluster.local",
         n / 250,
         n % 250 + 1
     );
