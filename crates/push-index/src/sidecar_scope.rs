@@ -38,16 +38,6 @@ pub struct SidecarScope {
 }
 
 impl SidecarScope {
-    /// The scope for a sidecar `proxy`, in Istio's selection order; creation order decides ties.
-    /// Gateways are never scoped (Istio's `DefaultSidecarScopeForGateway`).
-    pub fn for_proxy(configs: &[Arc<Config>], mesh: &MeshConfig, proxy: &Proxy) -> SidecarScope {
-        let index = SidecarIndex::new(configs);
-        match index.select(mesh, proxy).and_then(|i| index.get(i)) {
-            Some(c) => SidecarScope::from_sidecar(c, &proxy.config_namespace),
-            None => SidecarScope::default(),
-        }
-    }
-
     /// Istio's `convertToSidecarScope` for the Sidecar `config` applied to a proxy in `namespace`.
     pub fn from_sidecar(config: &Config, namespace: &str) -> SidecarScope {
         let ConfigSpec::Sidecar(sc) = &config.spec else {
@@ -236,7 +226,8 @@ impl SidecarIndex {
 
     /// The position of the Sidecar that applies to `proxy`: the oldest in its namespace whose
     /// workload selector matches its labels, else its namespace's without selector, else the root
-    /// namespace's without selector. None for gateways.
+    /// namespace's without selector. None for gateways, which are never scoped (Istio's
+    /// `DefaultSidecarScopeForGateway`).
     pub fn select(&self, mesh: &MeshConfig, proxy: &Proxy) -> Option<usize> {
         if !proxy.is_sidecar() {
             return None;
