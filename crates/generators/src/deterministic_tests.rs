@@ -73,3 +73,46 @@ fn equal_config_generates_equal_bytes() {
         }
     }
 }
+
+/// A gateway's clusters, generated anew for a change of route weights, keep their bytes: Istio's
+/// cluster metadata (`services`, a list of `Struct`s) encodes in a stable order, so delta xDS
+/// does not resend them.
+#[test]
+fn gateway_clusters_do_not_change_with_a_route_weight() {
+    let docs = |v1: u32| {
+        vec![
+            crate::testing::reviews(),
+            crate::testing::destination_rule(
+                "reviews",
+                "default",
+                json!({"host": "reviews.default.svc.cluster.local",
+                       "subsets": [{"name": "v1", "labels": {"version": "v1"}}, {"name": "v2", "labels": {"version": "v2"}}]}),
+            ),
+            crate::testing::ingress_gateway(
+                json!([{"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}]),
+            ),
+            virtual_service(
+                "bookinfo",
+                "istio-system",
+                json!({"hosts": ["bookinfo.example.com"], "gateways": ["gw"], "http": [{"route": [
+                    {"destination": {"host": "reviews.default.svc.cluster.local", "subset": "v1"}, "weight": v1},
+                    {"destination": {"host": "reviews.default.svc.cluster.local", "subset": "v2"}, "weight": 100 - v1}]}]}),
+            ),
+        ]
+    };
+    let gw = crate::testing::gateway_proxy();
+    let clusters = |v1| {
+        let p = push(docs(v1));
+        generate(&p, &PushCache::default(), &gw, xds_api::type_url::CLUSTER, &[])
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.name.clone(), r.resource.value.clone()))
+            .collect::<Vec<_>>()
+    };
+    let (a, b) = (clusters(75), clusters(0));
+    assert!(!a.is_empty());
+    for ((n, x), (_, y)) in a.iter().zip(&b) {
+        assert!(x == y, "{n}: the bytes changed");
+    }
+    assert_eq!(a.len(), b.len());
+}

@@ -18,48 +18,65 @@ pub struct MapFields {
     pub maps: &'static [u32],
     /// (field number, its message's map fields) for message fields to descend into.
     pub nested: &'static [(u32, &'static MapFields)],
+    /// (map field number, its values' map fields) for maps whose values hold maps themselves
+    /// (`Struct`s): each entry's value is made canonical before the entries are sorted.
+    pub values: &'static [(u32, &'static MapFields)],
 }
 
+impl MapFields {
+    const fn new(maps: &'static [u32], nested: &'static [(u32, &'static MapFields)]) -> MapFields {
+        MapFields {
+            maps,
+            nested,
+            values: &[],
+        }
+    }
+}
+
+/// `google.protobuf.Struct`: `fields` (1), whose values are `Value`s.
+static STRUCT: MapFields = MapFields {
+    maps: &[1],
+    nested: &[],
+    values: &[(1, &VALUE)],
+};
+/// `google.protobuf.Value`: `struct_value` (5), `list_value` (6).
+static VALUE: MapFields = MapFields::new(&[], &[(5, &STRUCT), (6, &LIST_VALUE)]);
+/// `google.protobuf.ListValue`: `values` (1).
+static LIST_VALUE: MapFields = MapFields::new(&[], &[(1, &VALUE)]);
 /// `envoy.config.rbac.v3.RBAC`: `policies` (2).
-const RBAC_RULES: MapFields = MapFields {
-    maps: &[2],
-    nested: &[],
-};
+static RBAC_RULES: MapFields = MapFields::new(&[2], &[]);
 /// The RBAC filters (HTTP and network): `rules` (1) and `shadow_rules` (2).
-const RBAC_FILTER: MapFields = MapFields {
-    maps: &[],
-    nested: &[(1, &RBAC_RULES), (2, &RBAC_RULES)],
-};
+static RBAC_FILTER: MapFields = MapFields::new(&[], &[(1, &RBAC_RULES), (2, &RBAC_RULES)]);
 /// `JwtAuthentication`: `providers` (1) and `requirement_map` (5).
-const JWT_AUTHN: MapFields = MapFields {
-    maps: &[1, 5],
-    nested: &[],
-};
-/// `Metadata`: `filter_metadata` (1), `typed_filter_metadata` (2).
-const METADATA: MapFields = MapFields {
+static JWT_AUTHN: MapFields = MapFields::new(&[1, 5], &[]);
+/// `Metadata`: `filter_metadata` (1, `Struct`s: Istio's `services` and `workload` have several
+/// fields), `typed_filter_metadata` (2).
+static METADATA: MapFields = MapFields {
     maps: &[1, 2],
     nested: &[],
+    values: &[(1, &STRUCT)],
 };
 /// `Route`: `metadata` (4), `typed_per_filter_config` (13).
-const ROUTE: MapFields = MapFields {
-    maps: &[13],
-    nested: &[(4, &METADATA)],
-};
+static ROUTE: MapFields = MapFields::new(&[13], &[(4, &METADATA)]);
 /// `VirtualHost`: `routes` (3), `typed_per_filter_config` (15).
-const VIRTUAL_HOST: MapFields = MapFields {
-    maps: &[15],
-    nested: &[(3, &ROUTE)],
-};
+static VIRTUAL_HOST: MapFields = MapFields::new(&[15], &[(3, &ROUTE)]);
 /// `RouteConfiguration`: `virtual_hosts` (2), `typed_per_filter_config` (16).
-const ROUTE_CONFIGURATION: MapFields = MapFields {
-    maps: &[16],
-    nested: &[(2, &VIRTUAL_HOST)],
-};
+static ROUTE_CONFIGURATION: MapFields = MapFields::new(&[16], &[(2, &VIRTUAL_HOST)]);
+/// `Cluster`: `metadata` (25), `typed_extension_protocol_options` (36).
+static CLUSTER: MapFields = MapFields::new(&[36], &[(25, &METADATA)]);
+/// `LbEndpoint`: `metadata` (3).
+static LB_ENDPOINT: MapFields = MapFields::new(&[], &[(3, &METADATA)]);
+/// `LocalityLbEndpoints`: `lb_endpoints` (2), `metadata` (9).
+static LOCALITY_LB_ENDPOINTS: MapFields = MapFields::new(&[], &[(2, &LB_ENDPOINT), (9, &METADATA)]);
+/// `ClusterLoadAssignment`: `endpoints` (2), `named_endpoints` (5).
+static CLUSTER_LOAD_ASSIGNMENT: MapFields = MapFields::new(&[5], &[(2, &LOCALITY_LB_ENDPOINTS)]);
 
 /// The map fields of the messages of `type_url` that need sorting, if any.
 pub fn map_fields(type_url: &str) -> Option<&'static MapFields> {
     match type_url {
         type_url::ROUTE => Some(&ROUTE_CONFIGURATION),
+        type_url::CLUSTER => Some(&CLUSTER),
+        type_url::ENDPOINT => Some(&CLUSTER_LOAD_ASSIGNMENT),
         "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
         | "type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC" => Some(&RBAC_FILTER),
         "type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication" => Some(&JWT_AUTHN),
@@ -95,6 +112,9 @@ pub fn sort_map_entries(buf: &mut [u8], fields: &MapFields) -> Result<(), WireEr
                 if let Some((_, inner)) = fields.nested.iter().find(|(n, _)| *n == field) {
                     sort_map_entries(&mut buf[body..at], inner)?;
                 } else if fields.maps.contains(&field) {
+                    if let Some((_, inner)) = fields.values.iter().find(|(n, _)| *n == field) {
+                        sort_entry_value(&mut buf[body..at], inner)?;
+                    }
                     runs.push((field, start, at));
                 }
             }
@@ -115,6 +135,32 @@ pub fn sort_map_entries(buf: &mut [u8], fields: &MapFields) -> Result<(), WireEr
             buf[from..to].copy_from_slice(&sorted);
         }
         i = j;
+    }
+    Ok(())
+}
+
+/// Makes the value (field 2, a message) of one encoded map entry canonical.
+fn sort_entry_value(entry: &mut [u8], fields: &MapFields) -> Result<(), WireError> {
+    let mut at = 0;
+    while at < entry.len() {
+        let start = at;
+        let key = varint(entry, &mut at)?;
+        match key & 7 {
+            0 => {
+                varint(entry, &mut at)?;
+            }
+            1 => at = skip(entry, at, 8)?,
+            5 => at = skip(entry, at, 4)?,
+            2 => {
+                let len = usize::try_from(varint(entry, &mut at)?).map_err(|_| WireError(at))?;
+                let body = at;
+                at = skip(entry, at, len)?;
+                if key >> 3 == 2 {
+                    sort_map_entries(&mut entry[body..at], fields)?;
+                }
+            }
+            _ => return Err(WireError(start)),
+        }
     }
     Ok(())
 }
@@ -254,5 +300,65 @@ mod tests {
         }
         let mut empty = Vec::new();
         assert!(sort_map_entries(&mut empty, fields).is_ok());
+    }
+
+    /// Istio's cluster metadata: `filter_metadata.istio.services` is a list of `Struct`s of
+    /// several fields, each `Struct` a `HashMap` of its own.
+    fn cluster_with_services(services: usize) -> crate::envoy::config::cluster::v3::Cluster {
+        use crate::pbwkt::{ListValue, Struct, Value, value::Kind};
+        let text = |s: String| Value {
+            kind: Some(Kind::StringValue(s)),
+        };
+        let service = |i: usize| Value {
+            kind: Some(Kind::StructValue(Struct {
+                fields: [
+                    ("host", format!("s{i}.default.svc.cluster.local")),
+                    ("name", format!("s{i}")),
+                    ("namespace", "default".to_owned()),
+                    ("extra", "x".to_owned()),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), text(v)))
+                .collect(),
+            })),
+        };
+        let istio = Struct {
+            fields: [
+                (
+                    "services".to_owned(),
+                    Value {
+                        kind: Some(Kind::ListValue(ListValue {
+                            values: (0..services).map(service).collect(),
+                        })),
+                    },
+                ),
+                ("default_original_port".to_owned(), text("9080".into())),
+            ]
+            .into_iter()
+            .collect(),
+        };
+        crate::envoy::config::cluster::v3::Cluster {
+            name: "outbound|9080||s0.default.svc.cluster.local".into(),
+            metadata: Some(crate::envoy::config::core::v3::Metadata {
+                filter_metadata: [("istio".to_owned(), istio)].into_iter().collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn structs_in_metadata_encode_to_equal_bytes() {
+        let plain: std::collections::HashSet<Vec<u8>> =
+            (0..8).map(|_| cluster_with_services(3).encode_to_vec()).collect();
+        assert!(plain.len() > 1, "HashMap order did not vary; the test proves nothing");
+        let packed: std::collections::HashSet<Vec<u8>> =
+            (0..8).map(|_| crate::pack(&cluster_with_services(3)).value).collect();
+        assert_eq!(packed.len(), 1, "pack sorts the Structs' fields");
+        let one = packed.into_iter().next().unwrap();
+        assert_eq!(
+            crate::envoy::config::cluster::v3::Cluster::decode(one.as_slice()).unwrap(),
+            cluster_with_services(3)
+        );
     }
 }
