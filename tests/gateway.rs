@@ -378,3 +378,100 @@ async fn custom_policy_asks_the_mesh_ext_authz_provider() -> anyhow::Result<()> 
     assert!(mesh.backend("ratings").count() >= 1);
     mesh.assert_no_rejects().await
 }
+
+/// Delta xDS with VHDS (`PILOT_ENABLE_DELTA_VHDS`, on by default): the gateway's route
+/// configuration comes without its virtual hosts, each host over VHDS as
+/// `<route configuration>/<host>`; Envoy merges them and routes by them as by inline ones, and a
+/// change to one host's VirtualService sends that host alone (no route configuration, no other
+/// host).
+#[tokio::test]
+async fn delta_xds_sends_a_changed_virtual_host_alone() -> anyhow::Result<()> {
+    let mesh = GatewayMesh::start_with(Ads::Delta).await?;
+    let port = mesh.gateway_port;
+    mesh.write("other.yaml", &other_host_yaml(port))?;
+    let url = format!("http://127.0.0.1:{port}/ratings");
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = test_support::backend::http_get(&url, &[("host", "other.example.com")]).await?;
+        if r.json()
+            .ok()
+            .and_then(|v| v["backend"].as_str().map(str::to_owned))
+            .as_deref()
+            == Some("ratings")
+        {
+            break;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "other.example.com never routed: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let config = format!("http.{port}");
+    let dump = mesh.envoy.config_dump().await?;
+    let route_config = dump["configs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|c| c["dynamic_route_configs"].as_array().into_iter().flatten())
+        .map(|r| &r["route_config"])
+        .find(|r| r["name"] == config.as_str())
+        .ok_or_else(|| anyhow::anyhow!("no route configuration {config} in {dump}"))?;
+    assert!(
+        route_config["vhds"]["config_source"]["ads"].is_object(),
+        "{route_config}"
+    );
+    let mut hosts: Vec<&str> = route_config["virtual_hosts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|h| h["name"].as_str())
+        .collect();
+    hosts.sort();
+    assert_eq!(
+        hosts,
+        [
+            format!("{config}/bookinfo.example.com:{port}"),
+            format!("{config}/other.example.com:{port}")
+        ],
+        "{route_config}"
+    );
+
+    // everything to v2: one host's routes change
+    mesh.write("virtual-service.yaml", &virtual_service_yaml(0))?;
+    mesh.wait_for_backend("reviews-v2", 10, "/reviews", &[]).await?;
+    let (_, status) = mesh.discovery.get("/debug/push_status", false).await?;
+    let status: serde_json::Value = serde_json::from_str(&status)?;
+    assert_eq!(
+        status["types"],
+        serde_json::json!({"vhds": {"pushes": 1, "resources": 1}}),
+        "{status}"
+    );
+    mesh.assert_no_rejects().await
+}
+
+/// A second host on the gateway's port: `other.example.com` to ratings.
+fn other_host_yaml(port: u16) -> String {
+    format!(
+        r#"apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {{name: other-gateway, namespace: default}}
+spec:
+  selector: {{istio: ingressgateway}}
+  servers:
+  - port: {{number: {port}, name: http-other, protocol: HTTP}}
+    hosts: ["other.example.com"]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: other, namespace: default}}
+spec:
+  hosts: ["other.example.com"]
+  gateways: [other-gateway]
+  http:
+  - route:
+    - destination: {{host: ratings.default.svc.cluster.local, port: {{number: 9080}}}}
+"#
+    )
+}

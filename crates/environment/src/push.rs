@@ -33,9 +33,10 @@ impl PushSnapshot for Push {
         self.context.version()
     }
 
-    fn generate(&self, proxy: &Proxy, watched: &WatchedResource) -> Result<Vec<Resource>, GenerateError> {
+    fn generate(&self, proxy: &Proxy, watched: &WatchedResource, delta: bool) -> Result<Vec<Resource>, GenerateError> {
         let names: Vec<String> = watched.names.iter().map(|n| n.to_string()).collect();
-        generators::generate(&self.context, &self.cache, proxy, &watched.type_url, &names)
+        let vhds = delta && self.context.features().enable_delta_vhds;
+        generators::generate_with_vhds(&self.context, &self.cache, proxy, &watched.type_url, &names, vhds)
     }
 
     /// Istio's `ProxyNeedsPush`: the changes as this push, the one before it and the one the

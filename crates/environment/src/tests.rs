@@ -235,7 +235,7 @@ fn pushes_reuse_the_indexes_a_change_did_not_touch_and_generate_from_the_new_sta
         names: Default::default(),
         wildcard: true,
     };
-    let clusters = second.generate(&sidecar("a"), &watched).unwrap();
+    let clusters = second.generate(&sidecar("a"), &watched, false).unwrap();
     assert!(clusters.iter().any(|c| c.name == "outbound|5432||db.example.com"));
     // A type nobody generates is answered quietly with nothing.
     let other = xds_server::WatchedResource {
@@ -243,7 +243,7 @@ fn pushes_reuse_the_indexes_a_change_did_not_touch_and_generate_from_the_new_sta
         ..watched
     };
     assert!(matches!(
-        second.generate(&sidecar("a"), &other),
+        second.generate(&sidecar("a"), &other, false),
         Err(xds_api::GenerateError::UnsupportedType(_))
     ));
 }

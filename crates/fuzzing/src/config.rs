@@ -57,15 +57,22 @@ pub fn config(data: &[u8]) {
             names: names.into_iter().collect(),
             wildcard: false,
         };
-        let clusters = push.generate(&proxy, &all(type_url::CLUSTER)).unwrap_or_default();
+        let clusters = push
+            .generate(&proxy, &all(type_url::CLUSTER), false)
+            .unwrap_or_default();
         let eds: Vec<String> = clusters.iter().map(|r| r.name.clone()).collect();
-        let _ = push.generate(&proxy, &names(type_url::ENDPOINT, eds));
-        let listeners = push.generate(&proxy, &all(type_url::LISTENER)).unwrap_or_default();
+        let _ = push.generate(&proxy, &names(type_url::ENDPOINT, eds), false);
+        let listeners = push
+            .generate(&proxy, &all(type_url::LISTENER), false)
+            .unwrap_or_default();
         // Route names are ports, "http.<port>" on gateways, or hosts:port: ask for the likely ones.
         let mut routes: Vec<String> = ["80", "443", "8080", "9080", "http.80", "http.8080", "http.443"]
             .map(String::from)
             .to_vec();
         routes.extend(listeners.iter().map(|r| r.name.clone()));
-        let _ = push.generate(&proxy, &names(type_url::ROUTE, routes));
+        let _ = push.generate(&proxy, &names(type_url::ROUTE, routes.clone()), false);
+        // and as a proxy on delta xDS gets them: without virtual hosts, which come over VHDS
+        let _ = push.generate(&proxy, &names(type_url::ROUTE, routes.clone()), true);
+        let _ = push.generate(&proxy, &names(type_url::VIRTUAL_HOST, routes), true);
     }
 }

@@ -16,9 +16,8 @@ use xds_api::{GenerateError, Resource, type_url};
 
 use class::{CdsKey, EndpointClass, LabelKeys, LdsKey, RdsKey};
 
-/// The resources of `type_url` for `proxy`. CDS and LDS ignore `names` (they are always the
-/// wildcard); EDS and RDS answer each requested name. `cache` must belong to `push` (see
-/// [`PushCache`]).
+/// The resources of `type_url` for `proxy`, route configurations with their virtual hosts
+/// inline (as Istio): [`generate_with_vhds`] with `vhds` false.
 pub fn generate(
     push: &PushContext,
     cache: &PushCache,
@@ -26,11 +25,29 @@ pub fn generate(
     type_url: &str,
     names: &[String],
 ) -> Result<Vec<Resource>, GenerateError> {
+    generate_with_vhds(push, cache, proxy, type_url, names, false)
+}
+
+/// The resources of `type_url` for `proxy`. CDS and LDS ignore `names` (they are always the
+/// wildcard); EDS and RDS answer each requested name, VHDS the virtual hosts of each route
+/// configuration named. `vhds`: the proxy gets its virtual hosts over VHDS, so RDS sends route
+/// configurations without them (see `vhds.rs`). `cache` must belong to `push` (see
+/// [`PushCache`]).
+pub fn generate_with_vhds(
+    push: &PushContext,
+    cache: &PushCache,
+    proxy: &Proxy,
+    type_url: &str,
+    names: &[String],
+    vhds: bool,
+) -> Result<Vec<Resource>, GenerateError> {
     match type_url {
         type_url::CLUSTER => Ok(clusters(push, cache, proxy).as_ref().clone()),
         type_url::ENDPOINT => Ok(load_assignments(push, cache, proxy, names)),
         type_url::LISTENER => Ok(listeners(push, cache, proxy).as_ref().clone()),
+        type_url::ROUTE if vhds => Ok(crate::vhds::route_configs(push, cache, proxy, names)),
         type_url::ROUTE => Ok(route_configs(push, cache, proxy, names)),
+        type_url::VIRTUAL_HOST => Ok(crate::vhds::virtual_hosts(push, cache, proxy, names)),
         type_url::SECRET => Ok(crate::sds::secrets(push, proxy, names)),
         type_url::NAME_TABLE => Ok(crate::nds::name_tables(push, proxy)),
         other => Err(GenerateError::UnsupportedType(other.to_owned())),
@@ -51,6 +68,8 @@ pub struct PushCache {
     listeners: OnceCache<LdsKey, Arc<Vec<Resource>>>,
     /// Route configurations, per name and proxy class.
     route_configs: OnceCache<RdsKey, Resource>,
+    /// The same, split for VHDS (RDS without virtual hosts, and the hosts).
+    split_routes: OnceCache<RdsKey, crate::vhds::SharedSplit>,
     /// ClusterLoadAssignments, per cluster and what shapes it.
     load_assignments: OnceCache<crate::eds::EdsKey, Resource>,
     /// EDS responses: per (endpoint class, hash of the names asked) the names and the response; a
@@ -68,6 +87,24 @@ impl PushCache {
     fn label_keys(&self, push: &PushContext) -> &LabelKeys {
         self.label_keys.get_or_init(|| LabelKeys::collect(push))
     }
+
+    /// The route configurations `names`, split for VHDS, one per name in order.
+    pub(crate) fn split_routes(
+        &self,
+        push: &PushContext,
+        proxy: &Proxy,
+        names: &[String],
+    ) -> Vec<crate::vhds::SharedSplit> {
+        RdsKey::for_names(push, self.label_keys(push), proxy, names)
+            .into_iter()
+            .zip(names)
+            .map(|(key, name)| {
+                self.split_routes.get_or_build(key, || {
+                    Arc::new(crate::vhds::split(build_route_config(push, proxy, name)))
+                })
+            })
+            .collect()
+    }
 }
 
 impl std::fmt::Debug for PushCache {
@@ -76,6 +113,7 @@ impl std::fmt::Debug for PushCache {
             .field("clusters", &self.clusters.len())
             .field("listeners", &self.listeners.len())
             .field("route_configs", &self.route_configs.len())
+            .field("split_routes", &self.split_routes.len())
             .field("load_assignments", &self.load_assignments.len())
             .field("eds_responses", &self.eds_responses.len())
             .finish_non_exhaustive()
@@ -142,12 +180,20 @@ fn route_configs(push: &PushContext, cache: &PushCache, proxy: &Proxy, names: &[
         .zip(names)
         .map(|(key, name)| {
             cache.route_configs.get_or_build(key, || {
-                let mut built = crate::rds::build_route_configs(proxy, push, std::slice::from_ref(name));
-                let config = built.pop().unwrap_or_else(|| crate::rds::empty_route_config(name));
-                Resource::new(name.clone(), &config)
+                Resource::new(name.clone(), &build_route_config(push, proxy, name))
             })
         })
         .collect()
+}
+
+/// The route configuration `name` for `proxy` (empty when nothing builds it).
+fn build_route_config(
+    push: &PushContext,
+    proxy: &Proxy,
+    name: &String,
+) -> xds_api::envoy::config::route::v3::RouteConfiguration {
+    let mut built = crate::rds::build_route_configs(proxy, push, std::slice::from_ref(name));
+    built.pop().unwrap_or_else(|| crate::rds::empty_route_config(name))
 }
 
 fn load_assignments(push: &PushContext, cache: &PushCache, proxy: &Proxy, names: &[String]) -> Vec<Resource> {

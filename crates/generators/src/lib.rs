@@ -24,5 +24,7 @@ mod sds;
 #[cfg(test)]
 mod testing;
 mod traffic_policy;
+mod vhds;
 
-pub use generate::{PushCache, generate};
+pub use generate::{PushCache, generate, generate_with_vhds};
+pub use vhds::resource_name as vhds_resource_name;

@@ -1,6 +1,7 @@
 //! One simulated sidecar: a real ADS client (state of the world or delta) that subscribes like
-//! Envoy (CDS wildcard, EDS for the EDS clusters, LDS, RDS for the listeners' route names),
-//! decodes and ACKs every response, and reports what it saw as [`ProxyEvent`]s.
+//! Envoy (CDS wildcard, EDS for the EDS clusters, LDS, RDS for the listeners' route names, and in
+//! delta VHDS once a route configuration points at it), decodes and ACKs every response, and
+//! reports what it saw as [`ProxyEvent`]s.
 
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use prost::Message;
 use test_support::ads::delta::{DeltaAdsClient, DeltaResponse};
-use test_support::ads::{AdsClient, eds_cluster_names, rds_route_names};
+use test_support::ads::{AdsClient, eds_cluster_names, rds_route_names, uses_vhds};
 use tokio::sync::mpsc;
 use xds_api::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryResponse, DiscoveryResponse};
@@ -84,7 +85,7 @@ pub enum Watched {
 impl Watched {
     fn of(type_url: &str) -> Option<Watched> {
         match type_url {
-            type_url::ROUTE => Some(Watched::Routes),
+            type_url::ROUTE | type_url::VIRTUAL_HOST => Some(Watched::Routes),
             type_url::ENDPOINT => Some(Watched::Endpoints),
             _ => None,
         }
@@ -235,6 +236,7 @@ async fn run_delta(addr: &str, n: usize, opts: ProxyOptions, events: &mpsc::Unbo
         events,
         eds: BTreeSet::new(),
         rds: BTreeSet::new(),
+        vhds: false,
     };
     proxy.client.subscribe(type_url::CLUSTER, &[])?;
     proxy.until(type_url::CLUSTER).await?;
@@ -245,6 +247,9 @@ async fn run_delta(addr: &str, n: usize, opts: ProxyOptions, events: &mpsc::Unbo
     proxy.until(type_url::LISTENER).await?;
     if !proxy.rds.is_empty() {
         proxy.until(type_url::ROUTE).await?;
+    }
+    if proxy.vhds {
+        proxy.until(type_url::VIRTUAL_HOST).await?;
     }
     send(
         events,
@@ -266,6 +271,8 @@ struct DeltaProxy<'a> {
     events: &'a mpsc::UnboundedSender<ProxyEvent>,
     eds: BTreeSet<String>,
     rds: BTreeSet<String>,
+    /// Subscribed to VHDS: as Envoy, once, without names, when a route configuration says so.
+    vhds: bool,
 }
 
 impl DeltaProxy<'_> {
@@ -300,6 +307,13 @@ impl DeltaProxy<'_> {
                     .chain(self.rds.iter().cloned())
                     .collect();
                 self.resubscribe(type_url::ROUTE, wanted, false)?;
+            }
+            type_url::ROUTE if !self.vhds => {
+                let bodies = r.raw.resources.iter().filter_map(|r| r.resource.as_ref());
+                if bodies.into_iter().any(uses_vhds) {
+                    self.client.subscribe(type_url::VIRTUAL_HOST, &[])?;
+                    self.vhds = true;
+                }
             }
             _ => {}
         }

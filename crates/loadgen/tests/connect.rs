@@ -65,6 +65,29 @@ async fn light_clients_converge_like_full_ones() {
     }
 }
 
+/// Delta xDS carries what changed: the VirtualService change reaches the delta clients as the one
+/// virtual host it changed (over VHDS, as Envoy subscribes to it), a fraction of the route
+/// configuration state of the world resends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delta_change_carries_the_changed_virtual_host() {
+    let bytes = |delta| async move {
+        let o = LoadOptions {
+            light: true,
+            raw: false,
+            ..options(Scenario::ConfigChange, delta)
+        };
+        let report = loadgen::run(&o).await.unwrap();
+        assert!(report.errors.is_empty(), "delta={delta}: {:?}", report.errors);
+        assert_eq!(report.converged, 5, "delta={delta}: {}", report.table());
+        report.change_bytes_per_proxy.unwrap()
+    };
+    let (sotw, delta) = (bytes(false).await, bytes(true).await);
+    assert!(
+        delta > 0.0 && delta < sotw / 4.0,
+        "delta {delta} B per proxy, SotW {sotw} B"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_proxy_acks_the_changed_routes_and_endpoints() {
     for (scenario, delta) in [

@@ -15,6 +15,11 @@ pub struct Features {
     /// `PILOT_ENABLE_IP_AUTOALLOCATE` (default true): ServiceEntries without addresses get a VIP
     /// from 240.240.0.0/16 (and 2001:2::/48) for the proxies that capture DNS.
     pub enable_ip_autoallocate: bool,
+    /// `PILOT_ENABLE_DELTA_VHDS` (this project's, default true; Istio has no VHDS): proxies on
+    /// delta xDS get each route configuration without its virtual hosts, which come over VHDS one
+    /// resource per virtual host (named `<route configuration>/<virtual host>`), so a change to one
+    /// host sends that host only. Off: Istio's route configurations, virtual hosts inline.
+    pub enable_delta_vhds: bool,
 }
 
 /// Istio's `jwt.JwksFetchMode`.
@@ -47,6 +52,7 @@ impl Features {
         jwks_fetch_mode: JwksFetchMode::Istiod,
         enable_multiple_custom_authz_providers: false,
         enable_ip_autoallocate: true,
+        enable_delta_vhds: true,
     };
 }
 

@@ -15,7 +15,7 @@ use prost::Message;
 use serde::Serialize;
 use xds_api::envoy::config::cluster::v3::Cluster;
 use xds_api::envoy::config::core::v3::Metadata;
-use xds_api::envoy::config::route::v3::RouteConfiguration;
+use xds_api::envoy::config::route::v3::{RouteConfiguration, VirtualHost};
 use xds_api::pbwkt::value::Kind;
 use xds_api::type_url;
 use xds_server::DiscoveryServer;
@@ -77,6 +77,14 @@ fn config_paths(t: &str, bytes: &[u8]) -> Vec<String> {
                     .collect()
             })
             .unwrap_or_default(),
+        type_url::VIRTUAL_HOST => VirtualHost::decode(bytes)
+            .map(|vh| {
+                vh.routes
+                    .iter()
+                    .filter_map(|r| istio_config(r.metadata.as_ref()))
+                    .collect()
+            })
+            .unwrap_or_default(),
         type_url::CLUSTER => Cluster::decode(bytes)
             .ok()
             .and_then(|c| istio_config(c.metadata.as_ref()))
@@ -118,7 +126,7 @@ fn kebab(kind: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use xds_api::envoy::config::route::v3::{Route, VirtualHost};
+    use xds_api::envoy::config::route::v3::Route;
     use xds_api::pbwkt::{Struct, Value};
 
     fn metadata(path: &str) -> Option<Metadata> {
@@ -155,6 +163,11 @@ mod tests {
         };
         assert_eq!(
             config_paths(type_url::ROUTE, &rc.encode_to_vec()),
+            vec!["/apis/networking.istio.io/v1/namespaces/default/virtual-service/reviews"]
+        );
+        // the same host over VHDS
+        assert_eq!(
+            config_paths(type_url::VIRTUAL_HOST, &rc.virtual_hosts[0].encode_to_vec()),
             vec!["/apis/networking.istio.io/v1/namespaces/default/virtual-service/reviews"]
         );
         let c = Cluster {

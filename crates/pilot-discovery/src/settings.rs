@@ -116,6 +116,7 @@ impl Settings {
                 ),
                 enable_multiple_custom_authz_providers: boolean("PILOT_ENABLE_MULTIPLE_CUSTOM_AUTHZ_PROVIDERS", false)?,
                 enable_ip_autoallocate: boolean("PILOT_ENABLE_IP_AUTOALLOCATE", true)?,
+                enable_delta_vhds: boolean("PILOT_ENABLE_DELTA_VHDS", true)?,
             },
         };
         Ok(s)

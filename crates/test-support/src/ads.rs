@@ -20,7 +20,7 @@ use xds_api::envoy::config::cluster::v3::{Cluster, cluster};
 use xds_api::envoy::config::core::v3::Node;
 use xds_api::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use xds_api::envoy::config::listener::v3::{Listener, filter};
-use xds_api::envoy::config::route::v3::RouteConfiguration;
+use xds_api::envoy::config::route::v3::{RouteConfiguration, VirtualHost};
 use xds_api::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, http_connection_manager::RouteSpecifier,
 };
@@ -91,6 +91,7 @@ pub fn resource_name(any: &pbwkt::Any) -> Result<Option<String>> {
         type_url::ENDPOINT => ClusterLoadAssignment::decode(v).map(|m| m.cluster_name),
         type_url::LISTENER => Listener::decode(v).map(|m| m.name),
         type_url::ROUTE => RouteConfiguration::decode(v).map(|m| m.name),
+        type_url::VIRTUAL_HOST => VirtualHost::decode(v).map(|m| m.name),
         type_url::SECRET => Secret::decode(v).map(|m| m.name),
         _ => return Ok(None),
     };
@@ -100,13 +101,18 @@ pub fn resource_name(any: &pbwkt::Any) -> Result<Option<String>> {
 
 /// [`resource_name`] without decoding the resource: walks its top-level fields (each must be
 /// well formed) and takes field 1, the name of every type this client knows (Cluster, Listener,
-/// RouteConfiguration, Secret `name`; ClusterLoadAssignment `cluster_name`). For load generators
-/// that check the envelope of many responses, not their contents.
+/// RouteConfiguration, VirtualHost, Secret `name`; ClusterLoadAssignment `cluster_name`). For load
+/// generators that check the envelope of many responses, not their contents.
 pub fn resource_name_light(any: &pbwkt::Any) -> Result<Option<String>> {
     use prost::encoding::{DecodeContext, WireType, decode_key, decode_varint, skip_field};
     if !matches!(
         any.type_url.as_str(),
-        type_url::CLUSTER | type_url::ENDPOINT | type_url::LISTENER | type_url::ROUTE | type_url::SECRET
+        type_url::CLUSTER
+            | type_url::ENDPOINT
+            | type_url::LISTENER
+            | type_url::ROUTE
+            | type_url::VIRTUAL_HOST
+            | type_url::SECRET
     ) {
         return Ok(None);
     }
@@ -130,7 +136,25 @@ pub fn resource_name_light(any: &pbwkt::Any) -> Result<Option<String>> {
     Ok(Some(name))
 }
 
-/// Names of the EDS clusters among CDS resources (what Envoy asks EDS for).
+/// Whether a RouteConfiguration gets its virtual hosts over VHDS (its `vhds`, field 9, is set),
+/// read without decoding it. Envoy then subscribes to VHDS.
+pub fn uses_vhds(any: &pbwkt::Any) -> bool {
+    use prost::encoding::{DecodeContext, decode_key, skip_field};
+    let mut buf = any.value.as_slice();
+    while !buf.is_empty() {
+        let Ok((tag, wire_type)) = decode_key(&mut buf) else {
+            return false;
+        };
+        if tag == 9 {
+            return true;
+        }
+        if skip_field(wire_type, tag, &mut buf, DecodeContext::default()).is_err() {
+            return false;
+        }
+    }
+    false
+}
+
 /// The socket addresses (address, port) of a ClusterLoadAssignment's endpoints, in order.
 pub fn endpoint_addresses(cla: &ClusterLoadAssignment) -> Vec<(String, u32)> {
     use xds_api::envoy::config::core::v3::address::Address;

@@ -75,6 +75,7 @@ static CLUSTER_LOAD_ASSIGNMENT: MapFields = MapFields::new(&[5], &[(2, &LOCALITY
 pub fn map_fields(type_url: &str) -> Option<&'static MapFields> {
     match type_url {
         type_url::ROUTE => Some(&ROUTE_CONFIGURATION),
+        type_url::VIRTUAL_HOST => Some(&VIRTUAL_HOST),
         type_url::CLUSTER => Some(&CLUSTER),
         type_url::ENDPOINT => Some(&CLUSTER_LOAD_ASSIGNMENT),
         "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"

@@ -21,6 +21,11 @@ pub mod type_url {
     pub const ENDPOINT: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
     pub const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
     pub const ROUTE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+    /// Envoy's VHDS: the virtual hosts of route configurations, delta xDS only. Envoy subscribes
+    /// without names (its namespace matching keeps route configuration names out of requests)
+    /// and gives each resource, named `<route configuration>/<virtual host>`, to the route
+    /// configuration named before the last `/`.
+    pub const VIRTUAL_HOST: &str = "type.googleapis.com/envoy.config.route.v3.VirtualHost";
     pub const SECRET: &str = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
     /// Istio's name table for the agent's DNS proxy.
     pub const NAME_TABLE: &str = "type.googleapis.com/istio.networking.nds.v1.NameTable";
@@ -34,6 +39,7 @@ pub mod type_url {
             ENDPOINT => "eds",
             LISTENER => "lds",
             ROUTE => "rds",
+            VIRTUAL_HOST => "vhds",
             SECRET => "sds",
             NAME_TABLE => "nds",
             PROXY_CONFIG => "pcds",
@@ -41,15 +47,16 @@ pub mod type_url {
         }
     }
 
-    /// Push order for a full push: CDS, EDS, LDS, RDS, then the rest.
+    /// Push order for a full push: CDS, EDS, LDS, RDS, VHDS, then the rest.
     pub fn push_order(type_url: &str) -> u8 {
         match type_url {
             CLUSTER => 0,
             ENDPOINT => 1,
             LISTENER => 2,
             ROUTE => 3,
-            SECRET => 4,
-            _ => 5,
+            VIRTUAL_HOST => 4,
+            SECRET => 5,
+            _ => 6,
         }
     }
 }

@@ -56,7 +56,7 @@ fn version_of(any: &pbwkt::Any) -> String {
 /// a generator, with a warning for a failure.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GenerateError {
-    #[error("no generator for type {0:?} (pilot-discovery serves CDS, EDS, LDS and RDS)")]
+    #[error("no generator for type {0:?} (pilot-discovery serves CDS, EDS, LDS, RDS, VHDS, SDS and NDS)")]
     UnsupportedType(String),
     #[error("generating {type_url}: {reason}")]
     Failed { type_url: String, reason: String },

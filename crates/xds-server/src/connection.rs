@@ -132,7 +132,8 @@ impl<S> Connection<S> {
     /// per-generator `*NeedsPush`), EDS only otherwise (and, in state of the world, only the
     /// clusters of the services whose endpoints moved); in push order.
     pub fn push_targets(&self, req: &PushRequest) -> Vec<WatchedResource> {
-        let mut targets: Vec<WatchedResource> = lock(&self.watched)
+        let watched = lock(&self.watched);
+        let mut targets: Vec<WatchedResource> = watched
             .values()
             .filter(|w| {
                 let t = w.resource.type_url.as_str();
@@ -146,8 +147,9 @@ impl<S> Connection<S> {
                     t == type_url::ENDPOINT
                 }
             })
-            .map(|w| w.resource.clone())
+            .map(|w| with_route_names(&watched, w.resource.clone()))
             .collect();
+        drop(watched);
         if !req.full && !self.delta {
             targets = targets.into_iter().filter_map(|w| partial_eds(w, req)).collect();
         }
@@ -155,6 +157,20 @@ impl<S> Connection<S> {
             (type_url::push_order(&a.type_url), &a.type_url).cmp(&(type_url::push_order(&b.type_url), &b.type_url))
         });
         targets
+    }
+
+    /// What a request of `type_url` is answered with: `target` as the watch rules gave it (VHDS
+    /// completed with the route configurations, see [`with_route_names`]).
+    pub fn request_target(&self, target: WatchedResource) -> WatchedResource {
+        with_route_names(&lock(&self.watched), target)
+    }
+
+    /// The VHDS watch, completed with the route configurations, when the proxy has one: after
+    /// its RDS subscription grew, the new configurations' virtual hosts follow unasked.
+    pub fn vhds_follow_up(&self) -> Option<WatchedResource> {
+        let watched = lock(&self.watched);
+        let vhds = watched.get(type_url::VIRTUAL_HOST)?.resource.clone();
+        Some(with_route_names(&watched, vhds))
     }
 
     /// Records what was sent for `type_url`.
@@ -285,6 +301,19 @@ pub(crate) struct Generated {
     pub elapsed: Duration,
 }
 
+/// A VHDS watch covers every route configuration the proxy watches: Envoy subscribes to VHDS
+/// without names (a wildcard), and the names of its RDS watch are what the virtual hosts are
+/// generated for. Other watches are returned as they are.
+fn with_route_names(watched: &HashMap<String, Watch>, mut w: WatchedResource) -> WatchedResource {
+    if w.type_url == type_url::VIRTUAL_HOST && w.wildcard {
+        w.names = watched
+            .get(type_url::ROUTE)
+            .map(|r| r.resource.names.clone())
+            .unwrap_or_default();
+    }
+    w
+}
+
 /// An endpoint-only push in state of the world sends only the clusters of the services whose
 /// endpoints moved, as Istio's incremental EDS: EDS is not a wildcard type, so Envoy keeps the
 /// load assignments a response leaves out. `None` when the proxy watches none of them.
@@ -314,9 +343,9 @@ pub(crate) async fn generate<S: PushSnapshot>(
             .into_iter()
             .map(|watched| {
                 let t0 = Instant::now();
-                let resources = snapshot.generate(&proxy, &watched).map(|mut rs| {
+                let resources = snapshot.generate(&proxy, &watched, delta).map(|mut rs| {
                     if !watched.wildcard {
-                        rs.retain(|r| watched.names.contains(&r.name));
+                        rs.retain(|r| watched.covers(&r.name));
                     }
                     rs
                 });
@@ -409,7 +438,7 @@ mod tests {
         fn version(&self) -> &str {
             "v1"
         }
-        fn generate(&self, _: &Proxy, _: &WatchedResource) -> Result<Vec<Resource>, GenerateError> {
+        fn generate(&self, _: &Proxy, _: &WatchedResource, _: bool) -> Result<Vec<Resource>, GenerateError> {
             Ok(Vec::new())
         }
         fn needs_push(&self, proxy: &Proxy, _: &PushRequest, _: Option<&Self>) -> bool {

@@ -64,15 +64,16 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
                     wildcard: true,
                 },
             };
+            // The route configurations as Envoy merges them (virtual hosts inline, VHDS or not).
             let resources = snapshot
-                .generate(&proxy, &watched)
+                .generate(&proxy, &watched, false)
                 .map_err(|e| CurrentResourcesError::Generate {
                     proxy: status.node_id.clone(),
                     type_url: t.to_owned(),
                     message: e.to_string(),
                 })?
                 .into_iter()
-                .filter(|r| watched.wildcard || watched.names.contains(r.name.as_str()))
+                .filter(|r| watched.covers(&r.name))
                 .collect();
             by_type.push((t.to_owned(), resources));
         }

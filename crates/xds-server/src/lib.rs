@@ -51,7 +51,8 @@ pub trait PushSnapshot: Send + Sync + 'static {
     /// Resources of `watched.type_url` for `proxy`. `watched.names` are the subscribed names
     /// (empty and `watched.wildcard` for CDS/LDS); the server drops resources not asked for.
     /// A type nobody generates is `GenerateError::UnsupportedType`, answered with nothing.
-    fn generate(&self, proxy: &Proxy, watched: &WatchedResource) -> Result<Vec<Resource>, GenerateError>;
+    /// `delta`: the proxy is on delta xDS (where Envoy supports VHDS).
+    fn generate(&self, proxy: &Proxy, watched: &WatchedResource, delta: bool) -> Result<Vec<Resource>, GenerateError>;
 
     /// Whether this push concerns this proxy at all (Istio's `ProxyNeedsPush`). `last_pushed` is
     /// the snapshot the proxy's config was last generated from, so that a change that hides

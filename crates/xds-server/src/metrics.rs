@@ -185,7 +185,8 @@ impl Metrics {
             type_url::CLUSTER => Some(&self.cds_reject),
             type_url::ENDPOINT => Some(&self.eds_reject),
             type_url::LISTENER => Some(&self.lds_reject),
-            type_url::ROUTE => Some(&self.rds_reject),
+            // a virtual host over VHDS is part of a route configuration
+            type_url::ROUTE | type_url::VIRTUAL_HOST => Some(&self.rds_reject),
             _ => None,
         }
     }

@@ -170,11 +170,23 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
             return self.debug(snapshot, target).await;
         }
         lock(&self.conn.last_pushed).get_or_insert_with(|| snapshot.clone());
+        let mut targets = vec![self.conn.request_target(target)];
+        // New route configurations' virtual hosts follow their RDS answer over VHDS.
+        let follow_up = (F::DELTA && t == type_url::ROUTE)
+            .then(|| self.conn.vhds_follow_up())
+            .flatten();
+        targets.extend(follow_up);
         // Answers take a throttle slot as pushes do: a thousand proxies connecting at once must
         // not hold a thousand full responses in memory.
         let mut slot = Slot::new(self.server.throttle().await, self.server.stall_time());
-        for g in generate(snapshot.clone(), self.conn.proxy(), vec![target], F::DELTA).await {
-            self.send(snapshot.as_ref(), g, Cause::Request, &mut slot).await?;
+        for g in generate(snapshot.clone(), self.conn.proxy(), targets, F::DELTA).await {
+            // the follow-up is sent only if it carries something, as a push is
+            let cause = if g.watched.type_url == t {
+                Cause::Request
+            } else {
+                Cause::Push
+            };
+            self.send(snapshot.as_ref(), g, cause, &mut slot).await?;
         }
         slot.release().await;
         Ok(())

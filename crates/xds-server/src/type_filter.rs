@@ -85,7 +85,7 @@ pub fn type_needs_push(type_url: &str, node: NodeType, req: &PushRequest) -> boo
         type_url::ENDPOINT => SKIPPED_EDS,
         type_url::LISTENER if node == NodeType::Router => SKIPPED_LDS_ROUTER,
         type_url::LISTENER => SKIPPED_LDS_SIDECAR,
-        type_url::ROUTE => SKIPPED_RDS,
+        type_url::ROUTE | type_url::VIRTUAL_HOST => SKIPPED_RDS,
         type_url::NAME_TABLE => SKIPPED_NDS,
         // Istio's SDS pushes on credential changes only
         type_url::SECRET => return req.configs_updated.changes().any(|k| k.kind() == Secret),
@@ -125,6 +125,25 @@ mod tests {
         let req = change(&[VirtualService]);
         assert_eq!(pushed(NodeType::SidecarProxy, &req), ["cds", "lds", "rds"]);
         assert_eq!(pushed(NodeType::Router, &req), ["cds", "lds", "rds"]);
+    }
+
+    #[test]
+    fn virtual_hosts_over_vhds_are_pushed_when_routes_are() {
+        for kinds in [
+            &[VirtualService][..],
+            &[Gateway],
+            &[WorkloadEntry],
+            &[AuthorizationPolicy],
+        ] {
+            for node in [NodeType::SidecarProxy, NodeType::Router] {
+                let req = change(kinds);
+                assert_eq!(
+                    type_needs_push(type_url::VIRTUAL_HOST, node, &req),
+                    type_needs_push(type_url::ROUTE, node, &req),
+                    "{kinds:?} {node:?}"
+                );
+            }
+        }
     }
 
     #[test]

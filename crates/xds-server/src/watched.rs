@@ -32,7 +32,15 @@ pub struct WatchedResource {
     pub wildcard: bool,
 }
 
-/// Wildcard types by the xDS spec (CDS, LDS) and Istio's own types; EDS, RDS and SDS are not.
+impl WatchedResource {
+    /// Whether the resource `name` is one this watch asks for.
+    pub fn covers(&self, name: &str) -> bool {
+        self.wildcard || self.names.contains(name)
+    }
+}
+
+/// Wildcard types by the xDS spec (CDS, LDS), Istio's own types, and VHDS as Envoy subscribes to
+/// it (see [`type_url::VIRTUAL_HOST`]); EDS, RDS and SDS are not.
 pub(crate) fn is_wildcard_type(t: &str) -> bool {
     !matches!(t, type_url::ENDPOINT | type_url::ROUTE | type_url::SECRET)
 }
@@ -264,8 +272,8 @@ pub(crate) fn delta_request(
     drop(interning);
     // What the proxy no longer watches is no longer known (a wildcard watch keeps everything).
     if !w.resource.wildcard && (unsubscribed_wildcard || !unsubscribed.is_empty()) {
-        let names = &w.resource.names;
-        w.known.retain(|k, _| names.contains(k));
+        let resource = &w.resource;
+        w.known.retain(|k, _| resource.covers(k));
     }
     let respond = if wildcard_on {
         Respond::All

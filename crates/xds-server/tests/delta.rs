@@ -125,3 +125,43 @@ async fn malformed_node_is_refused() {
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(status.message().contains("gateway"), "{}", status.message());
 }
+
+/// VHDS as Envoy speaks it: one subscription without names (namespace matching keeps route
+/// configuration names out of requests) gets the virtual hosts of every route configuration the
+/// proxy watches; a route configuration subscribed later has its hosts follow its RDS answer
+/// unasked; a change sends the changed host alone, a host gone is removed.
+#[tokio::test]
+async fn vhds_follows_the_route_configurations_watched() {
+    let ts = serve(Mesh::basic(), fast_options()).await;
+    let mut c = DeltaAdsClient::connect(ts.addr, NODE, metadata()).await.unwrap();
+    c.subscribe(type_url::ROUTE, &["80"]).unwrap();
+    assert_eq!(c.recv_ack().await.unwrap().names(), vec!["80"]);
+    c.subscribe(type_url::VIRTUAL_HOST, &[]).unwrap();
+    let vhds = c.recv_ack().await.unwrap();
+    assert_eq!(vhds.type_url(), type_url::VIRTUAL_HOST);
+    assert_eq!(vhds.names(), vec!["80/a", "80/b"]);
+
+    // a second route configuration: RDS answers it, its hosts follow over VHDS
+    c.subscribe(type_url::ROUTE, &["8080"]).unwrap();
+    assert_eq!(c.recv_ack().await.unwrap().names(), vec!["8080"]);
+    let follow_up = c.recv_ack().await.unwrap();
+    assert_eq!(follow_up.type_url(), type_url::VIRTUAL_HOST);
+    assert_eq!(follow_up.names(), vec!["8080/a", "8080/b"]);
+    c.expect_no_response(QUIET).await.unwrap();
+
+    // host a changes, host b goes: RDS is not resent
+    ts.set_mesh(|m| {
+        m.hosts.insert("a".into(), "a.example.org".into());
+        m.hosts.remove("b");
+    });
+    ts.server.config_update(PushRequest::full(TriggerReason::ConfigUpdate));
+    let change = c.recv_ack().await.unwrap();
+    assert_eq!(change.type_url(), type_url::VIRTUAL_HOST);
+    assert_eq!(change.names(), vec!["80/a", "8080/a"]);
+    assert_eq!(change.removed(), ["80/b", "8080/b"]);
+    c.expect_no_response(QUIET).await.unwrap();
+    assert_eq!(
+        c.resources(type_url::VIRTUAL_HOST).keys().collect::<Vec<_>>(),
+        vec!["80/a", "8080/a"]
+    );
+}

@@ -17,7 +17,7 @@ use xds_api::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
 };
 use xds_api::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
-use xds_api::envoy::config::route::v3::RouteConfiguration;
+use xds_api::envoy::config::route::v3::{RouteConfiguration, VirtualHost};
 use xds_api::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, Rds, http_connection_manager::RouteSpecifier,
 };
@@ -36,6 +36,9 @@ pub struct Mesh {
     pub listeners: BTreeMap<String, String>,
     /// Route configuration names.
     pub routes: Vec<String>,
+    /// Virtual host name -> its domain, in every route configuration (over VHDS as
+    /// `<route>/<host>`).
+    pub hosts: BTreeMap<String, String>,
     /// Bytes of padding in each cluster, to make responses large.
     pub padding: usize,
 }
@@ -59,6 +62,10 @@ impl Mesh {
             ]),
             listeners: BTreeMap::from([("0.0.0.0_80".into(), "80".into())]),
             routes: vec!["80".into(), "8080".into()],
+            hosts: BTreeMap::from([
+                ("a".into(), "a.example.com".into()),
+                ("b".into(), "b.example.com".into()),
+            ]),
             padding: 0,
         }
     }
@@ -90,7 +97,12 @@ impl PushSnapshot for FakeSnapshot {
         true
     }
 
-    fn generate(&self, _proxy: &Proxy, watched: &WatchedResource) -> Result<Vec<Resource>, GenerateError> {
+    fn generate(
+        &self,
+        _proxy: &Proxy,
+        watched: &WatchedResource,
+        _delta: bool,
+    ) -> Result<Vec<Resource>, GenerateError> {
         // Every resource of the type, whatever was asked: the server must filter EDS/RDS.
         let m = &self.mesh;
         Ok(match watched.type_url.as_str() {
@@ -181,6 +193,23 @@ impl PushSnapshot for FakeSnapshot {
                             ..Default::default()
                         },
                     )
+                })
+                .collect(),
+            // VHDS names the route configurations whose hosts it wants
+            type_url::VIRTUAL_HOST => watched
+                .names
+                .iter()
+                .filter(|route| m.routes.iter().any(|r| r == &***route))
+                .flat_map(|route| {
+                    m.hosts.iter().map(move |(host, domain)| {
+                        let name = format!("{route}/{host}");
+                        let vh = VirtualHost {
+                            name: name.clone(),
+                            domains: vec![domain.clone()],
+                            ..Default::default()
+                        };
+                        Resource::new(name, &vh)
+                    })
                 })
                 .collect(),
             other => return Err(GenerateError::UnsupportedType(other.into())),
