@@ -31,6 +31,8 @@ FIGURES = [
     ("reference_mesh", "change_bytes_per_proxy", True),
     ("reference_mesh", "change_cpu_s_per_proxy", True),
     ("reference_mesh", "converged", False),
+    ("reference_delta", "convergence_p99_ms", True),
+    ("reference_delta", "change_bytes_per_proxy", True),
     ("unscoped", "convergence_p99_ms", True),
     ("unscoped", "discovery_rss_mb", True),
     ("unscoped", "converged", False),
@@ -60,6 +62,7 @@ def run(quick):
     loadgen = [str(RELEASE / "loadgen"), "--scenario", "config-change", "--services", "1000",
                "--proxies", proxies, "--client", "light", "--json"]
     ref = last_json(loadgen + ["--namespaces", "50", "--sidecar-scope", "namespace"])
+    ref_delta = last_json(loadgen + ["--namespaces", "50", "--sidecar-scope", "namespace", "--delta", "--no-raw"])
     unscoped = last_json(loadgen + ["--no-raw"])
     gw = last_json([str(RELEASE / "gateway-figures"), "--changes", "10" if quick else "40",
                     "--storm-seconds", "3", "--json"])
@@ -68,6 +71,7 @@ def run(quick):
     return {
         "quick": quick,
         "reference_mesh": ref,
+        "reference_delta": ref_delta,
         "unscoped": unscoped,
         "gateway": {
             "p50_ms": gw["change_to_first_request_ms"]["p50"],
