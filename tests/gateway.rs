@@ -383,7 +383,7 @@ async fn custom_policy_asks_the_mesh_ext_authz_provider() -> anyhow::Result<()> 
 /// configuration comes without its virtual hosts, each host over VHDS as
 /// `<route configuration>/<host>`; Envoy merges them and routes by them as by inline ones, and a
 /// change to one host's VirtualService sends that host alone (no route configuration, no other
-/// host).
+/// host); hosts whose VirtualServices go are removed.
 #[tokio::test]
 async fn delta_xds_sends_a_changed_virtual_host_alone() -> anyhow::Result<()> {
     let mesh = GatewayMesh::start_with(Ads::Delta).await?;
@@ -448,6 +448,17 @@ async fn delta_xds_sends_a_changed_virtual_host_alone() -> anyhow::Result<()> {
         serde_json::json!({"vhds": {"pushes": 1, "resources": 1}}),
         "{status}"
     );
+
+    // every VirtualService gone: the hosts are removed over VHDS (the route configuration keeps
+    // Istio's 404 host), and come back with them
+    mesh.remove("virtual-service.yaml")?;
+    mesh.remove("other.yaml")?;
+    mesh.wait_for(Duration::from_secs(15), |r| r.status == 404, "/reviews", &[])
+        .await?;
+    let other = test_support::backend::http_get(&url, &[("host", "other.example.com")]).await?;
+    assert_eq!(other.status, 404, "{other:?}");
+    mesh.write("virtual-service.yaml", &virtual_service_yaml(100))?;
+    mesh.wait_for_backend("reviews-v1", 10, "/reviews", &[]).await?;
     mesh.assert_no_rejects().await
 }
 

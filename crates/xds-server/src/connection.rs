@@ -147,7 +147,7 @@ impl<S> Connection<S> {
                     t == type_url::ENDPOINT
                 }
             })
-            .map(|w| with_route_names(&watched, w.resource.clone()))
+            .filter_map(|w| with_route_names(&watched, w.resource.clone()))
             .collect();
         drop(watched);
         if !req.full && !self.delta {
@@ -159,9 +159,9 @@ impl<S> Connection<S> {
         targets
     }
 
-    /// What a request of `type_url` is answered with: `target` as the watch rules gave it (VHDS
-    /// completed with the route configurations, see [`with_route_names`]).
-    pub fn request_target(&self, target: WatchedResource) -> WatchedResource {
+    /// What a request is answered with: `target` as the watch rules gave it (VHDS completed with
+    /// the route configurations, see [`with_route_names`]); `None` when it waits for RDS.
+    pub fn request_target(&self, target: WatchedResource) -> Option<WatchedResource> {
         with_route_names(&lock(&self.watched), target)
     }
 
@@ -170,7 +170,7 @@ impl<S> Connection<S> {
     pub fn vhds_follow_up(&self) -> Option<WatchedResource> {
         let watched = lock(&self.watched);
         let vhds = watched.get(type_url::VIRTUAL_HOST)?.resource.clone();
-        Some(with_route_names(&watched, vhds))
+        with_route_names(&watched, vhds)
     }
 
     /// Records what was sent for `type_url`.
@@ -303,15 +303,14 @@ pub(crate) struct Generated {
 
 /// A VHDS watch covers every route configuration the proxy watches: Envoy subscribes to VHDS
 /// without names (a wildcard), and the names of its RDS watch are what the virtual hosts are
-/// generated for. Other watches are returned as they are.
-fn with_route_names(watched: &HashMap<String, Watch>, mut w: WatchedResource) -> WatchedResource {
+/// generated for. Without an RDS watch (a reconnecting proxy or an agent replaying its requests
+/// in another order) there is nothing to answer yet: answering would remove every host the
+/// proxy says it has; the hosts follow the RDS answer. Other watches are returned as they are.
+fn with_route_names(watched: &HashMap<String, Watch>, mut w: WatchedResource) -> Option<WatchedResource> {
     if w.type_url == type_url::VIRTUAL_HOST && w.wildcard {
-        w.names = watched
-            .get(type_url::ROUTE)
-            .map(|r| r.resource.names.clone())
-            .unwrap_or_default();
+        w.names = watched.get(type_url::ROUTE)?.resource.names.clone();
     }
-    w
+    Some(w)
 }
 
 /// An endpoint-only push in state of the world sends only the clusters of the services whose

@@ -170,7 +170,10 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
             return self.debug(snapshot, target).await;
         }
         lock(&self.conn.last_pushed).get_or_insert_with(|| snapshot.clone());
-        let mut targets = vec![self.conn.request_target(target)];
+        let Some(target) = self.conn.request_target(target) else {
+            return Ok(());
+        };
+        let mut targets = vec![target];
         // New route configurations' virtual hosts follow their RDS answer over VHDS.
         let follow_up = (F::DELTA && t == type_url::ROUTE)
             .then(|| self.conn.vhds_follow_up())

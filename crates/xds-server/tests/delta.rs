@@ -165,3 +165,30 @@ async fn vhds_follows_the_route_configurations_watched() {
         vec!["80/a", "8080/a"]
     );
 }
+
+/// A proxy that reconnects may ask VHDS again before RDS (an agent replaying its requests): the
+/// request waits for the route configurations instead of removing every host the proxy says it
+/// has; once RDS is asked, only the hosts whose versions differ are sent.
+#[tokio::test]
+async fn vhds_before_rds_waits_for_the_route_configurations() {
+    let ts = serve(Mesh::basic(), fast_options()).await;
+    let mut first = DeltaAdsClient::connect(ts.addr, NODE, metadata()).await.unwrap();
+    first.subscribe(type_url::ROUTE, &["80"]).unwrap();
+    first.recv_ack().await.unwrap();
+    first.subscribe(type_url::VIRTUAL_HOST, &[]).unwrap();
+    first.recv_ack().await.unwrap();
+    let mut have = first.resources(type_url::VIRTUAL_HOST);
+    assert_eq!(have.len(), 2);
+    have.insert("80/a".into(), "an-old-version".into());
+
+    let mut again = DeltaAdsClient::connect(ts.addr, NODE, metadata()).await.unwrap();
+    again.subscribe_with(type_url::VIRTUAL_HOST, &[], &have).unwrap();
+    again.expect_no_response(QUIET).await.unwrap();
+    again.subscribe(type_url::ROUTE, &["80"]).unwrap();
+    assert_eq!(again.recv_ack().await.unwrap().names(), vec!["80"]);
+    let follow_up = again.recv_ack().await.unwrap();
+    assert_eq!(follow_up.type_url(), type_url::VIRTUAL_HOST);
+    assert_eq!(follow_up.names(), vec!["80/a"]);
+    assert!(follow_up.removed().is_empty());
+    again.expect_no_response(QUIET).await.unwrap();
+}
