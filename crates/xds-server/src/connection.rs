@@ -27,7 +27,7 @@ pub(crate) struct Connection<S> {
     /// `<proxy id>-<counter>`, as Istio's `connectionID`.
     pub id: String,
     /// The proxy as its node described it, before the registries completed it.
-    pub node: Proxy,
+    pub node: Arc<Proxy>,
     /// The proxy config is generated for: `node` completed by the registries (labels and
     /// locality of its workload), replaced when they change (`DiscoveryServer::proxy_update`).
     proxy: Mutex<Arc<Proxy>>,
@@ -47,11 +47,16 @@ pub(crate) struct Connection<S> {
 }
 
 impl<S> Connection<S> {
+    /// A connection of `node`, generated for `proxy` (the node completed by the registries). When
+    /// they completed nothing, both are one `Proxy`: parsed node metadata is a few kB per
+    /// connection.
     pub fn new(id: String, node: Proxy, proxy: Proxy, peer: String, delta: bool) -> Connection<S> {
+        let node = Arc::new(node);
+        let proxy = if proxy == *node { node.clone() } else { Arc::new(proxy) };
         Connection {
             id,
             node,
-            proxy: Mutex::new(Arc::new(proxy)),
+            proxy: Mutex::new(proxy),
             peer,
             verified_identity: None,
             connected_at: SystemTime::now(),
@@ -68,13 +73,18 @@ impl<S> Connection<S> {
         lock(&self.proxy).clone()
     }
 
-    /// Replaces the proxy; whether it differs from the one it replaces.
+    /// Replaces the proxy; whether it differs from the one it replaces. A proxy equal to the
+    /// node shares the node's.
     pub fn replace_proxy(&self, proxy: Proxy) -> bool {
         let mut current = lock(&self.proxy);
         if **current == proxy {
             return false;
         }
-        *current = Arc::new(proxy);
+        *current = if proxy == *self.node {
+            self.node.clone()
+        } else {
+            Arc::new(proxy)
+        };
         true
     }
 
@@ -443,6 +453,26 @@ mod tests {
         fn needs_push(&self, proxy: &Proxy, _: &PushRequest, _: Option<&Self>) -> bool {
             proxy.config_namespace == self.0
         }
+    }
+
+    /// A proxy the registries did not complete is the node's own `Proxy`, not a copy.
+    #[test]
+    fn the_proxy_shares_the_node_unless_the_registries_changed_it() {
+        let node = Node {
+            id: "sidecar~10.0.0.1~app.a~a.svc.cluster.local".into(),
+            ..Default::default()
+        };
+        let proxy = parse_node(Some(&node)).unwrap();
+        let conn: Connection<OfNamespace> =
+            Connection::new("c-1".into(), proxy.clone(), proxy.clone(), "p".into(), false);
+        assert!(Arc::ptr_eq(&conn.node, &conn.proxy()));
+        let mut labelled = proxy.clone();
+        labelled.labels.insert("app".into(), "reviews".into());
+        assert!(conn.replace_proxy(labelled.clone()));
+        assert!(!Arc::ptr_eq(&conn.node, &conn.proxy()));
+        assert_eq!(*conn.proxy(), labelled);
+        assert!(conn.replace_proxy(proxy));
+        assert!(Arc::ptr_eq(&conn.node, &conn.proxy()));
     }
 
     /// The push loop asks the snapshot before it wakes a stream; a connection not yet pushed from

@@ -155,7 +155,7 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
             .cloned()
             .collect();
         for c in conns {
-            let mut proxy = c.node.clone();
+            let mut proxy = (*c.node).clone();
             self.builder.init_proxy(&mut proxy);
             if c.replace_proxy(proxy) {
                 tracing::info!("ADS: proxy update for {}: its workload changed", c.id);
