@@ -27,4 +27,3 @@ mod traffic_policy;
 mod vhds;
 
 pub use generate::{PushCache, generate, generate_with_vhds};
-pub use vhds::resource_name as vhds_resource_name;

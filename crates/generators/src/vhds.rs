@@ -26,7 +26,7 @@ pub(crate) struct Split {
 }
 
 /// The VHDS resource name of the virtual host `host` of route configuration `config`.
-pub fn resource_name(config: &str, host: &str) -> String {
+fn resource_name(config: &str, host: &str) -> String {
     format!("{config}/{host}")
 }
 
