@@ -462,6 +462,41 @@ async fn delta_xds_sends_a_changed_virtual_host_alone() -> anyhow::Result<()> {
     mesh.assert_no_rejects().await
 }
 
+/// A route configuration that appears later (a Gateway server on a new port) gets its hosts over
+/// VHDS right after its RDS answer: Envoy asks nothing more (its VHDS subscription has no names),
+/// and its new listener would otherwise wait for them.
+#[tokio::test]
+async fn delta_xds_a_new_route_configuration_gets_its_hosts() -> anyhow::Result<()> {
+    let mesh = GatewayMesh::start_with(Ads::Delta).await?;
+    let port = test_support::ports::free_port();
+    mesh.write("other.yaml", &other_host_yaml(port))?;
+    let url = format!("http://127.0.0.1:{port}/ratings");
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = test_support::backend::http_get(&url, &[("host", "other.example.com")]).await;
+        let backend = r
+            .as_ref()
+            .ok()
+            .and_then(|r| r.json().ok())
+            .and_then(|v| v["backend"].as_str().map(str::to_owned));
+        if backend.as_deref() == Some("ratings") {
+            break;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "port {port} never routed other.example.com: {r:?}\n{}",
+            mesh.envoy.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // the first port still routes, and its configuration was not disturbed
+    assert!(matches!(
+        mesh.who("/reviews", &[]).await?.as_deref(),
+        Some("reviews-v1" | "reviews-v2")
+    ));
+    mesh.assert_no_rejects().await
+}
+
 /// A second host on the gateway's port: `other.example.com` to ratings.
 fn other_host_yaml(port: u16) -> String {
     format!(
