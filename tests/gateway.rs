@@ -409,26 +409,12 @@ async fn delta_xds_sends_a_changed_virtual_host_alone() -> anyhow::Result<()> {
     }
 
     let config = format!("http.{port}");
-    let dump = mesh.envoy.config_dump().await?;
-    let route_config = dump["configs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|c| c["dynamic_route_configs"].as_array().into_iter().flatten())
-        .map(|r| &r["route_config"])
-        .find(|r| r["name"] == config.as_str())
-        .ok_or_else(|| anyhow::anyhow!("no route configuration {config} in {dump}"))?;
+    let route_config = gateway_route_config(&mesh, &config).await?;
     assert!(
         route_config["vhds"]["config_source"]["ads"].is_object(),
         "{route_config}"
     );
-    let mut hosts: Vec<&str> = route_config["virtual_hosts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|h| h["name"].as_str())
-        .collect();
-    hosts.sort();
+    let hosts = host_names(&route_config);
     assert_eq!(
         hosts,
         [
@@ -460,6 +446,57 @@ async fn delta_xds_sends_a_changed_virtual_host_alone() -> anyhow::Result<()> {
     mesh.write("virtual-service.yaml", &virtual_service_yaml(100))?;
     mesh.wait_for_backend("reviews-v1", 10, "/reviews", &[]).await?;
     mesh.assert_no_rejects().await
+}
+
+/// `PILOT_ENABLE_DELTA_VHDS=false`: delta xDS sends Istio's route configurations, hosts inline
+/// under their own names, and a change resends the route configuration.
+#[tokio::test]
+async fn delta_xds_without_vhds_sends_route_configurations_whole() -> anyhow::Result<()> {
+    let options = test_support::discovery::DiscoveryOptions {
+        env: vec![("PILOT_ENABLE_DELTA_VHDS".into(), "false".into())],
+        ..Default::default()
+    };
+    let mesh = GatewayMesh::start_with_options(Ads::Delta, serde_json::json!({}), options).await?;
+    let port = mesh.gateway_port;
+    let route_config = gateway_route_config(&mesh, &format!("http.{port}")).await?;
+    assert!(route_config.get("vhds").is_none(), "{route_config}");
+    assert_eq!(host_names(&route_config), [format!("bookinfo.example.com:{port}")]);
+    mesh.write("virtual-service.yaml", &virtual_service_yaml(0))?;
+    mesh.wait_for_backend("reviews-v2", 10, "/reviews", &[]).await?;
+    let (_, status) = mesh.discovery.get("/debug/push_status", false).await?;
+    let status: serde_json::Value = serde_json::from_str(&status)?;
+    assert_eq!(
+        status["types"],
+        serde_json::json!({"rds": {"pushes": 1, "resources": 1}}),
+        "{status}"
+    );
+    mesh.assert_no_rejects().await
+}
+
+/// The route configuration `name` as the gateway's Envoy has it (`/config_dump`).
+async fn gateway_route_config(mesh: &GatewayMesh, name: &str) -> anyhow::Result<serde_json::Value> {
+    let dump = mesh.envoy.config_dump().await?;
+    dump["configs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|c| c["dynamic_route_configs"].as_array().into_iter().flatten())
+        .map(|r| &r["route_config"])
+        .find(|r| r["name"] == name)
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("no route configuration {name} in {dump}"))
+}
+
+/// The names of a route configuration's virtual hosts, sorted.
+fn host_names(route_config: &serde_json::Value) -> Vec<String> {
+    let mut hosts: Vec<String> = route_config["virtual_hosts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|h| h["name"].as_str().map(str::to_owned))
+        .collect();
+    hosts.sort();
+    hosts
 }
 
 /// A route configuration that appears later (a Gateway server on a new port) gets its hosts over
