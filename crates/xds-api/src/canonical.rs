@@ -18,9 +18,10 @@ pub struct MapFields {
     pub maps: &'static [u32],
     /// (field number, its message's map fields) for message fields to descend into.
     pub nested: &'static [(u32, &'static MapFields)],
-    /// (map field number, its values' map fields) for maps whose values hold maps themselves
-    /// (`Struct`s): each entry's value is made canonical before the entries are sorted.
-    pub values: &'static [(u32, &'static MapFields)],
+    /// (map field number, its entries' map fields) for maps whose values hold maps themselves
+    /// (`Struct`s): an entry is a message (key 1, value 2), made canonical before the entries
+    /// are sorted.
+    pub entries: &'static [(u32, &'static MapFields)],
 }
 
 impl MapFields {
@@ -28,7 +29,7 @@ impl MapFields {
         MapFields {
             maps,
             nested,
-            values: &[],
+            entries: &[],
         }
     }
 }
@@ -37,8 +38,10 @@ impl MapFields {
 static STRUCT: MapFields = MapFields {
     maps: &[1],
     nested: &[],
-    values: &[(1, &VALUE)],
+    entries: &[(1, &STRUCT_ENTRY)],
 };
+/// An entry of `Struct.fields`: its value (2) is a `Value`.
+static STRUCT_ENTRY: MapFields = MapFields::new(&[], &[(2, &VALUE)]);
 /// `google.protobuf.Value`: `struct_value` (5), `list_value` (6).
 static VALUE: MapFields = MapFields::new(&[], &[(5, &STRUCT), (6, &LIST_VALUE)]);
 /// `google.protobuf.ListValue`: `values` (1).
@@ -54,8 +57,10 @@ static JWT_AUTHN: MapFields = MapFields::new(&[1, 5], &[]);
 static METADATA: MapFields = MapFields {
     maps: &[1, 2],
     nested: &[],
-    values: &[(1, &STRUCT)],
+    entries: &[(1, &FILTER_METADATA_ENTRY)],
 };
+/// An entry of `Metadata.filter_metadata`: its value (2) is a `Struct`.
+static FILTER_METADATA_ENTRY: MapFields = MapFields::new(&[], &[(2, &STRUCT)]);
 /// `Route`: `metadata` (4), `typed_per_filter_config` (13).
 static ROUTE: MapFields = MapFields::new(&[13], &[(4, &METADATA)]);
 /// `VirtualHost`: `routes` (3), `typed_per_filter_config` (15).
@@ -113,8 +118,8 @@ pub fn sort_map_entries(buf: &mut [u8], fields: &MapFields) -> Result<(), WireEr
                 if let Some((_, inner)) = fields.nested.iter().find(|(n, _)| *n == field) {
                     sort_map_entries(&mut buf[body..at], inner)?;
                 } else if fields.maps.contains(&field) {
-                    if let Some((_, inner)) = fields.values.iter().find(|(n, _)| *n == field) {
-                        sort_entry_value(&mut buf[body..at], inner)?;
+                    if let Some((_, entry)) = fields.entries.iter().find(|(n, _)| *n == field) {
+                        sort_map_entries(&mut buf[body..at], entry)?;
                     }
                     runs.push((field, start, at));
                 }
@@ -136,32 +141,6 @@ pub fn sort_map_entries(buf: &mut [u8], fields: &MapFields) -> Result<(), WireEr
             buf[from..to].copy_from_slice(&sorted);
         }
         i = j;
-    }
-    Ok(())
-}
-
-/// Makes the value (field 2, a message) of one encoded map entry canonical.
-fn sort_entry_value(entry: &mut [u8], fields: &MapFields) -> Result<(), WireError> {
-    let mut at = 0;
-    while at < entry.len() {
-        let start = at;
-        let key = varint(entry, &mut at)?;
-        match key & 7 {
-            0 => {
-                varint(entry, &mut at)?;
-            }
-            1 => at = skip(entry, at, 8)?,
-            5 => at = skip(entry, at, 4)?,
-            2 => {
-                let len = usize::try_from(varint(entry, &mut at)?).map_err(|_| WireError(at))?;
-                let body = at;
-                at = skip(entry, at, len)?;
-                if key >> 3 == 2 {
-                    sort_map_entries(&mut entry[body..at], fields)?;
-                }
-            }
-            _ => return Err(WireError(start)),
-        }
     }
     Ok(())
 }
