@@ -389,24 +389,7 @@ async fn delta_xds_sends_a_changed_virtual_host_alone() -> anyhow::Result<()> {
     let mesh = GatewayMesh::start_with(Ads::Delta).await?;
     let port = mesh.gateway_port;
     mesh.write("other.yaml", &other_host_yaml(port))?;
-    let url = format!("http://127.0.0.1:{port}/ratings");
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let r = test_support::backend::http_get(&url, &[("host", "other.example.com")]).await?;
-        if r.json()
-            .ok()
-            .and_then(|v| v["backend"].as_str().map(str::to_owned))
-            .as_deref()
-            == Some("ratings")
-        {
-            break;
-        }
-        anyhow::ensure!(
-            std::time::Instant::now() < deadline,
-            "other.example.com never routed: {r:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let url = wait_for_other_host(&mesh, port).await?;
 
     let config = format!("http.{port}");
     let route_config = gateway_route_config(&mesh, &config).await?;
@@ -427,13 +410,7 @@ async fn delta_xds_sends_a_changed_virtual_host_alone() -> anyhow::Result<()> {
     // everything to v2: one host's routes change
     mesh.write("virtual-service.yaml", &virtual_service_yaml(0))?;
     mesh.wait_for_backend("reviews-v2", 10, "/reviews", &[]).await?;
-    let (_, status) = mesh.discovery.get("/debug/push_status", false).await?;
-    let status: serde_json::Value = serde_json::from_str(&status)?;
-    assert_eq!(
-        status["types"],
-        serde_json::json!({"vhds": {"pushes": 1, "resources": 1}}),
-        "{status}"
-    );
+    assert_last_push_sent(&mesh, serde_json::json!({"vhds": {"pushes": 1, "resources": 1}})).await?;
 
     // every VirtualService gone: the hosts are removed over VHDS (the route configuration keeps
     // Istio's 404 host), and come back with them
@@ -463,14 +440,41 @@ async fn delta_xds_without_vhds_sends_route_configurations_whole() -> anyhow::Re
     assert_eq!(host_names(&route_config), [format!("bookinfo.example.com:{port}")]);
     mesh.write("virtual-service.yaml", &virtual_service_yaml(0))?;
     mesh.wait_for_backend("reviews-v2", 10, "/reviews", &[]).await?;
+    assert_last_push_sent(&mesh, serde_json::json!({"rds": {"pushes": 1, "resources": 1}})).await?;
+    mesh.assert_no_rejects().await
+}
+
+/// Polls `other.example.com` on `port` (see [`other_host_yaml`]) until ratings answers, within
+/// 15 s; a listener not there yet counts as not routed. Returns the URL polled.
+async fn wait_for_other_host(mesh: &GatewayMesh, port: u16) -> anyhow::Result<String> {
+    let url = format!("http://127.0.0.1:{port}/ratings");
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = test_support::backend::http_get(&url, &[("host", "other.example.com")]).await;
+        let backend = r
+            .as_ref()
+            .ok()
+            .and_then(|r| r.json().ok())
+            .and_then(|v| v["backend"].as_str().map(str::to_owned));
+        if backend.as_deref() == Some("ratings") {
+            return Ok(url);
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "port {port} never routed other.example.com: {r:?}\n{}",
+            mesh.envoy.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Asserts what pilot-discovery sent at its last push version (`/debug/push_status` `types`: per
+/// type, responses and resources).
+async fn assert_last_push_sent(mesh: &GatewayMesh, types: serde_json::Value) -> anyhow::Result<()> {
     let (_, status) = mesh.discovery.get("/debug/push_status", false).await?;
     let status: serde_json::Value = serde_json::from_str(&status)?;
-    assert_eq!(
-        status["types"],
-        serde_json::json!({"rds": {"pushes": 1, "resources": 1}}),
-        "{status}"
-    );
-    mesh.assert_no_rejects().await
+    assert_eq!(status["types"], types, "{status}");
+    Ok(())
 }
 
 /// The route configuration `name` as the gateway's Envoy has it (`/config_dump`).
@@ -507,25 +511,7 @@ async fn delta_xds_a_new_route_configuration_gets_its_hosts() -> anyhow::Result<
     let mesh = GatewayMesh::start_with(Ads::Delta).await?;
     let port = test_support::ports::free_port();
     mesh.write("other.yaml", &other_host_yaml(port))?;
-    let url = format!("http://127.0.0.1:{port}/ratings");
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let r = test_support::backend::http_get(&url, &[("host", "other.example.com")]).await;
-        let backend = r
-            .as_ref()
-            .ok()
-            .and_then(|r| r.json().ok())
-            .and_then(|v| v["backend"].as_str().map(str::to_owned));
-        if backend.as_deref() == Some("ratings") {
-            break;
-        }
-        anyhow::ensure!(
-            std::time::Instant::now() < deadline,
-            "port {port} never routed other.example.com: {r:?}\n{}",
-            mesh.envoy.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_other_host(&mesh, port).await?;
     // the first port still routes, and its configuration was not disturbed
     assert!(matches!(
         mesh.who("/reviews", &[]).await?.as_deref(),

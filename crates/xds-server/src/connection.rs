@@ -455,16 +455,21 @@ mod tests {
         }
     }
 
-    /// A proxy the registries did not complete is the node's own `Proxy`, not a copy.
-    #[test]
-    fn the_proxy_shares_the_node_unless_the_registries_changed_it() {
+    /// A connection of the sidecar `app.a` (namespace `a`), its proxy as its node describes it.
+    fn sidecar_connection() -> (Proxy, Connection<OfNamespace>) {
         let node = Node {
             id: "sidecar~10.0.0.1~app.a~a.svc.cluster.local".into(),
             ..Default::default()
         };
         let proxy = parse_node(Some(&node)).unwrap();
-        let conn: Connection<OfNamespace> =
-            Connection::new("c-1".into(), proxy.clone(), proxy.clone(), "p".into(), false);
+        let conn = Connection::new("c-1".into(), proxy.clone(), proxy.clone(), "peer".into(), false);
+        (proxy, conn)
+    }
+
+    /// A proxy the registries did not complete is the node's own `Proxy`, not a copy.
+    #[test]
+    fn the_proxy_shares_the_node_unless_the_registries_changed_it() {
+        let (proxy, conn) = sidecar_connection();
         assert!(Arc::ptr_eq(&conn.node, &conn.proxy()));
         let mut labelled = proxy.clone();
         labelled.labels.insert("app".into(), "reviews".into());
@@ -479,12 +484,7 @@ mod tests {
     /// any snapshot is always woken (its first answer may predate the push).
     #[test]
     fn a_push_concerns_a_connection_as_its_snapshot_says_once_it_was_pushed() {
-        let node = Node {
-            id: "sidecar~10.0.0.1~app.a~a.svc.cluster.local".into(),
-            ..Default::default()
-        };
-        let proxy = parse_node(Some(&node)).unwrap();
-        let conn: Connection<OfNamespace> = Connection::new("c-1".into(), proxy.clone(), proxy, "peer".into(), false);
+        let (_, conn) = sidecar_connection();
         let req = PushRequest::full(model::TriggerReason::ConfigUpdate);
         assert!(conn.concerned_by(&OfNamespace("b"), &req));
         *lock(&conn.last_pushed) = Some(Arc::new(OfNamespace("a")));
