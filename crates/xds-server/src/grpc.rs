@@ -2,11 +2,10 @@
 //! response framing. tonic's generated service encodes every response into a per-stream buffer
 //! that keeps the allocation of the last message alive while the stream is idle, so each
 //! connected proxy pinned about one full push (1 MB at 1,000 services; 2.2 GB for 2,000 proxies).
-//! Here each response is framed into chunks of its own (`response.rs`), freed once HTTP/2 has
-//! written them, its large resources the push's shared bytes.
+//! Here each response is framed into chunks of its own as HTTP/2 asks for them (`response.rs`),
+//! freed once HTTP/2 has written them, its large resources the push's shared bytes.
 //! Requests are decoded here too (`Requests`), so that no buffer outlives the message it held.
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -27,7 +26,7 @@ use crate::SnapshotBuilder;
 use crate::auth::StreamAuthenticator;
 use crate::delta::Delta;
 use crate::outbound::ResponseStream;
-use crate::response::{Framed, HEADER_SIZE};
+use crate::response::{Cursor, Framed, HEADER_SIZE};
 use crate::server::DiscoveryServer;
 use crate::sotw::Sotw;
 use crate::stream::Flavour;
@@ -292,7 +291,7 @@ fn peer_of(req: &http::Request<Body>) -> Option<SocketAddr> {
 fn grpc_response<R: Framed>(rx: ResponseStream<R>) -> http::Response<Body> {
     let body = http_body_util::StreamBody::new(Frames {
         rx,
-        chunks: VecDeque::new(),
+        framing: None,
         done: false,
     });
     let mut response = http::Response::new(Body::new(body));
@@ -303,12 +302,13 @@ fn grpc_response<R: Framed>(rx: ResponseStream<R>) -> http::Response<Body> {
     response
 }
 
-/// The response body: the data frames of each message (`Response::frame`: copied pieces and the
-/// push's large resource values), then the trailers (`grpc-status`).
+/// The response body: the data frames of each message (`Framed::next_chunk`: copied pieces and
+/// the push's large resource values, made as they are asked for), then the trailers
+/// (`grpc-status`).
 struct Frames<R> {
     rx: ResponseStream<R>,
-    /// The rest of the message being sent.
-    chunks: VecDeque<Bytes>,
+    /// The message being sent and how far it is framed (boxed: an idle stream holds `None`).
+    framing: Option<Box<(R, Cursor)>>,
     done: bool,
 }
 
@@ -316,8 +316,12 @@ impl<R: Framed> Stream for Frames<R> {
     type Item = Result<Frame<Bytes>, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if let Some(chunk) = self.chunks.pop_front() {
-            return Poll::Ready(Some(Ok(Frame::data(chunk))));
+        if let Some(framing) = self.framing.as_mut() {
+            let (message, cursor) = &mut **framing;
+            if let Some(chunk) = message.next_chunk(cursor) {
+                return Poll::Ready(Some(Ok(Frame::data(chunk))));
+            }
+            self.framing = None;
         }
         if self.done {
             return Poll::Ready(None);
@@ -325,8 +329,9 @@ impl<R: Framed> Stream for Frames<R> {
         match self.rx.poll_next_unpin(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(Ok(message))) => {
-                self.chunks = message.frame().into();
-                let first = self.chunks.pop_front().unwrap_or_default();
+                let mut cursor = Cursor::default();
+                let first = message.next_chunk(&mut cursor).unwrap_or_default();
+                self.framing = Some(Box::new((message, cursor)));
                 Poll::Ready(Some(Ok(Frame::data(first))))
             }
             Poll::Ready(Some(Err(status))) => {

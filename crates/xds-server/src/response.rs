@@ -4,6 +4,10 @@
 //! `Vec<u8>`), so each response existed twice while it waited to be framed: 1 MB per sidecar per
 //! push for the route configuration of an unscoped mesh of 1,000 services. The bytes are a valid
 //! response: protobuf allows fields in any order, and decoding gives the message prost builds.
+//!
+//! The chunks are made as HTTP/2 asks for them ([`Framed::next_chunk`]), at most [`CHUNK`] of
+//! copies each: hyper takes the next chunk only once the stream's send buffer has room, so a
+//! response of many small resources (1,000 clusters: 1 MB) is not copied whole while it waits.
 
 use std::sync::Arc;
 
@@ -19,6 +23,9 @@ pub(crate) const HEADER_SIZE: usize = 5;
 /// Resource values this long or longer are framed as the push's own bytes instead of copied:
 /// one response of an unscoped mesh is a single 1 MB route configuration, shared by every sidecar.
 const SHARE_AT: usize = 8 * 1024;
+/// Copied bytes gathered into one chunk before it is handed to HTTP/2 (the last resource may
+/// take it up to [`SHARE_AT`] over).
+const CHUNK: usize = 32 * 1024;
 
 /// The bytes of a shared `Any`'s value, for `Bytes::from_owner`.
 struct Value(Arc<Any>);
@@ -88,13 +95,14 @@ impl Shared {
 }
 
 impl Shared {
-    /// Encodes the resource onto `buf`, except that a value of [`SHARE_AT`] bytes or more ends
-    /// `buf` as a chunk and follows it as a chunk of its own, the push's bytes uncopied.
-    fn frame(&self, buf: &mut Vec<u8>, chunks: &mut Vec<Bytes>) {
+    /// Encodes the resource onto `buf`, except that a value of [`SHARE_AT`] bytes or more is
+    /// returned, the push's bytes uncopied, to follow `buf` as a chunk of its own; what comes
+    /// after the value then goes to `tail`.
+    fn frame(&self, buf: &mut Vec<u8>, tail: &mut Vec<u8>) -> Option<Bytes> {
         let any = self.any();
         if any.value.len() < SHARE_AT {
             self.encode(buf);
-            return;
+            return None;
         }
         encoding::encode_key(RESOURCES, WireType::LengthDelimited, buf);
         encoding::encode_varint(self.body_len() as u64, buf);
@@ -109,36 +117,75 @@ impl Shared {
         }
         encoding::encode_key(2, WireType::LengthDelimited, buf);
         encoding::encode_varint(any.value.len() as u64, buf);
-        chunks.push(Bytes::from(std::mem::take(buf)));
-        chunks.push(Bytes::from_owner(Value(any.clone())));
         if let Shared::Delta { name, .. } = self {
-            encoding::string::encode(3, name, buf);
+            encoding::string::encode(3, name, tail);
         }
+        Some(Bytes::from_owner(Value(any.clone())))
     }
+}
+
+/// How far a response has been framed.
+#[derive(Debug, Default)]
+pub(crate) struct Cursor {
+    /// The gRPC header and the message's own fields are framed.
+    started: bool,
+    /// The next resource to frame.
+    next: usize,
+    /// A large value, the next chunk.
+    shared: Option<Bytes>,
+    /// What follows `shared`, the start of the chunk after it.
+    tail: Vec<u8>,
+    /// Bytes of the length-prefixed message not yet framed.
+    left: usize,
 }
 
 /// A response message as the chunks of the response body.
 pub(crate) trait Framed: Message + Send + 'static {
-    /// The length-prefixed gRPC message, in chunks.
-    fn frame(&self) -> Vec<Bytes>;
+    /// The next chunk of the length-prefixed gRPC message after `cursor` (copied pieces of at
+    /// most about [`CHUNK`] bytes, and resource values of [`SHARE_AT`] bytes or more as they are
+    /// in the push); `None` once the message is framed.
+    fn next_chunk(&self, cursor: &mut Cursor) -> Option<Bytes>;
+
+    /// All the chunks at once.
+    #[cfg(test)]
+    fn frame(&self) -> Vec<Bytes> {
+        let mut cursor = Cursor::default();
+        std::iter::from_fn(|| self.next_chunk(&mut cursor)).collect()
+    }
 }
 
 impl<M: Message + Send + 'static> Framed for Response<M> {
-    /// Copied pieces, and resource values of [`SHARE_AT`] bytes or more as they are in the push.
-    fn frame(&self) -> Vec<Bytes> {
-        let len = self.encoded_len();
-        let mut chunks = Vec::new();
-        let mut buf = Vec::with_capacity((HEADER_SIZE + len).min(64 * 1024));
-        buf.put_u8(0);
-        buf.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
-        self.message.encode_raw(&mut buf);
-        for r in &self.resources {
-            r.frame(&mut buf, &mut chunks);
+    fn next_chunk(&self, cursor: &mut Cursor) -> Option<Bytes> {
+        if let Some(value) = cursor.shared.take() {
+            cursor.left = cursor.left.saturating_sub(value.len());
+            return Some(value);
         }
-        if !buf.is_empty() {
-            chunks.push(Bytes::from(buf));
+        let mut buf = std::mem::take(&mut cursor.tail);
+        if !cursor.started {
+            cursor.started = true;
+            let len = self.encoded_len();
+            cursor.left = HEADER_SIZE + len;
+            buf.reserve(cursor.left.min(CHUNK + SHARE_AT));
+            buf.put_u8(0);
+            buf.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
+            self.message.encode_raw(&mut buf);
+        } else if buf.len() < cursor.left {
+            buf.reserve((cursor.left - buf.len()).min(CHUNK + SHARE_AT));
         }
-        chunks
+        while buf.len() < CHUNK
+            && let Some(r) = self.resources.get(cursor.next)
+        {
+            cursor.next += 1;
+            if let Some(value) = r.frame(&mut buf, &mut cursor.tail) {
+                cursor.shared = Some(value);
+                break;
+            }
+        }
+        if buf.is_empty() {
+            return None;
+        }
+        cursor.left = cursor.left.saturating_sub(buf.len());
+        Some(Bytes::from(buf))
     }
 }
 
@@ -268,6 +315,66 @@ mod tests {
             ],
         };
         assert_framed(delta, &large, &small);
+    }
+
+    /// A response of many small resources is copied a chunk at a time, never whole: each chunk
+    /// is made when the body is polled for it.
+    #[test]
+    fn many_small_resources_are_framed_in_bounded_chunks() {
+        let small: Vec<Arc<Any>> = (0..1000)
+            .map(|i| any(xds_api::type_url::CLUSTER, &[(i % 251) as u8; 1000]))
+            .collect();
+        let large = any(xds_api::type_url::CLUSTER, &[9; 2 * SHARE_AT]);
+        let mut all = small.clone();
+        all.insert(500, large.clone());
+        let sotw = Response {
+            message: DiscoveryResponse {
+                nonce: "n".into(),
+                ..Default::default()
+            },
+            resources: all.iter().cloned().map(Shared::Any).collect(),
+        };
+        let delta = Response {
+            message: DeltaDiscoveryResponse {
+                nonce: "n".into(),
+                ..Default::default()
+            },
+            resources: all
+                .iter()
+                .enumerate()
+                .map(|(i, any)| Shared::Delta {
+                    name: format!("outbound|80||svc-{i}.default.svc.cluster.local"),
+                    version: format!("v{i}"),
+                    any: any.clone(),
+                })
+                .collect(),
+        };
+        fn check<M: Message + Send + 'static>(response: Response<M>, large: &Any) {
+            let mut cursor = Cursor::default();
+            let mut chunks = Vec::new();
+            while let Some(chunk) = response.next_chunk(&mut cursor) {
+                chunks.push(chunk);
+            }
+            assert!(response.next_chunk(&mut cursor).is_none(), "framed once");
+            let wire: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+            assert_eq!(wire[HEADER_SIZE..], response.encode_to_vec()[..]);
+            assert_eq!(cursor.left, 0);
+            for c in &chunks {
+                let shared = c.as_ptr() == large.value.as_ptr();
+                assert!(
+                    shared || c.len() <= CHUNK + SHARE_AT,
+                    "a copied chunk of {} bytes",
+                    c.len()
+                );
+            }
+            assert!(
+                chunks.len() > wire.len() / (CHUNK + SHARE_AT),
+                "{} chunks",
+                chunks.len()
+            );
+        }
+        check(sotw, &large);
+        check(delta, &large);
     }
 
     #[test]
