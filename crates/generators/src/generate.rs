@@ -150,27 +150,30 @@ impl<K: Eq + Hash, V: Clone> OnceCache<K, V> {
     }
 }
 
+/// `items` packed as resources, in a vector of their own size. `collect` from `Vec::into_iter`
+/// reuses the source's allocation in place, and the push caches what it returns: 1,000 clusters
+/// (3,360 bytes each as messages, 40 as resources) were cached in 3.4 MB instead of 40 kB.
+pub(crate) fn packed<T>(items: Vec<T>, pack: impl FnMut(T) -> Resource) -> Vec<Resource> {
+    let mut out = Vec::with_capacity(items.len());
+    out.extend(items.into_iter().map(pack));
+    out
+}
+
 fn clusters(push: &PushContext, cache: &PushCache, proxy: &Proxy) -> Arc<Vec<Resource>> {
     let key = CdsKey::new(push, cache.label_keys(push), proxy);
     cache.clusters.get_or_build(key, || {
-        Arc::new(
-            crate::cds::build_clusters(proxy, push)
-                .into_iter()
-                .map(|c| Resource::new(c.name.clone(), &c))
-                .collect(),
-        )
+        Arc::new(packed(crate::cds::build_clusters(proxy, push), |c| {
+            Resource::new(c.name.clone(), &c)
+        }))
     })
 }
 
 fn listeners(push: &PushContext, cache: &PushCache, proxy: &Proxy) -> Arc<Vec<Resource>> {
     let key = LdsKey::new(push, cache.label_keys(push), proxy);
     cache.listeners.get_or_build(key, || {
-        Arc::new(
-            crate::lds::build_listeners(proxy, push)
-                .into_iter()
-                .map(|l| Resource::new(l.name.clone(), &l))
-                .collect(),
-        )
+        Arc::new(packed(crate::lds::build_listeners(proxy, push), |l| {
+            Resource::new(l.name.clone(), &l)
+        }))
     })
 }
 
@@ -225,4 +228,27 @@ fn uncached_load_assignments(push: &PushContext, cache: &PushCache, proxy: &Prox
             None => Resource::new(name.clone(), &crate::eds::empty(name)),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use xds_api::envoy::config::cluster::v3::Cluster;
+
+    use super::*;
+
+    /// The cached resources hold 40 bytes each, not the 3,360 of the messages they were packed
+    /// from (which an in-place `collect` keeps).
+    #[test]
+    fn packed_resources_do_not_keep_the_messages_allocation() {
+        let clusters: Vec<Cluster> = (0..100)
+            .map(|i| Cluster {
+                name: format!("outbound|80||svc-{i}.default.svc.cluster.local"),
+                ..Default::default()
+            })
+            .collect();
+        let resources = packed(clusters, |c| Resource::new(c.name.clone(), &c));
+        assert_eq!(resources.len(), 100);
+        assert_eq!(resources.capacity(), 100);
+        assert_eq!(resources[7].name, "outbound|80||svc-7.default.svc.cluster.local");
+    }
 }

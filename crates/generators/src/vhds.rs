@@ -39,13 +39,10 @@ pub(crate) fn split(mut config: RouteConfiguration) -> Split {
         };
     }
     let hosts = std::mem::take(&mut config.virtual_hosts);
-    let virtual_hosts = hosts
-        .into_iter()
-        .map(|mut host| {
-            host.name = resource_name(&config.name, &host.name);
-            Resource::new(host.name.clone(), &host)
-        })
-        .collect();
+    let virtual_hosts = crate::generate::packed(hosts, |mut host| {
+        host.name = resource_name(&config.name, &host.name);
+        Resource::new(host.name.clone(), &host)
+    });
     config.vhds = Some(Vhds {
         config_source: Some(crate::lds::hcm::ads_config_source()),
     });
