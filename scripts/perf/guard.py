@@ -4,7 +4,7 @@ with its ratio to the last recorded one (docs/perf/baseline.json). Run it before
 change, on the same machine, and compare; ratios on these noisy 2-core machines move by ~10-20%
 run to run, so a figure is flagged only past --tolerance (default 1.3x the wrong way).
 
-    cargo build --release -p loadgen -p pilot-discovery -p e2e --bin gateway-figures
+    cargo build --release --bin pilot-discovery --bin loadgen --bin kube_load --bin gateway-figures
     python3 scripts/perf/guard.py            # full set, ~4 minutes
     python3 scripts/perf/guard.py --quick    # fewer proxies and changes, ~1 minute
     python3 scripts/perf/guard.py --record   # also write the figures as the new baseline
@@ -90,8 +90,8 @@ def main():
     args = ap.parse_args()
     for exe in ["loadgen", "kube_load", "pilot-discovery", "gateway-figures"]:
         if not (RELEASE / exe).exists():
-            sys.exit(f"target/release/{exe} missing: cargo build --release -p loadgen -p pilot-discovery "
-                     "-p e2e --bin gateway-figures")
+            sys.exit(f"target/release/{exe} missing: cargo build --release --bin pilot-discovery "
+                     "--bin loadgen --bin kube_load --bin gateway-figures")
     if "ENVOY_BIN" not in os.environ:
         envoy = subprocess.run([str(ROOT / "scripts/install-envoy.sh")], capture_output=True, text=True)
         os.environ["ENVOY_BIN"] = envoy.stdout.strip()
