@@ -23,6 +23,12 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// `proxy`, as the node's own `Proxy` when it equals the node (parsed node metadata is a few kB
+/// per connection).
+fn shared_with(node: &Arc<Proxy>, proxy: Proxy) -> Arc<Proxy> {
+    if proxy == **node { node.clone() } else { Arc::new(proxy) }
+}
+
 pub(crate) struct Connection<S> {
     /// `<proxy id>-<counter>`, as Istio's `connectionID`.
     pub id: String,
@@ -48,11 +54,10 @@ pub(crate) struct Connection<S> {
 
 impl<S> Connection<S> {
     /// A connection of `node`, generated for `proxy` (the node completed by the registries). When
-    /// they completed nothing, both are one `Proxy`: parsed node metadata is a few kB per
-    /// connection.
+    /// they completed nothing, both are one `Proxy` ([`shared_with`]).
     pub fn new(id: String, node: Proxy, proxy: Proxy, peer: String, delta: bool) -> Connection<S> {
         let node = Arc::new(node);
-        let proxy = if proxy == *node { node.clone() } else { Arc::new(proxy) };
+        let proxy = shared_with(&node, proxy);
         Connection {
             id,
             node,
@@ -74,17 +79,13 @@ impl<S> Connection<S> {
     }
 
     /// Replaces the proxy; whether it differs from the one it replaces. A proxy equal to the
-    /// node shares the node's.
+    /// node shares the node's ([`shared_with`]).
     pub fn replace_proxy(&self, proxy: Proxy) -> bool {
         let mut current = lock(&self.proxy);
         if **current == proxy {
             return false;
         }
-        *current = if proxy == *self.node {
-            self.node.clone()
-        } else {
-            Arc::new(proxy)
-        };
+        *current = shared_with(&self.node, proxy);
         true
     }
 

@@ -10,7 +10,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes};
 use futures::{Stream, StreamExt};
@@ -316,31 +316,27 @@ impl<R: Framed> Stream for Frames<R> {
     type Item = Result<Frame<Bytes>, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if let Some(framing) = self.framing.as_mut() {
-            let (message, cursor) = &mut **framing;
-            if let Some(chunk) = message.next_chunk(cursor) {
-                return Poll::Ready(Some(Ok(Frame::data(chunk))));
+        loop {
+            if let Some(framing) = self.framing.as_mut() {
+                let (message, cursor) = &mut **framing;
+                if let Some(chunk) = message.next_chunk(cursor) {
+                    return Poll::Ready(Some(Ok(Frame::data(chunk))));
+                }
+                self.framing = None;
             }
-            self.framing = None;
-        }
-        if self.done {
-            return Poll::Ready(None);
-        }
-        match self.rx.poll_next_unpin(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(Ok(message))) => {
-                let mut cursor = Cursor::default();
-                let first = message.next_chunk(&mut cursor).unwrap_or_default();
-                self.framing = Some(Box::new((message, cursor)));
-                Poll::Ready(Some(Ok(Frame::data(first))))
+            if self.done {
+                return Poll::Ready(None);
             }
-            Poll::Ready(Some(Err(status))) => {
-                self.done = true;
-                Poll::Ready(Some(Ok(Frame::trailers(trailers(&status)))))
-            }
-            Poll::Ready(None) => {
-                self.done = true;
-                Poll::Ready(Some(Ok(Frame::trailers(trailers(&Status::ok(""))))))
+            match ready!(self.rx.poll_next_unpin(cx)) {
+                Some(Ok(message)) => self.framing = Some(Box::new((message, Cursor::default()))),
+                Some(Err(status)) => {
+                    self.done = true;
+                    return Poll::Ready(Some(Ok(Frame::trailers(trailers(&status)))));
+                }
+                None => {
+                    self.done = true;
+                    return Poll::Ready(Some(Ok(Frame::trailers(trailers(&Status::ok(""))))));
+                }
             }
         }
     }
