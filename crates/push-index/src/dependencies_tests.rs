@@ -207,3 +207,31 @@ fn delegates_concern_proxies_that_see_a_root_naming_them() {
     assert!(!needs(&p, None, &sidecar_in("b"), leaf.clone()));
     assert!(!needs(&p, None, &gateway(), leaf));
 }
+
+/// Configs are found by key whatever order the push holds them in (the environment hands them in
+/// key order; tests and other callers may not): a config not found would concern every proxy.
+#[test]
+fn changed_configs_are_found_in_any_order() {
+    let mut sorted: Vec<Value> = mesh();
+    let key_of = |v: &Value| {
+        let c = model::testing::config(v.clone());
+        (c.kind, c.meta.namespace.clone(), c.meta.name.clone())
+    };
+    sorted.sort_by_key(key_of);
+    let mut reversed = sorted.clone();
+    reversed.reverse();
+    for docs in [mesh(), sorted, reversed] {
+        let p = push(&docs);
+        let vs = |name: &str, ns: &str| key(ConfigKind::VirtualService, ns, name);
+        assert!(!needs(&p, None, &sidecar_in("b"), vs("private-vs", "a")));
+        assert!(needs(&p, None, &sidecar_in("a"), vs("private-vs", "a")));
+        assert!(!needs(&p, None, &sidecar_in("b"), vs("gw-vs", "istio-system")));
+        let dr = key(ConfigKind::DestinationRule, "a", "private-dr");
+        assert!(!needs(&p, None, &sidecar_in("b"), dr.clone()));
+        assert!(needs(&p, None, &sidecar_in("a"), dr));
+        let gw = key(ConfigKind::Gateway, "istio-system", "egress");
+        assert!(!needs(&p, None, &gateway(), gw));
+        // a config this push does not hold concerns everyone
+        assert!(needs(&p, None, &sidecar_in("b"), vs("missing", "a")));
+    }
+}

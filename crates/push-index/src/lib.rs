@@ -23,6 +23,8 @@ pub mod testing;
 mod virtual_services;
 
 #[cfg(test)]
+mod rebuild_tests;
+#[cfg(test)]
 mod tests;
 
 use std::cmp::Ordering;
@@ -81,15 +83,25 @@ pub struct PushContext {
     peer_authn: Arc<peer_authn::PeerAuthnIndex>,
     authorization_policies: Arc<security_policies::PolicyIndex>,
     request_authentications: Arc<security_policies::PolicyIndex>,
-    /// Service instances by endpoint address, built on first use.
-    instances: instances::InstancesByAddress,
+    /// Service instances by endpoint address, built on first use; shared with the next push
+    /// while the registry is the same.
+    instances: Arc<instances::InstancesByAddress>,
     /// Configs by key and `proxy_sees` answers, for push filtering.
     dependencies: dependencies::DependencyCache,
-    /// The Sidecar resources by namespace, built on first use.
-    sidecars: OnceLock<SidecarIndex>,
-    /// Sidecar scopes by proxy namespace, then Sidecar in effect (its position in `sidecars`),
-    /// computed on first use: all that decides a sidecar's scope.
-    sidecar_scopes: Mutex<ScopesByNamespace>,
+    /// The Sidecar index and scopes, built on first use; shared with the next push while no
+    /// Sidecar changed.
+    sidecars: Arc<Sidecars>,
+}
+
+/// What the Sidecar resources of a push decide, computed on first use. It reads the Sidecars
+/// (and the mesh's root namespace) only, so a push that changed neither shares it.
+#[derive(Debug, Default)]
+struct Sidecars {
+    /// The Sidecar resources by namespace.
+    index: OnceLock<SidecarIndex>,
+    /// Sidecar scopes by proxy namespace, then Sidecar in effect (its position in `index`): all
+    /// that decides a sidecar's scope.
+    scopes: Mutex<ScopesByNamespace>,
 }
 
 fn authorization_index(input: &PushInput) -> security_policies::PolicyIndex {
@@ -152,14 +164,15 @@ impl PushContext {
             request_authentications,
             instances: Default::default(),
             dependencies: Default::default(),
-            sidecars: OnceLock::new(),
-            sidecar_scopes: Mutex::default(),
+            sidecars: Default::default(),
         }
     }
 
     /// A new push that reuses the indexes of `self` that `changed` does not touch. The mesh config,
-    /// domain and features must be those of `self` (else it is `PushContext::new`); what is computed on first use
-    /// starts empty.
+    /// domain and features must be those of `self` (else it is `PushContext::new`). What is computed
+    /// on first use starts empty, except the instances by address (the registry is the same) and
+    /// the Sidecar index and scopes (no Sidecar changed), which the two pushes share: a
+    /// VirtualService change then finds them built.
     pub fn rebuild(&self, input: PushInput, changed: &ChangeScope) -> PushContext {
         if input.mesh != self.mesh || input.domain != self.domain || input.features != self.features {
             return PushContext::new(input);
@@ -203,6 +216,17 @@ impl PushContext {
         } else {
             self.request_authentications.clone()
         };
+        // built from the registry alone (services and endpoints)
+        let instances = if Arc::ptr_eq(&input.registry, &self.registry) {
+            self.instances.clone()
+        } else {
+            Default::default()
+        };
+        let sidecars = if touched(ConfigKind::Sidecar) {
+            Default::default()
+        } else {
+            self.sidecars.clone()
+        };
         PushContext {
             version: input.version,
             mesh: input.mesh,
@@ -218,10 +242,9 @@ impl PushContext {
             peer_authn,
             authorization_policies,
             request_authentications,
-            instances: Default::default(),
+            instances,
             dependencies: Default::default(),
-            sidecars: OnceLock::new(),
-            sidecar_scopes: Mutex::default(),
+            sidecars,
         }
     }
 
@@ -374,7 +397,7 @@ impl PushContext {
     }
 
     fn sidecar_index(&self) -> &SidecarIndex {
-        self.sidecars.get_or_init(|| SidecarIndex::new(&self.configs))
+        self.sidecars.index.get_or_init(|| SidecarIndex::new(&self.configs))
     }
 
     /// The `SidecarScope` of the proxy (Istio's `proxy.SidecarScope`), shared by the proxies of a
@@ -382,7 +405,7 @@ impl PushContext {
     pub fn sidecar_scope(&self, proxy: &Proxy) -> Arc<SidecarScope> {
         let position = self.sidecar_position(proxy);
         let ns = proxy.config_namespace.as_str();
-        let mut cache = self.sidecar_scopes.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut cache = self.sidecars.scopes.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(scope) = cache.get(ns).and_then(|m| m.get(&position)) {
             return scope.clone();
         }
