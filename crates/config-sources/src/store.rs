@@ -393,8 +393,8 @@ impl FileConfigStore {
                 }
             }
         }
-        let mut configs = (*self.configs).clone();
-        let mut origins = (*self.origins).clone();
+        let configs = Arc::make_mut(&mut self.configs);
+        let origins = Arc::make_mut(&mut self.origins);
         let mut duplicates: Vec<SourceError> = self
             .duplicates
             .iter()
@@ -405,8 +405,8 @@ impl FileConfigStore {
         let mut deleted = Vec::new();
         for key in keys {
             let defs = definitions.get(key).map(Vec::as_slice).unwrap_or_default();
-            let live = self.origins.get(key).filter(|o| defs.iter().any(|(p, ..)| p == o));
-            let Some(owner) = live.or_else(|| defs.first().map(|(p, ..)| *p)) else {
+            let live = origins.get(key).filter(|o| defs.iter().any(|(p, ..)| p == o));
+            let Some(owner) = live.or_else(|| defs.first().map(|(p, ..)| *p)).cloned() else {
                 if let Some(old) = configs.remove(key) {
                     deleted.push(ConfigEvent::Deleted(old));
                 }
@@ -415,7 +415,7 @@ impl FileConfigStore {
             };
             let mut winner = None;
             for (path, doc, config) in defs {
-                if *path == owner && winner.is_none() {
+                if **path == owner && winner.is_none() {
                     winner = Some(*config);
                 } else {
                     duplicates.push(SourceError::Duplicate {
@@ -434,15 +434,21 @@ impl FileConfigStore {
                 }
                 Some(_) => {}
             }
-            origins.insert(key.clone(), owner.clone());
+            origins.insert(key.clone(), owner);
         }
         events.extend(deleted);
         duplicates.sort_by(|a, b| duplicate_order(a).cmp(&duplicate_order(b)));
         self.warn_new_duplicates(&duplicates);
-        self.configs = Arc::new(configs);
-        self.origins = Arc::new(origins);
         self.duplicates = duplicates;
         ConfigChange { events }
+    }
+
+    /// Gives the store maps of its own, copying those the last [`snapshot`](Self::snapshot)
+    /// shares, so that the next read changes them in place. The watcher calls it while a batch
+    /// settles, before the batch is read.
+    pub(crate) fn detach(&mut self) {
+        Arc::make_mut(&mut self.configs);
+        Arc::make_mut(&mut self.origins);
     }
 
     fn warn_new_duplicates(&mut self, duplicates: &[SourceError]) {

@@ -419,3 +419,37 @@ fn reading_named_files_ends_as_a_full_rebuild_does() {
         assert_eq!(incremental.invalid_counts, full.invalid_counts, "step {step}");
     }
 }
+
+/// A snapshot keeps what it showed while the store reads on: once `detach` gave the store maps of
+/// its own, reading a file changes them in place, never the snapshot's; without it, a map the
+/// snapshot shares is copied first.
+#[test]
+fn snapshots_keep_their_configs_while_the_store_changes_in_place() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write(dir, "se-1.yaml", &service_entry("se-1"));
+    write(dir, "se-2.yaml", &service_entry("se-2"));
+    let mut store = FileConfigStore::load(dir).unwrap();
+    let before = store.snapshot();
+    store.detach();
+    let (configs, origins) = (Arc::as_ptr(&store.configs), Arc::as_ptr(&store.origins));
+
+    write(dir, "se-1.yaml", &service_entry_with_host("se-1", "other.example.com"));
+    fs::remove_file(dir.join("se-2.yaml")).unwrap();
+    let change = store.rescan_paths([dir.join("se-1.yaml").as_path(), dir.join("se-2.yaml").as_path()]);
+    assert_eq!(summary(&change), ["~se-1", "-se-2"]);
+    assert_eq!(Arc::as_ptr(&store.configs), configs, "changed in place");
+    assert_eq!(Arc::as_ptr(&store.origins), origins, "changed in place");
+    assert_eq!(before.configs.len(), 2);
+    assert_eq!(before.origins.len(), 2);
+    let old = &before.configs[&se_key("se-1")];
+    let new = store.get(&se_key("se-1")).unwrap();
+    assert!(!Arc::ptr_eq(old, &new) && **old != *new);
+
+    let shared = store.snapshot();
+    write(dir, "se-1.yaml", &service_entry("se-1"));
+    let change = store.rescan_paths([dir.join("se-1.yaml").as_path()]);
+    assert_eq!(summary(&change), ["~se-1"]);
+    assert!(Arc::ptr_eq(&shared.configs[&se_key("se-1")], &new));
+    assert!(!Arc::ptr_eq(&store.configs, &shared.configs));
+}

@@ -131,8 +131,12 @@ impl DirWatcher {
             let mut batch = Batch::default();
             match self.signal_rx.recv_timeout(POLL_INTERVAL) {
                 Ok(signal) => {
-                    let not_before = last_change.map_or_else(Instant::now, |t| t + RESCAN_INTERVAL);
-                    batch = self.take_batch(signal, not_before);
+                    let first_at = Instant::now();
+                    let not_before = last_change.map_or(first_at, |t| t + RESCAN_INTERVAL);
+                    // While the batch settles: the maps the last snapshot shares are copied now,
+                    // not once the batch is read (0.6 ms at 1,250 configs, on every change's path).
+                    self.store.detach();
+                    batch = self.take_batch(signal, first_at, not_before);
                 }
                 Err(std_mpsc::RecvTimeoutError::Timeout) if self.watched.is_some() => {
                     if self.changes.is_closed() {
@@ -164,31 +168,34 @@ impl DirWatcher {
         }
     }
 
-    /// Takes the events that come with `first`: until [`SETTLE`] passes without one, no file is
-    /// open for writing and it is `not_before`; at most [`MAX_BATCH`] after that.
-    fn take_batch(&self, first: Signal, not_before: Instant) -> Batch {
+    /// Takes the events that come with `first` (received at `first_at`): until [`SETTLE`] passes
+    /// without one, no file is open for writing and it is `not_before`; at most [`MAX_BATCH`]
+    /// after that. Quiet is counted from the last event's arrival.
+    fn take_batch(&self, first: Signal, first_at: Instant, not_before: Instant) -> Batch {
         let mut batch = Batch::default();
         batch.note(first);
-        let deadline = Instant::now().max(not_before) + MAX_BATCH;
+        let mut last_at = first_at;
+        let deadline = first_at.max(not_before) + MAX_BATCH;
         loop {
             let now = Instant::now();
             if now >= deadline {
                 return batch;
             }
-            let wait = if !batch.writing.is_empty() {
-                deadline - now
-            } else if now < not_before {
-                not_before - now
+            let quiet_until = (last_at + batch.settle()).max(not_before);
+            if batch.writing.is_empty() && now >= quiet_until {
+                return batch;
+            }
+            let wait = if batch.writing.is_empty() {
+                quiet_until.min(deadline) - now
             } else {
-                batch.settle().min(deadline - now)
+                deadline - now
             };
             match self.signal_rx.recv_timeout(wait) {
-                Ok(signal) => batch.note(signal),
-                Err(std_mpsc::RecvTimeoutError::Timeout) => {
-                    if batch.writing.is_empty() && Instant::now() >= not_before {
-                        return batch;
-                    }
+                Ok(signal) => {
+                    batch.note(signal);
+                    last_at = Instant::now();
                 }
+                Err(std_mpsc::RecvTimeoutError::Timeout) => {}
                 Err(std_mpsc::RecvTimeoutError::Disconnected) => return batch,
             }
         }
