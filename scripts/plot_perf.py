@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Plots docs/perf/loadgen.jsonl (one loadgen --json line per run) into docs/perf/loadgen.png:
-convergence p99 and the raw limit against proxies (config-change runs), and pilot-discovery's
-peak RSS against proxies (config-change runs and ramp steps).
+convergence p99 and the raw limit against proxies (the latest config-change run of each mesh and
+size), and pilot-discovery's peak RSS against proxies (those runs and ramp steps).
 
     python3 -m venv /tmp/plotenv && /tmp/plotenv/bin/pip install matplotlib
     /tmp/plotenv/bin/python scripts/plot_perf.py
@@ -17,7 +17,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 root = pathlib.Path(__file__).resolve().parent.parent
 runs = [json.loads(line) for line in (root / "docs/perf/loadgen.jsonl").read_text().splitlines() if line.strip()]
 
-change = sorted((r for r in runs if r["scenario"] == "config-change" and not r["delta"]), key=lambda r: r["proxies"])
 
 
 def mesh(r):
@@ -25,6 +24,15 @@ def mesh(r):
     if r.get("sidecar_scope") == "namespace":
         return f"reference mesh ({r['services']} services, {r['namespaces']} namespaces)"
     return f"{r['services']} services, unscoped"
+
+
+# The latest config-change run of each mesh and size: the file keeps every run, the plot the
+# current figures.
+latest = {}
+for r in runs:
+    if r["scenario"] == "config-change" and not r["delta"]:
+        latest[(mesh(r), r["proxies"])] = r
+change = sorted(latest.values(), key=lambda r: r["proxies"])
 
 
 ramps = [r for r in runs if r["scenario"] == "ramp"]
