@@ -40,15 +40,7 @@ fn configs(docs: &[Value]) -> Vec<Arc<Config>> {
 }
 
 fn input(configs: Vec<Arc<Config>>, registry: Arc<registry::RegistrySnapshot>, version: &str) -> PushInput {
-    PushInput {
-        mesh: Arc::new(MeshConfig::default()),
-        domain: "cluster.local".into(),
-        configs,
-        registry,
-        version: version.into(),
-        features: Default::default(),
-        jwks: Default::default(),
-    }
+    crate::testing::input(Arc::new(MeshConfig::default()), configs, registry, version)
 }
 
 fn first(docs: &[Value]) -> PushContext {

@@ -16,13 +16,23 @@ pub fn push(docs: impl IntoIterator<Item = Value>) -> PushContext {
 pub fn push_with(mesh: Arc<MeshConfig>, docs: impl IntoIterator<Item = Value>) -> PushContext {
     let configs: Vec<Arc<Config>> = docs.into_iter().map(model::testing::config).collect();
     let registry = Arc::new(registry::build(&configs, &mesh));
-    PushContext::new(PushInput {
+    PushContext::new(input(mesh, configs, registry, "v1"))
+}
+
+/// A push input of these configs and registry, domain `cluster.local`, default features.
+pub fn input(
+    mesh: Arc<MeshConfig>,
+    configs: Vec<Arc<Config>>,
+    registry: Arc<registry::RegistrySnapshot>,
+    version: &str,
+) -> PushInput {
+    PushInput {
         mesh,
         domain: "cluster.local".into(),
         configs,
         registry,
-        version: "v1".into(),
+        version: version.into(),
         features: Default::default(),
         jwks: Default::default(),
-    })
+    }
 }

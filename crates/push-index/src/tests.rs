@@ -6,8 +6,8 @@ use model::config::parse_config;
 use model::{Config, ConfigSpec, MeshConfig, Proxy};
 use serde_json::{Value, json};
 
+use crate::PushContext;
 use crate::testing::push;
-use crate::{PushContext, PushInput};
 
 fn proxy(node_type: &str, ns: &str, labels: Value) -> Proxy {
     model::testing::proxy(node_type, "10.0.0.9", ns, labels)
@@ -306,15 +306,7 @@ fn rebuild_reuses_untouched_indexes() {
     let mut configs: Vec<Arc<Config>> = docs.into_iter().map(cfg).collect();
     configs.push(cfg(gateway("gw2", "ns1", json!({}))));
     let registry = Arc::new(registry::build(&configs, &mesh));
-    let input = PushInput {
-        mesh,
-        domain: "cluster.local".into(),
-        configs,
-        registry,
-        version: "v2".into(),
-        features: Default::default(),
-        jwks: Default::default(),
-    };
+    let input = crate::testing::input(mesh, configs, registry, "v2");
     let changed = crate::ChangeScope {
         kinds: vec![model::ConfigKind::Gateway],
         services: false,
