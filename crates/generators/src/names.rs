@@ -41,6 +41,19 @@ pub(crate) fn parse_subset_key(key: &str) -> Option<(TrafficDirection, &str, &st
     Some((direction, subset, host, port))
 }
 
+/// Parses `direction_.port_.subset_.hostname` (an SNI-DNAT cluster's name) back into (direction,
+/// subset, host, port), as Istio's `ParseSubsetKey` for that form.
+pub(crate) fn parse_dns_srv_subset_key(key: &str) -> Option<(TrafficDirection, &str, &str, u16)> {
+    let (direction, rest) = if let Some(rest) = key.strip_prefix("outbound_.") {
+        (TrafficDirection::Outbound, rest)
+    } else {
+        (TrafficDirection::Inbound, key.strip_prefix("inbound_.")?)
+    };
+    let (port, rest) = rest.split_once("_.")?;
+    let (subset, host) = rest.split_once("_.")?;
+    Some((direction, subset, host, port.parse().ok()?))
+}
+
 /// Route config name of a gateway server port: `http.<port>` (Istio's plaintext HTTP servers),
 /// `https.<port>.<server name or port name>.<gateway name>.<namespace>` for HTTPS servers.
 pub(crate) fn gateway_http_route_name(port: u32) -> String {
@@ -83,5 +96,32 @@ mod tests {
             ))
         );
         assert_eq!(parse_subset_key("outbound|x||h"), None);
+    }
+
+    #[test]
+    fn dns_srv_subset_key_round_trip() {
+        let k = dns_srv_subset_key(
+            TrafficDirection::Outbound,
+            "v1",
+            "reviews.default.svc.cluster.local",
+            9080,
+        );
+        assert_eq!(k, "outbound_.9080_.v1_.reviews.default.svc.cluster.local");
+        assert_eq!(
+            parse_dns_srv_subset_key(&k),
+            Some((
+                TrafficDirection::Outbound,
+                "v1",
+                "reviews.default.svc.cluster.local",
+                9080
+            ))
+        );
+        assert_eq!(
+            parse_dns_srv_subset_key("outbound_.15443_._.a_.b.example.com"),
+            Some((TrafficDirection::Outbound, "", "a_.b.example.com", 15443)),
+            "the host keeps what follows the third separator"
+        );
+        assert_eq!(parse_dns_srv_subset_key("outbound|9080||h"), None);
+        assert_eq!(parse_dns_srv_subset_key("outbound_.x_._.h"), None);
     }
 }

@@ -49,9 +49,23 @@ pub struct MeshConfig {
     pub default_http_retry_policy: Option<crate::networking::HttpRetry>,
     /// Retries of sidecars' inbound HTTP routes (only attempts, retryOn and backoff apply there).
     pub default_inbound_http_retry_policy: Option<crate::networking::HttpRetry>,
+    /// Istio's `tlsDefaults`: what TLS contexts that set none get (gateway SIMPLE/MUTUAL servers,
+    /// DestinationRule TLS origination).
+    pub tls_defaults: Option<TlsDefaults>,
     /// Everything else from the file, kept as written.
     #[serde(flatten)]
     pub extra: BTreeMap<String, Value>,
+}
+
+/// meshConfig `tlsDefaults` (Istio's `MeshConfig.TLSConfig`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct TlsDefaults {
+    /// `TLS_AUTO` (Envoy's default), `TLSV1_2` or `TLSV1_3`: the least version downstream TLS
+    /// accepts.
+    pub min_protocol_version: String,
+    pub ecdh_curves: Vec<String>,
+    pub cipher_suites: Vec<String>,
 }
 
 /// meshConfig `defaultTrafficPolicy`: the baseline under every DestinationRule.
@@ -173,6 +187,7 @@ impl Default for MeshConfig {
             default_traffic_policy: None,
             default_http_retry_policy: None,
             default_inbound_http_retry_policy: None,
+            tls_defaults: None,
             extra: BTreeMap::new(),
         }
     }

@@ -24,6 +24,19 @@ const SKIPPED_CDS: &[ConfigKind] = &[
     ProxyConfig,
 ];
 
+/// For routers a Gateway can change clusters: an AUTO_PASSTHROUGH server adds the SNI-DNAT ones
+/// (Istio's `cdsNeedsPush` checks whether the proxy's auto-passthrough gateways changed).
+const SKIPPED_CDS_ROUTER: &[ConfigKind] = &[
+    Secret,
+    WorkloadEntry,
+    WorkloadGroup,
+    AuthorizationPolicy,
+    RequestAuthentication,
+    Telemetry,
+    WasmPlugin,
+    ProxyConfig,
+];
+
 /// Istio's `skippedEdsConfigs`: routes never change endpoints.
 const SKIPPED_EDS: &[ConfigKind] = &[
     Secret,
@@ -81,6 +94,7 @@ pub fn type_needs_push(type_url: &str, node: NodeType, req: &PushRequest) -> boo
         return true;
     }
     let skipped: &[ConfigKind] = match type_url {
+        type_url::CLUSTER if node == NodeType::Router => SKIPPED_CDS_ROUTER,
         type_url::CLUSTER => SKIPPED_CDS,
         type_url::ENDPOINT => SKIPPED_EDS,
         type_url::LISTENER if node == NodeType::Router => SKIPPED_LDS_ROUTER,
@@ -147,9 +161,10 @@ mod tests {
     }
 
     #[test]
-    fn a_gateway_change_reaches_gateways_listeners_and_routes_only() {
+    fn a_gateway_change_reaches_gateways_clusters_listeners_and_routes_only() {
         let req = change(&[Gateway]);
-        assert_eq!(pushed(NodeType::Router, &req), ["lds", "rds"]);
+        // clusters: an AUTO_PASSTHROUGH server adds the SNI-DNAT clusters
+        assert_eq!(pushed(NodeType::Router, &req), ["cds", "lds", "rds"]);
         assert_eq!(pushed(NodeType::SidecarProxy, &req), ["rds"]);
     }
 

@@ -18,6 +18,7 @@ mod tests;
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use model::{Endpoint, Port, Protocol, Proxy, Resolution, Service};
@@ -44,14 +45,16 @@ const DNS_JITTER: Duration = Duration::from_millis(100);
 /// Cluster names are unique (the first of duplicates is kept, as `normalizeClusters`).
 pub(crate) fn build_clusters(proxy: &Proxy, push: &PushContext) -> Vec<Cluster> {
     let mut out = Vec::new();
-    // Istio's `SidecarScope.Services()`: what the proxy's Sidecar egress listeners import
-    let services = push.sidecar_scope(proxy).services(
-        &push.services_for_namespace(&proxy.config_namespace),
-        || push.virtual_services_for_mesh(proxy),
-        |host| push.service_for_host(proxy, host),
-    );
+    let services = scope_services(proxy, push);
     for service in &services {
         out.extend(build_outbound_clusters(proxy, push, service));
+    }
+    if proxy.is_router()
+        && crate::lds::merged_gateway::MergedGateway::for_proxy(push, proxy).contains_auto_passthrough()
+    {
+        for service in services.iter().filter(|s| !s.mesh_external) {
+            out.extend(build_sni_dnat_clusters(proxy, push, service));
+        }
     }
     out.push(black_hole_cluster(push));
     if !proxy.is_router() {
@@ -70,8 +73,50 @@ pub(crate) fn build_clusters(proxy: &Proxy, push: &PushContext) -> Vec<Cluster> 
     out
 }
 
+/// Istio's `SidecarScope.Services()`: what the proxy's Sidecar egress listeners import (every
+/// visible service without a Sidecar).
+pub(crate) fn scope_services(proxy: &Proxy, push: &PushContext) -> Vec<Arc<Service>> {
+    push.sidecar_scope(proxy).services(
+        &push.services_for_namespace(&proxy.config_namespace),
+        || push.virtual_services_for_mesh(proxy),
+        |host| push.service_for_host(proxy, host),
+    )
+}
+
+/// The stat prefix of an outbound cluster from the mesh's `outboundClusterStatName` pattern
+/// (Istio's `BuildStatPrefix`); `None` when the mesh sets no pattern.
+pub(crate) fn outbound_stat_prefix(
+    mesh: &model::MeshConfig,
+    service: &Service,
+    subset: &str,
+    port: &Port,
+) -> Option<String> {
+    let pattern = &mesh.outbound_cluster_stat_name;
+    (!pattern.is_empty()).then(|| stat_prefix(pattern, service, subset, port))
+}
+
 /// The clusters of one service: per non-UDP port, the default cluster and one per subset.
 pub(crate) fn build_outbound_clusters(proxy: &Proxy, push: &PushContext, service: &Service) -> Vec<Cluster> {
+    service_clusters(proxy, push, service, ClusterMode::Default)
+}
+
+/// Istio's `buildOutboundSniDnatClusters`, for gateways with an AUTO_PASSTHROUGH server: the
+/// clusters of `service` named `outbound_.<port>_.<subset>_.<host>` (the SNI Istio's mTLS clients
+/// send), without TLS of their own: the client's mTLS passes through to the workload.
+fn build_sni_dnat_clusters(proxy: &Proxy, push: &PushContext, service: &Service) -> Vec<Cluster> {
+    service_clusters(proxy, push, service, ClusterMode::SniDnat)
+}
+
+/// Istio's `ClusterMode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ClusterMode {
+    /// `outbound|<port>|<subset>|<host>`.
+    Default,
+    /// `outbound_.<port>_.<subset>_.<host>`, no upstream TLS.
+    SniDnat,
+}
+
+fn service_clusters(proxy: &Proxy, push: &PushContext, service: &Service, mode: ClusterMode) -> Vec<Cluster> {
     let rule = push.destination_rule(proxy, service);
     let mut out = Vec::new();
     for port in service.ports.iter().filter(|p| p.protocol != Protocol::Udp) {
@@ -81,6 +126,7 @@ pub(crate) fn build_outbound_clusters(proxy: &Proxy, push: &PushContext, service
             service,
             port,
             rule: rule.as_deref(),
+            mode,
         };
         let Some(default) = builder.cluster("") else {
             continue;
@@ -99,6 +145,7 @@ struct Builder<'a> {
     service: &'a Service,
     port: &'a Port,
     rule: Option<&'a MergedDestinationRule>,
+    mode: ClusterMode,
 }
 
 impl Builder<'_> {
@@ -107,7 +154,11 @@ impl Builder<'_> {
     // Istio still sets the DNS fields that Envoy deprecated in favour of the DNS cluster extension.
     #[allow(deprecated)]
     fn cluster(&self, subset: &str) -> Option<Cluster> {
-        let name = names::subset_key(
+        let key = match self.mode {
+            ClusterMode::Default => names::subset_key,
+            ClusterMode::SniDnat => names::dns_srv_subset_key,
+        };
+        let name = key(
             TrafficDirection::Outbound,
             subset,
             &self.service.hostname,

@@ -28,7 +28,9 @@ pub(super) fn apply(cw: &mut ClusterWrapper, b: &Builder<'_>, policy: Option<&Cl
         apply_outlier_detection_error_codes(cw, &o.outlier_detection_http_error_codes);
     }
     apply_load_balancer(cw, b, policy.and_then(|p| p.load_balancer.as_ref()));
-    super::tls::apply(cw, b, policy.and_then(|p| p.tls.as_ref()));
+    if b.mode != super::ClusterMode::SniDnat {
+        super::tls::apply(cw, b, policy.and_then(|p| p.tls.as_ref()));
+    }
     if cw.cluster_type() == cluster::DiscoveryType::OriginalDst {
         cw.cluster.lb_policy = cluster::LbPolicy::ClusterProvided as i32;
     }

@@ -18,7 +18,7 @@ use xds_api::envoy::config::core::v3 as core;
 use xds_api::envoy::config::endpoint::v3::{ClusterLoadAssignment, LbEndpoint, LocalityLbEndpoints, lb_endpoint};
 use xds_api::pbwkt;
 
-use crate::names::{TrafficDirection, parse_subset_key};
+use crate::names::{TrafficDirection, parse_dns_srv_subset_key, parse_subset_key};
 use crate::traffic_policy::cluster_policy;
 
 /// Prefix of a Unix domain socket endpoint address.
@@ -40,6 +40,9 @@ pub(crate) struct Target {
     pub(crate) port: Port,
     pub(crate) subset: String,
     pub(crate) rule: Option<Arc<MergedDestinationRule>>,
+    /// An SNI-DNAT cluster (`outbound_.<port>_.<subset>_.<host>`) of an AUTO_PASSTHROUGH gateway:
+    /// only endpoints that take Istio mTLS (Istio's `EndpointsWithMTLSFilter`).
+    pub(crate) sni_dnat: bool,
 }
 
 /// Everything an assignment depends on besides the push: proxies with equal keys get equal bytes.
@@ -56,7 +59,11 @@ impl Target {
     /// Parses `outbound|port|subset|host` and finds the proxy's service for it; `None` for
     /// inbound or malformed names, unknown hosts or ports, and non-EDS services.
     pub(crate) fn resolve(proxy: &Proxy, push: &PushContext, name: &str) -> Option<Target> {
-        let (direction, subset, host, port) = parse_subset_key(name)?;
+        let (parsed, sni_dnat) = match parse_subset_key(name) {
+            Some(p) => (p, false),
+            None => (parse_dns_srv_subset_key(name)?, true),
+        };
+        let (direction, subset, host, port) = parsed;
         if direction != TrafficDirection::Outbound {
             return None;
         }
@@ -74,6 +81,7 @@ impl Target {
             port,
             subset: subset.to_owned(),
             rule,
+            sni_dnat,
         })
     }
 
@@ -112,10 +120,6 @@ impl Target {
                     .all(|(k, v)| e.labels.get(*k).map(String::as_str) == Some(*v))
             })
             .collect();
-        if selected.is_empty() {
-            return empty(&self.name);
-        }
-        let groups = group_by_locality(&selected);
         // Istio's `mtlsChecker`: an endpoint whose own PeerAuthentication disables mTLS on its
         // port is reached in plaintext even if it has a sidecar.
         let mtls = |e: &Endpoint| {
@@ -125,6 +129,16 @@ impl Target {
                     .for_port(u32::from(e.endpoint_port))
                     != model::security::MtlsMode::Disable
         };
+        let selected: Vec<&Endpoint> = if self.sni_dnat {
+            // passthrough TLS cannot be checked at the gateway: only mTLS endpoints are reachable
+            selected.into_iter().filter(|e| mtls(e)).collect()
+        } else {
+            selected
+        };
+        if selected.is_empty() {
+            return empty(&self.name);
+        }
+        let groups = group_by_locality(&selected);
         let mut cla = ClusterLoadAssignment {
             cluster_name: self.name.clone(),
             endpoints: groups.iter().map(|(l, eps)| locality_group(l, eps, &mtls)).collect(),

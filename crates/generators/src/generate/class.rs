@@ -15,11 +15,13 @@ use model::proxy_headers::ProxyHeaders;
 use model::{ConfigKey, ConfigSpec, NodeType, Protocol, Proxy};
 use push_index::PushContext;
 
-/// Node metadata (`metadata.raw`) keys that listeners read: `HTTP10` (HTTP/1.0 on HCMs),
+/// Node metadata (`metadata.raw`) keys that listeners read: `UNPRIVILEGED_POD` (gateways skip
+/// ports below 1024), `HTTP10` (HTTP/1.0 on HCMs),
 /// `IDLE_TIMEOUT` (HCM and tcp_proxy idle timeouts), `WORKLOAD_IDENTITY_SOCKET_FILE` (mTLS chains
 /// only with a workload identity), `DNS_CAPTURE` and `DNS_AUTO_ALLOCATE` (listeners on the VIPs
 /// allocated to ServiceEntries without addresses).
 const LDS_METADATA_KEYS: &[&str] = &[
+    "UNPRIVILEGED_POD",
     "HTTP10",
     "IDLE_TIMEOUT",
     "WORKLOAD_IDENTITY_SOCKET_FILE",
@@ -224,6 +226,8 @@ pub(super) struct CdsKey {
     preserve_header_case: bool,
     /// Auto mTLS needs a workload identity.
     workload_identity: bool,
+    /// Routers: the gateways selecting them (an AUTO_PASSTHROUGH server adds clusters).
+    gateways: Option<GatewayClass>,
 }
 
 impl CdsKey {
@@ -234,7 +238,25 @@ impl CdsKey {
             inbound: crate::cds::inbound::inbound_cluster_specs(proxy, push),
             preserve_header_case: crate::cds::preserve_header_case(proxy, push),
             workload_identity: proxy.has_workload_identity(),
+            gateways: GatewayClass::of(push, proxy),
         }
+    }
+}
+
+/// What a router's gateway config depends on besides its labels: the Gateways selecting it and
+/// the ports of its Services (a server's port is translated to the Service's target port).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct GatewayClass {
+    gateways: Vec<ConfigKey>,
+    targets: Vec<crate::lds::merged_gateway::GatewayTarget>,
+}
+
+impl GatewayClass {
+    fn of(push: &PushContext, proxy: &Proxy) -> Option<GatewayClass> {
+        proxy.is_router().then(|| GatewayClass {
+            gateways: push.gateways_for_proxy(proxy).iter().map(|c| c.key()).collect(),
+            targets: crate::route::push::gateway_targets(push, proxy),
+        })
     }
 }
 
@@ -248,6 +270,8 @@ pub(super) struct RdsKey {
     route_name: String,
     /// The `proxyHeaders` in effect (attempt count, `x-forwarded-host`).
     proxy_headers: Option<ProxyHeaders>,
+    /// Routers: which servers a route name serves depends on their Services' ports.
+    gateways: Option<GatewayClass>,
 }
 
 impl RdsKey {
@@ -255,6 +279,7 @@ impl RdsKey {
     pub(super) fn for_names(push: &PushContext, keys: &LabelKeys, proxy: &Proxy, names: &[String]) -> Vec<RdsKey> {
         let class = ProxyClass::new(push, proxy, keys, LabelUse::Routes);
         let proxy_headers = proxy.proxy_headers_config(push.mesh()).cloned();
+        let gateways = GatewayClass::of(push, proxy);
         names
             .iter()
             .map(|n| RdsKey {
@@ -262,6 +287,7 @@ impl RdsKey {
                 dns_domain: proxy.dns_domain.clone(),
                 route_name: n.clone(),
                 proxy_headers: proxy_headers.clone(),
+                gateways: gateways.clone(),
             })
             .collect()
     }
@@ -291,6 +317,8 @@ pub(super) struct LdsKey {
     ingress_bind: Option<IpAddr>,
     /// Which allocated VIPs (IPv4, IPv6) a proxy that captures DNS listens on.
     ip_family: IpFamily,
+    /// Routers: their Services' ports (listener ports of the gateway servers).
+    gateways: Option<GatewayClass>,
 }
 
 impl LdsKey {
@@ -320,6 +348,7 @@ impl LdsKey {
             instances,
             ingress_bind: crate::lds::sidecar_inbound::ingress_default_bind(proxy, &push.sidecar_scope(proxy)),
             ip_family: IpFamily::of(&proxy.ip_addresses),
+            gateways: GatewayClass::of(push, proxy),
         }
     }
 }

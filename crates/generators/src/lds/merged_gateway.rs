@@ -3,15 +3,20 @@
 //! server, duplicate TLS hosts and conflicting protocols refused. Listeners (LDS) and route
 //! configurations (RDS) are both built from it.
 //!
-//! Differences from Istio, for now: a server listens on its own port number (no Service
-//! targetPort translation), no QUIC/HTTP3 servers, no credential-reference verification.
+//! A server's port is the port of the Service in front of the gateway's workloads: the gateway
+//! listens on that Service port's target port (`resolvePorts`), so a Gateway on port 80 of the
+//! `istio-ingressgateway` Service (80 -> 8080) is served by the listener `0.0.0.0_8080` and the
+//! route configuration `http.8080`.
+//!
+//! Differences from Istio, for now: no QUIC/HTTP3 servers, no credential-reference verification.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use model::networking::{Gateway, Server};
-use model::{Config, ConfigSpec, Protocol};
+use model::{Config, ConfigSpec, Protocol, Proxy};
 
 use crate::names;
+use crate::route::PushView;
 
 /// A port the gateway listens on, as Istio's `ServerPort`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -40,6 +45,45 @@ impl MergedServer {
     }
 }
 
+/// Istio's `DisableGatewayPortTranslationLabel`: a Service with this label is left out of port
+/// translation (legacy, selector-based gateways only).
+pub(crate) const DISABLE_PORT_TRANSLATION_LABEL: &str = "experimental.istio.io/disable-gateway-port-translation";
+
+/// One of the gateway proxy's service targets as port translation reads it (Istio's
+/// `ServiceTarget`): a port of a Service selecting the proxy and the port the proxy listens on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct GatewayTarget {
+    pub(crate) service_port: u32,
+    pub(crate) target_port: u32,
+    /// The Service carries [`DISABLE_PORT_TRANSLATION_LABEL`].
+    pub(crate) disable_translation: bool,
+}
+
+/// Istio's `resolvePorts`: the ports a server on `number` listens on. A gateway selected by labels
+/// (`legacy`) takes the target port of the first service target on that port, else the number
+/// itself; a gateway bound to its Services (Gateway API) takes every such target port, and none
+/// when no Service has the port.
+pub(crate) fn resolve_ports(number: u32, targets: &[GatewayTarget], legacy: bool) -> Vec<u32> {
+    let mut ports: Vec<u32> = Vec::new();
+    for t in targets {
+        if legacy && t.disable_translation {
+            continue;
+        }
+        if t.service_port == number {
+            if legacy {
+                return vec![t.target_port];
+            }
+            if !ports.contains(&t.target_port) {
+                ports.push(t.target_port);
+            }
+        }
+    }
+    if ports.is_empty() && legacy {
+        return vec![number];
+    }
+    ports
+}
+
 /// Servers sharing a `ServerPort`; `route_name` is the RDS name of plaintext HTTP ones.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct MergedServers {
@@ -56,6 +100,9 @@ pub(crate) struct MergedGateway {
     pub(crate) merged_servers: BTreeMap<ServerPort, MergedServers>,
     /// RDS name -> servers serving it (several only for plaintext HTTP).
     pub(crate) servers_by_route_name: BTreeMap<String, Vec<usize>>,
+    /// Istio's `AutoPassthroughSNIHosts`: the hosts of the AUTO_PASSTHROUGH servers; any makes
+    /// CDS add the `outbound_.<port>_.<subset>_.<host>` (SNI-DNAT) clusters.
+    pub(crate) auto_passthrough_hosts: BTreeSet<String>,
 }
 
 /// TLS mode of a server; absent means PASSTHROUGH (the enum's zero value).
@@ -135,7 +182,7 @@ fn sni_hosts(server: &Server) -> Vec<String> {
 }
 
 /// `CheckDuplicates`: hosts already served with the same bind; when none, all are recorded.
-fn check_duplicates(hosts: &[String], bind: &str, known: &mut BTreeMap<String, String>) -> Vec<String> {
+pub(crate) fn check_duplicates(hosts: &[String], bind: &str, known: &mut BTreeMap<String, String>) -> Vec<String> {
     let dups: Vec<String> = hosts
         .iter()
         .filter(|h| known.get(*h).is_some_and(|b| b == bind))
@@ -154,14 +201,104 @@ fn can_merge_protocols(current: Protocol, p: Protocol) -> bool {
     (current.is_http() || current == p) && p.is_http()
 }
 
+/// The state of one `mergeGateways` run.
+#[derive(Default)]
+struct Merger {
+    mg: MergedGateway,
+    gateway_ports: BTreeSet<u32>,
+    plain_text_servers: BTreeMap<u32, ServerPort>,
+    tls_hosts_by_port: BTreeMap<u32, BTreeMap<String, String>>,
+    non_plain_text_binds: BTreeMap<u32, BTreeSet<String>>,
+}
+
+impl Merger {
+    /// One server of `config` on the listener port `number` (its port, translated).
+    fn add(&mut self, config: &Config, gateway_name: &str, server: &Server, number: u32) {
+        let Some(port) = server.port.as_ref() else {
+            return;
+        };
+        let mg = &mut self.mg;
+        let route_name = route_name(server, number, config);
+        let mut sni = Vec::new();
+        if server.tls.is_some() {
+            let known = self.tls_hosts_by_port.entry(number).or_default();
+            let dups = check_duplicates(&server.hosts, &server.bind, known);
+            if !dups.is_empty() {
+                tracing::warn!(gateway = %gateway_name, "skipping server: duplicate host names {dups:?}");
+                return;
+            }
+            sni = sni_hosts(server);
+        }
+        let sp = ServerPort {
+            number,
+            protocol: port.protocol.clone(),
+            bind: server.bind.clone(),
+        };
+        let proto = server_protocol(server);
+        let merged = MergedServer {
+            server: server.clone(),
+            gateway_name: gateway_name.to_owned(),
+            route_name,
+            sni_hosts: sni,
+        };
+        if self.gateway_ports.insert(number) {
+            mg.add_first_server(merged, sp, &mut self.plain_text_servers);
+            return;
+        }
+        if let Some(current) = self.plain_text_servers.get(&number).cloned() {
+            let same_bind = current.bind == sp.bind;
+            if same_bind && !can_merge_protocols(Protocol::parse(&current.protocol), proto) {
+                tracing::info!(gateway = %gateway_name, port = number, "skipping server: protocol conflict");
+                return;
+            }
+            if same_bind && merged.route_name.is_empty() {
+                tracing::debug!(gateway = %gateway_name, port = number, "skipping server: no RDS name");
+                return;
+            }
+            if same_bind {
+                let idx = mg.push_server(merged);
+                mg.merged_servers.entry(current).or_default().servers.push(idx);
+            } else if mg.merged_servers.contains_key(&sp) {
+                let route_name = merged.route_name.clone();
+                let idx = mg.push_server(merged);
+                if let Some(ms) = mg.merged_servers.get_mut(&sp) {
+                    ms.servers.push(idx);
+                    ms.route_name = route_name;
+                }
+            } else {
+                mg.add_first_server(merged, sp, &mut self.plain_text_servers);
+            }
+            return;
+        }
+        if !is_tls_server(&merged.server) {
+            // a plaintext server on a port so far used by TLS servers only
+            self.plain_text_servers.insert(number, sp.clone());
+            mg.add_first_server(merged, sp, &mut self.plain_text_servers);
+            return;
+        }
+        if is_http_server(&merged.server)
+            && (merged.route_name.is_empty() || mg.servers_by_route_name.contains_key(&merged.route_name))
+        {
+            tracing::info!(gateway = %gateway_name, port = number, "skipping server: non unique HTTPS port name");
+            return;
+        }
+        self.non_plain_text_binds
+            .entry(number)
+            .or_default()
+            .insert(sp.bind.clone());
+        let idx = mg.push_server(merged);
+        if !mg.merged_servers.contains_key(&sp) {
+            mg.server_ports.push(sp.clone());
+        }
+        mg.merged_servers.entry(sp).or_default().servers.push(idx);
+    }
+}
+
 impl MergedGateway {
-    /// Merges the servers of `gateways` (Gateway configs, in push order).
-    pub(crate) fn merge(gateways: &[std::sync::Arc<Config>]) -> MergedGateway {
-        let mut mg = MergedGateway::default();
-        let mut gateway_ports: BTreeSet<u32> = BTreeSet::new();
-        let mut plain_text_servers: BTreeMap<u32, ServerPort> = BTreeMap::new();
-        let mut tls_hosts_by_port: BTreeMap<u32, BTreeMap<String, String>> = BTreeMap::new();
-        let mut non_plain_text_binds: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
+    /// Merges the servers of `gateways` (Gateway configs selecting the proxy by labels, in push
+    /// order), each on the ports `targets` translate its port to.
+    pub(crate) fn merge(gateways: &[std::sync::Arc<Config>], targets: &[GatewayTarget]) -> MergedGateway {
+        let mut m = Merger::default();
         for config in gateways {
             let ConfigSpec::Gateway(Gateway { servers, .. }) = &config.spec else {
                 continue;
@@ -174,80 +311,31 @@ impl MergedGateway {
                 };
                 let mut server = s.clone();
                 sanitize_hosts(&mut server, &config.meta.namespace);
-                let number = port.number;
-                let route_name = route_name(&server, number, config);
-                let mut sni = Vec::new();
-                if server.tls.is_some() {
-                    let known = tls_hosts_by_port.entry(number).or_default();
-                    let dups = check_duplicates(&server.hosts, &server.bind, known);
-                    if !dups.is_empty() {
-                        tracing::warn!(gateway = %gateway_name, "skipping server: duplicate host names {dups:?}");
-                        continue;
-                    }
-                    sni = sni_hosts(&server);
-                }
-                let sp = ServerPort {
-                    number,
-                    protocol: port.protocol.clone(),
-                    bind: server.bind.clone(),
-                };
-                let proto = server_protocol(&server);
-                let merged = MergedServer {
-                    server,
-                    gateway_name: gateway_name.clone(),
-                    route_name,
-                    sni_hosts: sni,
-                };
-                if !gateway_ports.insert(number) {
-                    if let Some(current) = plain_text_servers.get(&number).cloned() {
-                        let same_bind = current.bind == sp.bind;
-                        if same_bind && !can_merge_protocols(Protocol::parse(&current.protocol), proto) {
-                            tracing::info!(gateway = %gateway_name, port = number, "skipping server: protocol conflict");
-                            continue;
-                        }
-                        if same_bind && merged.route_name.is_empty() {
-                            tracing::debug!(gateway = %gateway_name, port = number, "skipping server: no RDS name");
-                            continue;
-                        }
-                        if same_bind {
-                            let idx = mg.push_server(merged);
-                            mg.merged_servers.entry(current).or_default().servers.push(idx);
-                        } else if mg.merged_servers.contains_key(&sp) {
-                            let route_name = merged.route_name.clone();
-                            let idx = mg.push_server(merged);
-                            if let Some(ms) = mg.merged_servers.get_mut(&sp) {
-                                ms.servers.push(idx);
-                                ms.route_name = route_name;
-                            }
-                        } else {
-                            mg.add_first_server(merged, sp, &mut plain_text_servers);
-                        }
-                        continue;
-                    }
-                    if !is_tls_server(&merged.server) {
-                        // a plaintext server on a port so far used by TLS servers only
-                        plain_text_servers.insert(number, sp.clone());
-                        mg.add_first_server(merged, sp, &mut plain_text_servers);
-                        continue;
-                    }
-                    if is_http_server(&merged.server)
-                        && (merged.route_name.is_empty() || mg.servers_by_route_name.contains_key(&merged.route_name))
-                    {
-                        tracing::info!(gateway = %gateway_name, port = number, "skipping server: non unique HTTPS port name");
-                        continue;
-                    }
-                    non_plain_text_binds.entry(number).or_default().insert(sp.bind.clone());
-                    let idx = mg.push_server(merged);
-                    if !mg.merged_servers.contains_key(&sp) {
-                        mg.server_ports.push(sp.clone());
-                    }
-                    mg.merged_servers.entry(sp).or_default().servers.push(idx);
-                } else {
-                    mg.add_first_server(merged, sp, &mut plain_text_servers);
+                for number in resolve_ports(port.number, targets, true) {
+                    m.add(config, &gateway_name, &server, number);
                 }
             }
         }
+        let mut mg = m.mg;
+        mg.auto_passthrough_hosts = mg
+            .servers
+            .iter()
+            .filter(|s| tls_mode(&s.server) == Some("AUTO_PASSTHROUGH"))
+            .flat_map(|s| s.sni_hosts.iter().cloned())
+            .collect();
         mg
+    }
+
+    /// The gateways selecting `proxy` merged, on the ports of the proxy's Services.
+    pub(crate) fn for_proxy<P: PushView>(push: &P, proxy: &Proxy) -> MergedGateway {
+        MergedGateway::merge(&push.gateways_for_proxy(proxy), &push.gateway_targets(proxy))
+    }
+
+    /// Whether some server is AUTO_PASSTHROUGH (Istio's `ContainsAutoPassthroughGateways`).
+    pub(crate) fn contains_auto_passthrough(&self) -> bool {
+        self.servers
+            .iter()
+            .any(|s| tls_mode(&s.server) == Some("AUTO_PASSTHROUGH"))
     }
 
     /// Stores a server, registering its RDS name if it serves HTTP.

@@ -2,6 +2,7 @@
 //! virtualOutbound, virtualInbound and per-port outbound listeners (`sidecar`, `sidecar_inbound`).
 
 pub(crate) mod gateway;
+pub(crate) mod gateway_tcp;
 pub(crate) mod hcm;
 mod inbound_mtls;
 mod inspectors;

@@ -360,6 +360,28 @@ pub(crate) fn build_outbound_network_filters<P: PushView>(
     )])
 }
 
+/// Istio's `buildOutboundNetworkFiltersWithSingleDestination`: a tcp_proxy to `cluster` with
+/// `stat_prefix`, shaped by the DestinationRule of `service` (and `subset`) for this proxy.
+pub(crate) fn single_destination_filter<P: PushView>(
+    push: &P,
+    proxy: &Proxy,
+    stat_prefix: &str,
+    cluster: &str,
+    subset: &str,
+    service: &Service,
+) -> Filter {
+    let policy = push
+        .with_destination_rule(proxy, service, |dr| TcpPolicy::new(dr, subset))
+        .unwrap_or_default();
+    tcp_proxy_filter(
+        push.mesh(),
+        proxy,
+        stat_prefix,
+        tcp_proxy::ClusterSpecifier::Cluster(cluster.to_owned()),
+        &policy,
+    )
+}
+
 /// What a DestinationRule sets on a tcp_proxy.
 #[derive(Debug, Default)]
 struct TcpPolicy {

@@ -115,7 +115,7 @@ fn https_servers_get_sni_chains_with_certificate_files() {
 }
 
 #[test]
-fn unsupported_servers_produce_no_chains() {
+fn tcp_and_passthrough_servers_without_routes_produce_no_chains() {
     let push = push(vec![ingress_gateway(json!([
         {"port": {"number": 443, "name": "tls", "protocol": "TLS"}, "hosts": ["a.com"], "tls": {"mode": "PASSTHROUGH"}},
         {"port": {"number": 8443, "name": "https", "protocol": "HTTPS"}, "hosts": ["b.com"], "tls": {"mode": "PASSTHROUGH"}},

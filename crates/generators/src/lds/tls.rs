@@ -7,6 +7,7 @@
 //! ISTIO_MUTUAL servers present the gateway's workload certificate and require one of the mesh
 //! (from the agent's SDS, `default` and `ROOTCA`).
 
+use model::mesh::TlsDefaults;
 use model::networking::ServerTlsSettings;
 use xds_api::envoy::config::core::v3::{DataSource, TransportSocket, data_source, transport_socket};
 use xds_api::envoy::extensions::transport_sockets::tls::v3::{
@@ -30,14 +31,29 @@ pub(crate) enum TlsContextError {
     MissingCertificate(String),
 }
 
-/// The downstream TLS context of a terminating server.
-pub(crate) fn downstream_tls_context(tls: &ServerTlsSettings) -> Result<DownstreamTlsContext, TlsContextError> {
+/// ALPN of a TCP server terminating ISTIO_MUTUAL (Istio's `ALPNDownstreamWithMxc`).
+const ALPN_DOWNSTREAM_WITH_MXC: [&str; 3] = ["istio-peer-exchange", "h2", "http/1.1"];
+
+/// The downstream TLS context of a terminating server, as Istio's `BuildListenerTLSContext`.
+/// `tcp_termination`: a TCP/TLS server terminating TLS into tcp_proxy (its ISTIO_MUTUAL ALPN
+/// differs). SIMPLE, MUTUAL and OPTIONAL_MUTUAL servers take the mesh's `tlsDefaults`, then their
+/// own TLS parameters.
+pub(crate) fn downstream_tls_context(
+    tls: &ServerTlsSettings,
+    tcp_termination: bool,
+    defaults: Option<&TlsDefaults>,
+) -> Result<DownstreamTlsContext, TlsContextError> {
     let mode = tls.mode.as_deref().unwrap_or("PASSTHROUGH");
     if mode == "ISTIO_MUTUAL" {
+        let alpn: &[&str] = if tcp_termination {
+            &ALPN_DOWNSTREAM_WITH_MXC
+        } else {
+            &ALPN_HTTP
+        };
         // the gateway's own workload certificate and the mesh root, from its agent's SDS
         return Ok(crate::mtls::downstream_istio_mutual_context(
             &tls.subject_alt_names,
-            ALPN_HTTP.iter().map(|s| s.to_string()).collect(),
+            alpn.iter().map(|s| s.to_string()).collect(),
         ));
     }
     let require_client_certificate = match mode {
@@ -45,11 +61,15 @@ pub(crate) fn downstream_tls_context(tls: &ServerTlsSettings) -> Result<Downstre
         "MUTUAL" => true,
         other => return Err(TlsContextError::UnsupportedMode(other.to_owned())),
     };
-    let credential = tls
-        .credential_names
-        .first()
-        .or(Some(&tls.credential_name))
-        .filter(|n| !n.is_empty());
+    // Istio's `ApplyCredentialSDSToServerCommonTLSContext`: `credentialNames` (an RSA and an ECDSA
+    // certificate, say) win over `credentialName`; clients are checked with the CA of the first
+    let credentials: Vec<&String> = if tls.credential_names.is_empty() {
+        std::iter::once(&tls.credential_name)
+            .filter(|n| !n.is_empty())
+            .collect()
+    } else {
+        tls.credential_names.iter().filter(|n| !n.is_empty()).collect()
+    };
     let validate_client = require_client_certificate || mode == "OPTIONAL_MUTUAL";
     let file = |path: &str| DataSource {
         specifier: Some(data_source::Specifier::Filename(path.to_owned())),
@@ -59,18 +79,23 @@ pub(crate) fn downstream_tls_context(tls: &ServerTlsSettings) -> Result<Downstre
         alpn_protocols: ALPN_HTTP.iter().map(|s| s.to_string()).collect(),
         ..Default::default()
     };
-    if let Some(name) = credential {
-        let resource = crate::sds::resource_name(name);
-        common.tls_certificate_sds_secret_configs.push(ads_secret(&resource));
+    if let Some(first) = credentials.first() {
+        for name in &credentials {
+            common
+                .tls_certificate_sds_secret_configs
+                .push(ads_secret(&crate::sds::resource_name(name)));
+        }
         if validate_client {
+            let ca = if tls.ca_cert_credential_name.is_empty() {
+                format!("{}{}", crate::sds::resource_name(first), crate::sds::CA_SUFFIX)
+            } else {
+                crate::sds::resource_name(&tls.ca_cert_credential_name)
+            };
             common.validation_context_type =
                 Some(common_tls_context::ValidationContextType::CombinedValidationContext(
                     common_tls_context::CombinedCertificateValidationContext {
                         default_validation_context: Some(client_validation(tls, None)),
-                        validation_context_sds_secret_config: Some(ads_secret(&format!(
-                            "{resource}{}",
-                            crate::sds::CA_SUFFIX
-                        ))),
+                        validation_context_sds_secret_config: Some(ads_secret(&ca)),
                         ..Default::default()
                     },
                 ));
@@ -90,17 +115,7 @@ pub(crate) fn downstream_tls_context(tls: &ServerTlsSettings) -> Result<Downstre
             ));
         }
     }
-    let min = tls.min_protocol_version.as_deref().and_then(tls_protocol);
-    let max = tls.max_protocol_version.as_deref().and_then(tls_protocol);
-    if min.is_some() || max.is_some() || !tls.cipher_suites.is_empty() || !tls.ecdh_curves.is_empty() {
-        common.tls_params = Some(TlsParameters {
-            tls_minimum_protocol_version: min.unwrap_or(TlsProtocol::TlsAuto) as i32,
-            tls_maximum_protocol_version: max.unwrap_or(TlsProtocol::TlsAuto) as i32,
-            cipher_suites: tls.cipher_suites.clone(),
-            ecdh_curves: tls.ecdh_curves.clone(),
-            ..Default::default()
-        });
-    }
+    apply_tls_parameters(&mut common, tls, defaults);
     Ok(DownstreamTlsContext {
         common_tls_context: Some(common),
         require_client_certificate: Some(BoolValue {
@@ -108,6 +123,37 @@ pub(crate) fn downstream_tls_context(tls: &ServerTlsSettings) -> Result<Downstre
         }),
         ..Default::default()
     })
+}
+
+/// Istio's `applyDownstreamTLSDefaults` then `applyServerTLSSettings`: the mesh's defaults, each
+/// overridden by the server's own setting; no parameters when neither sets any.
+fn apply_tls_parameters(common: &mut CommonTlsContext, tls: &ServerTlsSettings, defaults: Option<&TlsDefaults>) {
+    let mut params: Option<TlsParameters> = None;
+    let mut set = |f: &mut dyn FnMut(&mut TlsParameters)| f(params.get_or_insert_with(TlsParameters::default));
+    if let Some(d) = defaults {
+        if !d.ecdh_curves.is_empty() {
+            set(&mut |p| p.ecdh_curves = d.ecdh_curves.clone());
+        }
+        if !d.cipher_suites.is_empty() {
+            set(&mut |p| p.cipher_suites = d.cipher_suites.clone());
+        }
+        if let Some(min) = tls_protocol(&d.min_protocol_version) {
+            set(&mut |p| p.tls_minimum_protocol_version = min as i32);
+        }
+    }
+    if let Some(min) = tls.min_protocol_version.as_deref().and_then(tls_protocol) {
+        set(&mut |p| p.tls_minimum_protocol_version = min as i32);
+    }
+    if !tls.ecdh_curves.is_empty() {
+        set(&mut |p| p.ecdh_curves = tls.ecdh_curves.clone());
+    }
+    if !tls.cipher_suites.is_empty() {
+        set(&mut |p| p.cipher_suites = tls.cipher_suites.clone());
+    }
+    if let Some(max) = tls.max_protocol_version.as_deref().and_then(tls_protocol) {
+        set(&mut |p| p.tls_maximum_protocol_version = max as i32);
+    }
+    common.tls_params = params;
 }
 
 /// How client certificates are checked: the CA (`trusted_ca`, unless it comes over SDS), CRL,
@@ -174,6 +220,10 @@ pub(crate) fn tls_transport_socket(ctx: &DownstreamTlsContext) -> TransportSocke
 mod tests {
     use super::*;
 
+    fn downstream_tls_context_of(tls: &ServerTlsSettings) -> Result<DownstreamTlsContext, TlsContextError> {
+        downstream_tls_context(tls, false, None)
+    }
+
     /// `ecdhCurves` and `insecureSkipVerify` (accepting client certificates of any trust chain).
     #[test]
     fn ecdh_curves_and_insecure_skip_verify() {
@@ -183,7 +233,7 @@ mod tests {
             insecure_skip_verify: Some(true),
             ..simple()
         };
-        let common = downstream_tls_context(&tls).unwrap().common_tls_context.unwrap();
+        let common = downstream_tls_context_of(&tls).unwrap().common_tls_context.unwrap();
         assert_eq!(common.tls_params.unwrap().ecdh_curves, ["X25519", "P-256"]);
         let Some(common_tls_context::ValidationContextType::ValidationContext(v)) = common.validation_context_type
         else {
@@ -193,7 +243,7 @@ mod tests {
             v.trust_chain_verification,
             certificate_validation_context::TrustChainVerification::AcceptUntrusted as i32
         );
-        let strict = downstream_tls_context(&ServerTlsSettings {
+        let strict = downstream_tls_context_of(&ServerTlsSettings {
             mode: Some("MUTUAL".into()),
             ..simple()
         })
@@ -213,7 +263,7 @@ mod tests {
 
     #[test]
     fn simple_uses_certificate_files_and_no_client_validation() {
-        let ctx = downstream_tls_context(&simple()).unwrap();
+        let ctx = downstream_tls_context_of(&simple()).unwrap();
         assert_eq!(ctx.require_client_certificate, Some(BoolValue { value: false }));
         let common = ctx.common_tls_context.unwrap();
         assert_eq!(common.alpn_protocols, ["h2", "http/1.1"]);
@@ -233,7 +283,7 @@ mod tests {
             subject_alt_names: vec!["spiffe://td/ns/a/sa/b".into()],
             ..simple()
         };
-        let ctx = downstream_tls_context(&tls).unwrap();
+        let ctx = downstream_tls_context_of(&tls).unwrap();
         assert_eq!(ctx.require_client_certificate, Some(BoolValue { value: true }));
         let common = ctx.common_tls_context.unwrap();
         let Some(common_tls_context::ValidationContextType::ValidationContext(v)) = common.validation_context_type
@@ -259,7 +309,10 @@ mod tests {
             private_key: String::new(),
             ..simple()
         };
-        let common = downstream_tls_context(&simple_sds).unwrap().common_tls_context.unwrap();
+        let common = downstream_tls_context_of(&simple_sds)
+            .unwrap()
+            .common_tls_context
+            .unwrap();
         assert_eq!(
             common.tls_certificate_sds_secret_configs[0].name,
             "kubernetes://my-secret"
@@ -269,7 +322,7 @@ mod tests {
             mode: Some("MUTUAL".into()),
             ..simple_sds
         };
-        let common = downstream_tls_context(&mutual).unwrap().common_tls_context.unwrap();
+        let common = downstream_tls_context_of(&mutual).unwrap().common_tls_context.unwrap();
         let Some(common_tls_context::ValidationContextType::CombinedValidationContext(v)) =
             common.validation_context_type
         else {
@@ -287,7 +340,7 @@ mod tests {
             mode: Some("ISTIO_MUTUAL".into()),
             ..simple()
         };
-        let ctx = downstream_tls_context(&im).unwrap();
+        let ctx = downstream_tls_context_of(&im).unwrap();
         assert_eq!(ctx.require_client_certificate, Some(BoolValue { value: true }));
         assert_eq!(
             ctx.common_tls_context.unwrap().tls_certificate_sds_secret_configs[0].name,
@@ -298,7 +351,7 @@ mod tests {
             ..simple()
         };
         assert!(matches!(
-            downstream_tls_context(&bad),
+            downstream_tls_context_of(&bad),
             Err(TlsContextError::UnsupportedMode(_))
         ));
         let nocert = ServerTlsSettings {
@@ -306,8 +359,69 @@ mod tests {
             ..simple()
         };
         assert!(matches!(
-            downstream_tls_context(&nocert),
+            downstream_tls_context_of(&nocert),
             Err(TlsContextError::MissingCertificate(_))
         ));
+    }
+
+    /// Istio: `credentialNames` (RSA and ECDSA) each become a certificate, the first one's CA
+    /// checks clients unless `caCertCredentialName` names another; the mesh's `tlsDefaults` come
+    /// first and the server's own parameters win.
+    #[test]
+    fn several_credentials_a_ca_credential_and_mesh_tls_defaults() {
+        let tls = ServerTlsSettings {
+            mode: Some("MUTUAL".into()),
+            server_certificate: String::new(),
+            private_key: String::new(),
+            credential_names: vec!["rsa".into(), "ecdsa".into()],
+            ecdh_curves: vec!["X25519".into()],
+            ..simple()
+        };
+        let defaults = TlsDefaults {
+            min_protocol_version: "TLSV1_3".into(),
+            ecdh_curves: vec!["P-256".into()],
+            cipher_suites: vec!["ECDHE-RSA-AES256-GCM-SHA384".into()],
+        };
+        let common = downstream_tls_context(&tls, false, Some(&defaults))
+            .unwrap()
+            .common_tls_context
+            .unwrap();
+        let names: Vec<&str> = common
+            .tls_certificate_sds_secret_configs
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(names, ["kubernetes://rsa", "kubernetes://ecdsa"]);
+        let Some(common_tls_context::ValidationContextType::CombinedValidationContext(v)) =
+            &common.validation_context_type
+        else {
+            panic!("combined validation context");
+        };
+        assert_eq!(
+            v.validation_context_sds_secret_config.as_ref().unwrap().name,
+            "kubernetes://rsa-cacert"
+        );
+        let params = common.tls_params.unwrap();
+        assert_eq!(params.tls_minimum_protocol_version, TlsProtocol::TlSv13 as i32);
+        assert_eq!(params.ecdh_curves, ["X25519"], "the server's own curves win");
+        assert_eq!(params.cipher_suites, ["ECDHE-RSA-AES256-GCM-SHA384"]);
+
+        let own_ca = ServerTlsSettings {
+            ca_cert_credential_name: "client-roots".into(),
+            ..tls
+        };
+        let common = downstream_tls_context(&own_ca, false, None)
+            .unwrap()
+            .common_tls_context
+            .unwrap();
+        let Some(common_tls_context::ValidationContextType::CombinedValidationContext(v)) =
+            common.validation_context_type
+        else {
+            panic!("combined validation context");
+        };
+        assert_eq!(
+            v.validation_context_sds_secret_config.unwrap().name,
+            "kubernetes://client-roots"
+        );
     }
 }

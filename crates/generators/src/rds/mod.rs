@@ -34,7 +34,7 @@ pub(crate) fn build_route_configs_from<P: SidecarPushView>(
     if !proxy.is_router() {
         return names.iter().map(|n| empty_route_config(n)).collect();
     }
-    let merged = MergedGateway::merge(&push.gateways_for_proxy(proxy));
+    let merged = MergedGateway::for_proxy(push, proxy);
     names
         .iter()
         .map(|n| gateway::build_gateway_http_route_config(proxy, push, &merged, n))

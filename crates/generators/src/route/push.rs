@@ -7,6 +7,8 @@ use std::sync::Arc;
 use model::networking::DestinationRule;
 use model::{Config, Features, MeshConfig, Proxy, Service};
 
+use crate::lds::merged_gateway::{DISABLE_PORT_TRANSLATION_LABEL, GatewayTarget};
+
 /// Read-only view of one push, as the builders need it (a narrow slice of Istio's `PushContext`).
 pub(crate) trait PushView {
     fn mesh(&self) -> &MeshConfig;
@@ -24,6 +26,11 @@ pub(crate) trait PushView {
     ) -> Option<R>;
     /// Gateway configs selecting this proxy, sorted.
     fn gateways_for_proxy(&self, proxy: &Proxy) -> Vec<Arc<Config>>;
+    /// The ports of the Services selecting this (gateway) proxy with their target ports, in
+    /// Istio's `ServiceTargets` order: what a gateway server's port is translated by.
+    fn gateway_targets(&self, proxy: &Proxy) -> Vec<GatewayTarget>;
+    /// The services the proxy's clusters are built for (Istio's `SidecarScope.Services()`).
+    fn scope_services(&self, proxy: &Proxy) -> Vec<Arc<Service>>;
     /// VirtualServices bound to `gateway` (`ns/name`) and visible to the proxy, in Istio's order.
     fn virtual_services_for_gateway(&self, proxy: &Proxy, gateway: &str) -> Vec<Arc<Config>>;
 }
@@ -58,7 +65,28 @@ impl PushView for push_index::PushContext {
         push_index::PushContext::gateways_for_proxy(self, proxy)
     }
 
+    fn gateway_targets(&self, proxy: &Proxy) -> Vec<GatewayTarget> {
+        gateway_targets(self, proxy)
+    }
+
+    fn scope_services(&self, proxy: &Proxy) -> Vec<Arc<Service>> {
+        crate::cds::scope_services(proxy, self)
+    }
+
     fn virtual_services_for_gateway(&self, proxy: &Proxy, gateway: &str) -> Vec<Arc<Config>> {
         push_index::PushContext::virtual_services_for_gateway(self, proxy, gateway)
     }
+}
+
+/// The proxy's service instances as gateway targets: each port of a Service with an endpoint at
+/// the proxy's address, and the endpoint's port.
+pub(crate) fn gateway_targets(push: &push_index::PushContext, proxy: &Proxy) -> Vec<GatewayTarget> {
+    push.service_instances(proxy)
+        .into_iter()
+        .map(|i| GatewayTarget {
+            service_port: u32::from(i.service_port.port),
+            target_port: u32::from(i.target_port),
+            disable_translation: i.service.attributes.labels.contains_key(DISABLE_PORT_TRANSLATION_LABEL),
+        })
+        .collect()
 }

@@ -22,6 +22,8 @@ pub(crate) struct FakePush {
     pub(crate) mesh: MeshConfig,
     pub(crate) configs: Vec<Arc<Config>>,
     pub(crate) services: Vec<Arc<Service>>,
+    /// The gateway proxy's service targets (port translation).
+    pub(crate) gateway_targets: Vec<crate::lds::merged_gateway::GatewayTarget>,
 }
 
 impl FakePush {
@@ -89,6 +91,14 @@ impl PushView for FakePush {
             })
             .cloned()
             .collect()
+    }
+
+    fn gateway_targets(&self, _proxy: &Proxy) -> Vec<crate::lds::merged_gateway::GatewayTarget> {
+        self.gateway_targets.clone()
+    }
+
+    fn scope_services(&self, _proxy: &Proxy) -> Vec<Arc<Service>> {
+        self.services.clone()
     }
 
     fn virtual_services_for_gateway(&self, _proxy: &Proxy, gateway: &str) -> Vec<Arc<Config>> {
