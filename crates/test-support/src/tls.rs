@@ -70,12 +70,21 @@ impl TestCa {
     /// A server certificate for `dns_names` (the first one is also the subject CN), signed by
     /// this CA, for TLS server authentication.
     pub fn issue_server(&self, dns_names: &[&str]) -> anyhow::Result<IssuedCert> {
+        self.issue(dns_names, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
+    /// A client certificate for `dns_names` (TLS client authentication), signed by this CA.
+    pub fn issue_client(&self, dns_names: &[&str]) -> anyhow::Result<IssuedCert> {
+        self.issue(dns_names, ExtendedKeyUsagePurpose::ClientAuth)
+    }
+
+    fn issue(&self, dns_names: &[&str], usage: ExtendedKeyUsagePurpose) -> anyhow::Result<IssuedCert> {
         let mut params = CertificateParams::new(dns_names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
             .with_context(|| format!("bad server names {dns_names:?}"))?;
         if let Some(first) = dns_names.first() {
             params.distinguished_name.push(DnType::CommonName, *first);
         }
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.extended_key_usages = vec![usage];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.use_authority_key_identifier_extension = true;
         let key = KeyPair::generate()?;

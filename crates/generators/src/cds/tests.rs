@@ -853,3 +853,90 @@ fn mesh_default_traffic_policy_is_the_baseline_under_destination_rules() {
         "the rule's pool, the mesh's outlier detection"
     );
 }
+
+/// Istio's `ApplyCustomSDSToClientCommonTLSContext`: a `credentialName` is served over ADS, the
+/// CA as `kubernetes://<name>-cacert` always, the client certificate `kubernetes://<name>` only
+/// for MUTUAL; sidecars reached by a rule without workload selector get no credential (plaintext,
+/// as Istio); the mesh's `tlsDefaults` set curves and ciphers.
+#[test]
+fn credential_name_origination_asks_ads_for_the_ca_and_for_mutual_the_certificate() {
+    let rule = |name: &str, mode: &str| {
+        destination_rule(
+            name,
+            "istio-system",
+            json!({"host": format!("{name}.example.com"), "trafficPolicy": {"tls": {"mode": mode, "credentialName": "cred"}}}),
+        )
+    };
+    let entry = |name: &str| {
+        service_entry(
+            name,
+            "istio-system",
+            json!({"hosts": [format!("{name}.example.com")], "resolution": "DNS", "location": "MESH_EXTERNAL",
+                   "ports": [{"number": 443, "name": "tls", "protocol": "TLS"}]}),
+        )
+    };
+    let mesh = model::MeshConfig {
+        tls_defaults: Some(model::mesh::TlsDefaults {
+            ecdh_curves: vec!["P-256".into()],
+            cipher_suites: vec!["ECDHE-ECDSA-AES256-GCM-SHA384".into()],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let p = crate::testing::push_with_mesh(
+        mesh,
+        vec![
+            entry("simple"),
+            entry("mutual"),
+            rule("simple", "SIMPLE"),
+            rule("mutual", "MUTUAL"),
+        ],
+    );
+    let gateway = crate::testing::gateway_proxy();
+    let clusters = build_clusters(&gateway, &p);
+    let ads_names = |c: &Cluster| -> (Vec<String>, Option<String>) {
+        let common = tls_context(c).common_tls_context.unwrap();
+        let certs = common
+            .tls_certificate_sds_secret_configs
+            .iter()
+            .map(|s| {
+                assert!(
+                    matches!(
+                        s.sds_config.as_ref().and_then(|c| c.config_source_specifier.as_ref()),
+                        Some(core::config_source::ConfigSourceSpecifier::Ads(_))
+                    ),
+                    "served over ADS"
+                );
+                s.name.clone()
+            })
+            .collect();
+        let ca = match common.validation_context_type {
+            Some(common_tls_context::ValidationContextType::CombinedValidationContext(v)) => {
+                v.validation_context_sds_secret_config.map(|s| s.name)
+            }
+            _ => None,
+        };
+        (certs, ca)
+    };
+    let simple = find(&clusters, "outbound|443||simple.example.com");
+    assert_eq!(ads_names(simple), (vec![], Some("kubernetes://cred-cacert".into())));
+    let mutual = find(&clusters, "outbound|443||mutual.example.com");
+    assert_eq!(
+        ads_names(mutual),
+        (
+            vec!["kubernetes://cred".to_owned()],
+            Some("kubernetes://cred-cacert".into())
+        )
+    );
+    let params = tls_context(simple).common_tls_context.unwrap().tls_params.unwrap();
+    assert_eq!(params.ecdh_curves, ["P-256"]);
+    assert_eq!(params.cipher_suites, ["ECDHE-ECDSA-AES256-GCM-SHA384"]);
+
+    let sidecar_clusters = build_clusters(&sidecar("istio-system"), &p);
+    assert!(
+        find(&sidecar_clusters, "outbound|443||simple.example.com")
+            .transport_socket
+            .is_none(),
+        "a rule without workload selector hands no credential to sidecars"
+    );
+}

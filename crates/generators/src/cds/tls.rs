@@ -1,7 +1,10 @@
 //! Upstream TLS origination from a DestinationRule's `tls`, as Istio's `cluster_tls.go`:
-//! `SIMPLE` and `MUTUAL` with certificates from files (or `credentialName` over SDS), SNI, SAN
-//! verification and `insecureSkipVerify`. Envoy reads the files itself (Istio serves them over
-//! SDS through its agent; upstream Envoy does not need that).
+//! `SIMPLE` and `MUTUAL` with certificates from files, or from a `credentialName` (a Kubernetes
+//! Secret that pilot-discovery serves over ADS, as Istio's `ApplyCustomSDSToClientCommonTLSContext`:
+//! `kubernetes://<name>` is the client certificate, for MUTUAL only, and `kubernetes://<name>-cacert`
+//! the CA to verify the server with), SNI, SAN verification, `insecureSkipVerify` and the mesh's
+//! `tlsDefaults`. Envoy reads the files itself (Istio serves them over SDS through its agent;
+//! upstream Envoy does not need that).
 //!
 //! `ISTIO_MUTUAL` and auto mTLS (Istio's `buildUpstreamTLSSettings`, `applyUpstreamTLSSettings`):
 //! the workload certificate and mesh root from the agent's SDS, SNI
@@ -62,7 +65,23 @@ pub(super) fn apply(cw: &mut ClusterWrapper, b: &Builder<'_>, settings: Option<&
         );
         return;
     }
-    let context = upstream_tls_context(cw, settings, credential, mutual);
+    // Istio: a ServiceEntry's `subjectAltNames` (and its workloads' identities) when the rule names
+    // none
+    let mut settings = std::borrow::Cow::Borrowed(settings);
+    if b.service.attributes.service_registry == "External" && settings.subject_alt_names.is_empty() {
+        settings.to_mut().subject_alt_names = service_accounts(b);
+    }
+    let mut context = upstream_tls_context(cw, &settings, credential, mutual);
+    if let (Some(defaults), Some(common)) = (&b.push.mesh().tls_defaults, context.common_tls_context.as_mut()) {
+        // Istio's `applyTLSDefaults`: curves and ciphers (the versions stay 1.2 to 1.3)
+        let params = common.tls_params.get_or_insert_with(Default::default);
+        if !defaults.ecdh_curves.is_empty() {
+            params.ecdh_curves = defaults.ecdh_curves.clone();
+        }
+        if !defaults.cipher_suites.is_empty() {
+            params.cipher_suites = defaults.cipher_suites.clone();
+        }
+    }
     cw.cluster.transport_socket = Some(core::TransportSocket {
         name: "envoy.transport_sockets.tls".into(),
         config_type: Some(core::transport_socket::ConfigType::TypedConfig(xds_api::pack(&context))),
@@ -160,21 +179,22 @@ fn upstream_tls_context(
     use tls::common_tls_context::ValidationContextType;
     match credential {
         Some(name) => {
-            common
-                .tls_certificate_sds_secret_configs
-                .push(crate::mtls::sds_secret(name));
-            common.validation_context_type = Some(ValidationContextType::CombinedValidationContext(
-                tls::common_tls_context::CombinedCertificateValidationContext {
-                    default_validation_context: Some(tls::CertificateValidationContext {
-                        match_typed_subject_alt_names: san_matchers,
+            let resource = crate::sds::resource_name(name);
+            if mutual {
+                common.tls_certificate_sds_secret_configs.push(ads_secret(&resource));
+            }
+            if !insecure {
+                common.validation_context_type = Some(ValidationContextType::CombinedValidationContext(
+                    tls::common_tls_context::CombinedCertificateValidationContext {
+                        default_validation_context: Some(tls::CertificateValidationContext {
+                            match_typed_subject_alt_names: san_matchers,
+                            ..Default::default()
+                        }),
+                        validation_context_sds_secret_config: Some(ads_secret(&format!("{resource}{SDS_CA_SUFFIX}"))),
                         ..Default::default()
-                    }),
-                    validation_context_sds_secret_config: Some(crate::mtls::sds_secret(&format!(
-                        "{name}{SDS_CA_SUFFIX}"
-                    ))),
-                    ..Default::default()
-                },
-            ));
+                    },
+                ));
+            }
         }
         None => {
             if mutual {
@@ -254,6 +274,20 @@ fn subject_alt_name_matchers(sans: &[String]) -> Vec<tls::SubjectAltNameMatcher>
             }
         })
         .collect()
+}
+
+/// Istio's `SDSAdsConfig`: a secret pilot-discovery serves on the proxy's ADS stream.
+fn ads_secret(name: &str) -> tls::SdsSecretConfig {
+    tls::SdsSecretConfig {
+        name: name.to_owned(),
+        sds_config: Some(core::ConfigSource {
+            config_source_specifier: Some(core::config_source::ConfigSourceSpecifier::Ads(
+                core::AggregatedConfigSource {},
+            )),
+            resource_api_version: core::ApiVersion::V3 as i32,
+            ..Default::default()
+        }),
+    }
 }
 
 fn file(path: Option<&str>) -> Option<core::DataSource> {
