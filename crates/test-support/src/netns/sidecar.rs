@@ -217,6 +217,20 @@ socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
         identity: Option<&WorkloadIdentity>,
         extra_env: &[(&str, &str)],
     ) -> anyhow::Result<()> {
+        self.start_proxy("sidecar", discovery, namespace, labels, identity, extra_env)
+    }
+
+    /// `pilot-agent proxy <kind>` (`sidecar` or `router`, a gateway) in the pod, as
+    /// [`start_sidecar_env`](Self::start_sidecar_env).
+    pub fn start_proxy(
+        &mut self,
+        kind: &str,
+        discovery: SocketAddr,
+        namespace: &str,
+        labels: &serde_json::Value,
+        identity: Option<&WorkloadIdentity>,
+        extra_env: &[(&str, &str)],
+    ) -> anyhow::Result<()> {
         let bin = cargo_bin("agent", "pilot-agent")?;
         let dir = self.dir.path().to_path_buf();
         if let Some(id) = identity {
@@ -284,7 +298,7 @@ socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
         ]
         .map(|s| s.to_owned());
         let mut args: Vec<&str> = user.iter().map(String::as_str).collect();
-        args.extend([agent.as_ref(), "proxy", "sidecar"]);
+        args.extend([agent.as_ref(), "proxy", kind]);
         self.spawn("pilot-agent.log", &args, &env)?;
         let deadline = Instant::now() + Duration::from_secs(30);
         let url = format!("http://127.0.0.1:{STATUS_PORT}/healthz/ready");
@@ -330,6 +344,22 @@ socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
     /// `curl` in the pod as `nobody` (captured by the sidecar, as an app's request): (status, body).
     pub fn curl_app(&self, url: &str, headers: &[&str]) -> anyhow::Result<(u16, String)> {
         self.curl_with(&AS_APP, headers, url)
+    }
+
+    /// `curl` in the pod as the app (captured) with more arguments (`--resolve`, `--cacert`, ...)
+    /// before `url`: (status, body).
+    pub fn curl_app_with(&self, args: &[&str], url: &str) -> anyhow::Result<(u16, String)> {
+        let mut pre = AS_APP.to_vec();
+        pre.extend(["curl", "-sS"]);
+        pre.extend(args);
+        pre.extend(["-m", "5", "-w", "\n%{http_code}", url]);
+        let out = self.exec(&pre)?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        Ok((
+            code.trim().parse().unwrap_or(0),
+            format!("{body}{}", String::from_utf8_lossy(&out.stderr)),
+        ))
     }
 
     fn curl(&self, pre: &[&str], url: &str) -> anyhow::Result<(u16, String)> {
