@@ -487,3 +487,37 @@ async fn tcp_tls_passthrough_and_east_west_servers_carry_traffic_over_delta() ->
     let setup = start(Ads::Delta).await?;
     check(&setup).await.with_context(|| setup.envoy.log_tail())
 }
+
+/// The status line of a raw HTTP/1.0 request for `host` to `port`.
+async fn http10_status(port: u16, host: &str) -> anyhow::Result<String> {
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        stream
+            .write_all(format!("GET /reviews HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
+            .await?;
+        let mut line = String::new();
+        BufReader::new(stream).read_line(&mut line).await?;
+        anyhow::Ok(line.trim_end().to_owned())
+    };
+    tokio::time::timeout(Duration::from_secs(5), exchange)
+        .await
+        .context("no answer in 5s")?
+}
+
+/// `PILOT_HTTP10=true` (Istio's flag) makes the gateway's HCM accept HTTP/1.0; without it, Envoy
+/// answers 426 Upgrade Required, as with istiod.
+#[tokio::test]
+async fn pilot_http10_lets_http_1_0_clients_through() -> anyhow::Result<()> {
+    let without = common::GatewayMesh::start().await?;
+    let status = http10_status(without.gateway_port, common::HOST).await?;
+    ensure!(status.starts_with("HTTP/1.1 426"), "without PILOT_HTTP10: {status}");
+    let opts = DiscoveryOptions {
+        env: vec![("PILOT_HTTP10".into(), "true".into())],
+        ..Default::default()
+    };
+    let with = common::GatewayMesh::start_with_options(Ads::Sotw, serde_json::json!({}), opts).await?;
+    let status = http10_status(with.gateway_port, common::HOST).await?;
+    ensure!(status.starts_with("HTTP/1.0 200"), "with PILOT_HTTP10: {status}");
+    ensure!(with.envoy.update_rejected_total().await? == 0, "Envoy rejected config");
+    Ok(())
+}

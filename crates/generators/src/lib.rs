@@ -23,6 +23,7 @@ mod route;
 mod sds;
 #[cfg(test)]
 mod testing;
+mod tracing_config;
 mod traffic_policy;
 mod vhds;
 

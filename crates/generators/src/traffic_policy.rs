@@ -19,6 +19,9 @@ pub(crate) struct ClusterPolicy {
     pub(crate) connection_pool: Option<ConnectionPoolSettings>,
     pub(crate) outlier_detection: Option<OutlierDetection>,
     pub(crate) tls: Option<ClientTlsSettings>,
+    /// `proxyProtocol` (`{version: V1|V2}`): the PROXY header upstream connections start with. A
+    /// port-level policy has none (Istio's `shadowCopyPortTrafficPolicy` keeps only the four above).
+    pub(crate) proxy_protocol: Option<serde_json::Value>,
 }
 
 impl ClusterPolicy {
@@ -28,6 +31,7 @@ impl ClusterPolicy {
             connection_pool: p.connection_pool.clone(),
             outlier_detection: p.outlier_detection.clone(),
             tls: p.tls.clone(),
+            proxy_protocol: p.proxy_protocol.clone(),
         }
     }
 }
@@ -49,6 +53,7 @@ pub(crate) fn port_level_policy(policy: Option<&TrafficPolicy>, port: u16) -> (O
                 connection_pool: p.connection_pool.clone(),
                 outlier_detection: p.outlier_detection.clone(),
                 tls: p.tls.clone(),
+                proxy_protocol: None,
             }),
             true,
         ),
@@ -98,6 +103,9 @@ pub(crate) fn cluster_policy(
     }
     if has_port_level || subset_policy.tls.is_some() {
         merged.tls = subset_policy.tls;
+    }
+    if subset_policy.proxy_protocol.is_some() {
+        merged.proxy_protocol = subset_policy.proxy_protocol;
     }
     Some(merged)
 }

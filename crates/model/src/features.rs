@@ -20,6 +20,15 @@ pub struct Features {
     /// resource per virtual host (named `<route configuration>/<virtual host>`), so a change to one
     /// host sends that host only. Off: Istio's route configurations, virtual hosts inline.
     pub enable_delta_vhds: bool,
+    /// `PILOT_HTTP10` (default false): every HTTP connection manager accepts HTTP/1.0, and the
+    /// HTTP inspector's `http/1.0` is sent to the HTTP chains of sniffed ports.
+    pub http10: bool,
+    /// `PILOT_FILTER_GATEWAY_CLUSTER_CONFIG` (default false): gateways get clusters only for the
+    /// services their VirtualServices route to (and the mesh's extension providers).
+    pub filter_gateway_cluster_config: bool,
+    /// `PILOT_TRACE_SAMPLING` (default 1.0 percent), in thousandths of a percent (so that the
+    /// flags stay `Eq` and hashable): the random sampling of every HCM's tracing.
+    pub trace_sampling_millipercent: u32,
 }
 
 /// Istio's `jwt.JwksFetchMode`.
@@ -53,7 +62,22 @@ impl Features {
         enable_multiple_custom_authz_providers: false,
         enable_ip_autoallocate: true,
         enable_delta_vhds: true,
+        http10: false,
+        filter_gateway_cluster_config: false,
+        trace_sampling_millipercent: 1_000,
     };
+
+    /// `PILOT_TRACE_SAMPLING` as a percentage.
+    pub fn trace_sampling(&self) -> f64 {
+        f64::from(self.trace_sampling_millipercent) / 1000.0
+    }
+
+    /// Istio's `PILOT_TRACE_SAMPLING` parsing: a percentage from 0.0 to 100.0; anything else is
+    /// Istio's 1.0 (`None` says the value was refused).
+    pub fn parse_trace_sampling(v: &str) -> Option<u32> {
+        let p: f64 = v.trim().parse().ok()?;
+        (0.0..=100.0).contains(&p).then(|| (p * 1000.0).round() as u32)
+    }
 }
 
 impl Default for Features {

@@ -76,7 +76,7 @@ pub struct DiscoveryArgs {
     #[arg(long = "registries", value_delimiter = ',', default_value = "Kubernetes")]
     pub registries: Vec<String>,
     /// The ID of the cluster that this Istiod instance resides.
-    #[arg(long = "clusterID", default_value = "Kubernetes")]
+    #[arg(long = "clusterID", env = "CLUSTER_ID", default_value = "Kubernetes")]
     pub cluster_id: String,
     /// Use a Kubernetes configuration file instead of in-cluster configuration.
     #[arg(long = "kubeconfig", default_value = "")]

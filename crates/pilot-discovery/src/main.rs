@@ -5,6 +5,7 @@
 mod args;
 mod configz;
 mod http;
+mod istio_flags;
 mod jwks;
 mod kubernetes;
 mod logging;
@@ -74,10 +75,12 @@ fn main() -> ExitCode {
                 }
             };
             disable_transparent_huge_pages();
-            for (name, why) in settings::NO_EFFECT {
-                if std::env::var_os(name).is_some() {
-                    tracing::warn!("{name} is set but has no effect here: {why}");
-                }
+            let ignored = istio_flags::not_honoured(|k| std::env::var(k).ok());
+            if !ignored.is_empty() {
+                tracing::warn!(
+                    "Istio feature flags set but not honoured by pilot-discovery: {}",
+                    ignored.join(", ")
+                );
             }
             block_on(server::run(args, settings))
         }

@@ -27,7 +27,7 @@ pub struct Settings {
     /// POD_NAMESPACE: istiod's own namespace.
     pub pod_namespace: String,
     /// Istio's generation flags (`PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN`,
-    /// `PILOT_JWT_ENABLE_REMOTE_JWKS`).
+    /// `PILOT_JWT_ENABLE_REMOTE_JWKS`, `PILOT_HTTP10`, `PILOT_TRACE_SAMPLING`, ...).
     pub features: model::Features,
     /// PILOT_JWT_PUB_KEY_REFRESH_INTERVAL: how often the JWKS of RequestAuthentications are fetched
     /// again (Istio: 20m).
@@ -117,17 +117,21 @@ impl Settings {
                 enable_multiple_custom_authz_providers: boolean("PILOT_ENABLE_MULTIPLE_CUSTOM_AUTHZ_PROVIDERS", false)?,
                 enable_ip_autoallocate: boolean("PILOT_ENABLE_IP_AUTOALLOCATE", true)?,
                 enable_delta_vhds: boolean("PILOT_ENABLE_DELTA_VHDS", true)?,
+                http10: boolean("PILOT_HTTP10", false)?,
+                filter_gateway_cluster_config: boolean("PILOT_FILTER_GATEWAY_CLUSTER_CONFIG", false)?,
+                trace_sampling_millipercent: match get("PILOT_TRACE_SAMPLING").filter(|v| !v.is_empty()) {
+                    None => model::Features::ISTIO_DEFAULTS.trace_sampling_millipercent,
+                    Some(v) => model::Features::parse_trace_sampling(&v).ok_or(SettingsError {
+                        name: "PILOT_TRACE_SAMPLING",
+                        value: v,
+                        reason: "not a percentage from 0.0 to 100.0",
+                    })?,
+                },
             },
         };
         Ok(s)
     }
 }
-
-/// Istio's settings read here that no longer do anything, with why (logged at start when set).
-pub const NO_EFFECT: &[(&str, &str)] = &[(
-    "PILOT_DEBOUNCE_MAX",
-    "no push waits longer than PILOT_DEBOUNCE_AFTER after the previous one",
-)];
 
 /// Istio's default for `ISTIO_GPRC_MAXRECVMSGSIZE`.
 pub const DEFAULT_MAX_RECV_MSG_SIZE: usize = 4 * 1024 * 1024;
@@ -200,5 +204,25 @@ mod tests {
             |v: &str| Settings::from_env(env(&[("PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN", v)])).map(|s| s.features);
         assert_eq!(features(""), Ok(model::Features::default()));
         assert!(features("false").is_ok_and(|f| !f.enable_absolute_fqdn_vhost_domain));
+    }
+
+    /// The generation flags of Istio's install (`PILOT_TRACE_SAMPLING=1`) and the ones it can set.
+    #[test]
+    fn generation_flags() {
+        let s = Settings::from_env(env(&[
+            ("PILOT_TRACE_SAMPLING", "0.5"),
+            ("PILOT_HTTP10", "1"),
+            ("PILOT_FILTER_GATEWAY_CLUSTER_CONFIG", "true"),
+        ]))
+        .unwrap();
+        assert_eq!(s.features.trace_sampling(), 0.5);
+        assert!(s.features.http10 && s.features.filter_gateway_cluster_config);
+        let defaults = Settings::from_env(env(&[])).unwrap().features;
+        assert_eq!(defaults.trace_sampling(), 1.0);
+        assert!(!defaults.http10 && !defaults.filter_gateway_cluster_config);
+        for bad in ["101", "-1", "often"] {
+            let e = Settings::from_env(env(&[("PILOT_TRACE_SAMPLING", bad)])).unwrap_err();
+            assert_eq!(e.name, "PILOT_TRACE_SAMPLING");
+        }
     }
 }

@@ -492,6 +492,26 @@ impl PushContext {
         self.virtual_services.for_gateway(&proxy.config_namespace, gateway)
     }
 
+    /// Istio's `destinationsByGateway` (read with `PILOT_FILTER_GATEWAY_CLUSTER_CONFIG`): the hosts
+    /// that the VirtualServices bound to `gateway` and visible to the proxy, and their delegates,
+    /// route, mirror or forward to.
+    pub fn gateway_destinations(&self, proxy: &Proxy, gateway: &str) -> std::collections::BTreeSet<String> {
+        let mut out = std::collections::BTreeSet::new();
+        for root in self.virtual_services_for_gateway(proxy, gateway) {
+            let delegates = self
+                .virtual_services
+                .delegates_of(&root.key())
+                .iter()
+                .filter_map(|k| self.virtual_services.delegate(&k.namespace, &k.name));
+            for config in std::iter::once(root.clone()).chain(delegates) {
+                if let model::ConfigSpec::VirtualService(vs) = &config.spec {
+                    out.extend(sidecar_scope::virtual_service_destinations(vs).map(str::to_owned));
+                }
+            }
+        }
+        out
+    }
+
     /// VirtualServices that apply to sidecars (no gateways, or `mesh` among them), visible to the proxy.
     /// A Sidecar resource keeps those with a host among its egress hosts (Istio's `SelectVirtualServices`).
     pub fn virtual_services_for_mesh(&self, proxy: &Proxy) -> Vec<Arc<Config>> {

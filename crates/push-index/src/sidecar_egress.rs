@@ -187,7 +187,7 @@ pub(super) fn service_matching_ports(service: &Arc<Service>, ports: &BTreeSet<u3
 /// Istio's `virtualServiceDestinationsFilteredBySourceNamespace`: the destination hosts of the
 /// `http` (routes and mirrors of rules whose matches admit `namespace`), `tcp` and `tls` routes, each
 /// with the ports named (`0` when a destination names none), by host.
-pub(super) fn destinations<'a>(vs: &'a VirtualService, namespace: &str) -> BTreeMap<&'a str, BTreeSet<u32>> {
+pub(super) fn destinations<'a>(vs: &'a VirtualService, namespace: Option<&str>) -> BTreeMap<&'a str, BTreeSet<u32>> {
     let mut out: BTreeMap<&str, BTreeSet<u32>> = BTreeMap::new();
     let mut add = |d: &'a model::networking::Destination| {
         out.entry(d.host.as_str())
@@ -195,10 +195,14 @@ pub(super) fn destinations<'a>(vs: &'a VirtualService, namespace: &str) -> BTree
             .insert(d.port.as_ref().map_or(0, |p| p.number));
     };
     for rule in &vs.http {
-        // a rule whose matches name source namespaces must name this one
+        // a rule whose matches name source namespaces must name this one (when one is given)
         let mut admitted = true;
-        for m in rule.match_.iter().filter(|m| !m.source_namespace.is_empty()) {
-            admitted = m.source_namespace == namespace;
+        for m in rule
+            .match_
+            .iter()
+            .filter(|m| namespace.is_some() && !m.source_namespace.is_empty())
+        {
+            admitted = Some(m.source_namespace.as_str()) == namespace;
             if admitted {
                 break;
             }

@@ -19,6 +19,12 @@ mod egress;
 pub use egress::{EgressListener, UNIX_ADDRESS_PREFIX};
 use egress::{ImportedServices, WILDCARD_NAMESPACE, destinations, service_matching_ports};
 
+/// Istio's `virtualServiceDestinations`: every host a VirtualService routes, mirrors or forwards
+/// to, whatever its source namespace matches.
+pub(crate) fn virtual_service_destinations(vs: &model::networking::VirtualService) -> impl Iterator<Item = &str> {
+    destinations(vs, None).into_keys()
+}
+
 /// Istio's default egress listener: `*/*` on every port.
 static CATCH_ALL: LazyLock<EgressListener> = LazyLock::new(EgressListener::catch_all);
 
@@ -159,7 +165,7 @@ impl SidecarScope {
                 let ConfigSpec::VirtualService(vs) = &config.spec else {
                     continue;
                 };
-                for (host, ports) in destinations(vs, &self.namespace) {
+                for (host, ports) in destinations(vs, Some(&self.namespace)) {
                     let Some(service) = service_for_host(host).filter(|s| s.hostname == host) else {
                         tracing::debug!(vs = %config.key(), host, "VirtualService destination is no visible service");
                         continue;

@@ -279,3 +279,41 @@ fn envoy_accepts_outlier_detection_error_codes() {
         panic!("Envoy rejected outlier detection error codes or zone-aware settings:\n{out}");
     }
 }
+
+/// Envoy takes a DestinationRule `proxyProtocol` around plaintext, auto-mTLS and TLS-origination
+/// sockets, and the SNI-DNAT clusters of an AUTO_PASSTHROUGH gateway.
+#[test]
+fn envoy_accepts_proxy_protocol_and_sni_dnat_clusters() {
+    let envoy = envoy_binary();
+    let p = push(vec![
+        reviews(),
+        destination_rule(
+            "reviews",
+            "default",
+            json!({"host": "reviews", "trafficPolicy": {"proxyProtocol": {"version": "V2"}},
+                "subsets": [{"name": "v1", "labels": {"version": "v1"},
+                    "trafficPolicy": {"tls": {"mode": "SIMPLE", "sni": "reviews"}, "proxyProtocol": {"version": "V1"}}}]}),
+        ),
+        crate::testing::config(
+            "Gateway",
+            "cross-network-gateway",
+            "istio-system",
+            json!({"selector": {}, "servers": [{"port": {"number": 15443, "name": "tls", "protocol": "TLS"},
+                "hosts": ["*.local"], "tls": {"mode": "AUTO_PASSTHROUGH"}}]}),
+        ),
+    ]);
+    for proxy in [sidecar("default"), proxy("router", "istio-system", json!({}))] {
+        let clusters = build_clusters(&proxy, &p);
+        assert_eq!(
+            proxy.is_router(),
+            clusters.iter().any(|c| c.name.starts_with("outbound_.")),
+            "SNI-DNAT clusters for the gateway only"
+        );
+        if let Err(out) = envoy_validate(&envoy, clusters) {
+            panic!(
+                "Envoy rejected proxyProtocol or SNI-DNAT clusters of {}:\n{out}",
+                proxy.id
+            );
+        }
+    }
+}

@@ -46,12 +46,17 @@ const DNS_JITTER: Duration = Duration::from_millis(100);
 pub(crate) fn build_clusters(proxy: &Proxy, push: &PushContext) -> Vec<Cluster> {
     let mut out = Vec::new();
     let services = scope_services(proxy, push);
-    for service in &services {
+    let merged = proxy
+        .is_router()
+        .then(|| crate::lds::merged_gateway::MergedGateway::for_proxy(push, proxy));
+    let outbound = match &merged {
+        Some(m) if push.features().filter_gateway_cluster_config => gateway_services(proxy, push, m, &services),
+        _ => services.clone(),
+    };
+    for service in &outbound {
         out.extend(build_outbound_clusters(proxy, push, service));
     }
-    if proxy.is_router()
-        && crate::lds::merged_gateway::MergedGateway::for_proxy(push, proxy).contains_auto_passthrough()
-    {
+    if merged.as_ref().is_some_and(|m| m.contains_auto_passthrough()) {
         for service in services.iter().filter(|s| !s.mesh_external) {
             out.extend(build_sni_dnat_clusters(proxy, push, service));
         }
@@ -81,6 +86,43 @@ pub(crate) fn scope_services(proxy: &Proxy, push: &PushContext) -> Vec<Arc<Servi
         || push.virtual_services_for_mesh(proxy),
         |host| push.service_for_host(proxy, host),
     )
+}
+
+/// Istio's `GatewayServices` (`PILOT_FILTER_GATEWAY_CLUSTER_CONFIG`): of `services`, those the
+/// VirtualServices bound to the gateway's servers route to, and those of the mesh's extension
+/// providers (`<host>` or `<namespace>/<host>`).
+fn gateway_services(
+    proxy: &Proxy,
+    push: &PushContext,
+    merged: &crate::lds::merged_gateway::MergedGateway,
+    services: &[Arc<Service>],
+) -> Vec<Arc<Service>> {
+    let mut hosts = std::collections::BTreeSet::new();
+    let mut gateways: Vec<&str> = merged.servers.iter().map(|s| s.gateway_name.as_str()).collect();
+    gateways.sort_unstable();
+    gateways.dedup();
+    for gateway in gateways {
+        hosts.extend(push.gateway_destinations(proxy, gateway));
+    }
+    let providers: Vec<&str> = push
+        .mesh()
+        .extension_providers
+        .iter()
+        .filter_map(|p| p.as_object())
+        .flat_map(|p| p.values())
+        .filter_map(|v| v.get("service").and_then(serde_json::Value::as_str))
+        .collect();
+    services
+        .iter()
+        .filter(|s| {
+            hosts.contains(&s.hostname)
+                || providers.iter().any(|p| match p.split_once('/') {
+                    Some((ns, host)) => ns == s.namespace() && host == s.hostname,
+                    None => *p == s.hostname,
+                })
+        })
+        .cloned()
+        .collect()
 }
 
 /// The stat prefix of an outbound cluster from the mesh's `outboundClusterStatName` pattern

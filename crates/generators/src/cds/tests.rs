@@ -940,3 +940,119 @@ fn credential_name_origination_asks_ads_for_the_ca_and_for_mutual_the_certificat
         "a rule without workload selector hands no credential to sidecars"
     );
 }
+
+/// `PILOT_FILTER_GATEWAY_CLUSTER_CONFIG`: a gateway gets clusters only for what its
+/// VirtualServices route to (their delegates too) and the mesh's extension providers.
+#[test]
+fn filter_gateway_cluster_config_keeps_the_routed_services_only() {
+    let entry = |name: &str| {
+        service_entry(
+            name,
+            "default",
+            json!({"hosts": [format!("{name}.default.svc.cluster.local")], "resolution": "STATIC",
+                   "ports": [{"number": 80, "name": "http", "protocol": "HTTP"}], "endpoints": [{"address": "10.0.0.1"}]}),
+        )
+    };
+    let docs = vec![
+        crate::testing::ingress_gateway(
+            json!([{"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}]),
+        ),
+        entry("web"),
+        entry("mirror"),
+        entry("leaf"),
+        entry("authz"),
+        entry("unrelated"),
+        crate::testing::virtual_service(
+            "web",
+            "default",
+            json!({"hosts": ["web.example.com"], "gateways": ["istio-system/gw"],
+                   "http": [{"match": [{"uri": {"prefix": "/leaf"}}], "delegate": {"name": "leaf", "namespace": "default"}},
+                            {"route": [{"destination": {"host": "web"}}], "mirror": {"host": "mirror"}}]}),
+        ),
+        crate::testing::virtual_service(
+            "leaf",
+            "default",
+            json!({"http": [{"route": [{"destination": {"host": "leaf"}}]}]}),
+        ),
+    ];
+    let mesh = || model::MeshConfig {
+        extension_providers: vec![
+            json!({"name": "ext", "envoyExtAuthzHttp": {"service": "default/authz.default.svc.cluster.local", "port": 80}}),
+        ],
+        ..Default::default()
+    };
+    let outbound = |filter: bool| {
+        let mut input = crate::testing::push_input(mesh(), docs.clone());
+        input.features.filter_gateway_cluster_config = filter;
+        let push = push_index::PushContext::new(input);
+        let clusters = build_clusters(&crate::testing::gateway_proxy(), &push);
+        names(&clusters)
+            .into_iter()
+            .filter(|n| n.starts_with("outbound|"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(outbound(false).len(), 5, "Istio's default: every visible service");
+    assert_eq!(
+        outbound(true),
+        [
+            "outbound|80||authz.default.svc.cluster.local",
+            "outbound|80||leaf.default.svc.cluster.local",
+            "outbound|80||mirror.default.svc.cluster.local",
+            "outbound|80||web.default.svc.cluster.local",
+        ]
+    );
+}
+
+/// `trafficPolicy.proxyProtocol`: the cluster's transport sockets (plaintext, TLS origination,
+/// each auto-mTLS match) are wrapped in Envoy's upstream PROXY protocol socket; a port-level
+/// policy carries none (Istio's `shadowCopyPortTrafficPolicy`).
+#[test]
+fn proxy_protocol_wraps_every_transport_socket() {
+    let p = push(vec![
+        reviews(),
+        destination_rule(
+            "reviews",
+            "default",
+            json!({"host": "reviews.default.svc.cluster.local", "trafficPolicy": {"proxyProtocol": {"version": "V2"}},
+                   "subsets": [{"name": "v1", "labels": {"version": "v1"}}]}),
+        ),
+    ]);
+    let clusters = build_clusters(&sidecar("default"), &p);
+    let c = find(&clusters, "outbound|9080|v1|reviews.default.svc.cluster.local");
+    assert!(c.transport_socket.is_none());
+    assert_eq!(c.transport_socket_matches.len(), 2, "auto mTLS");
+    for m in &c.transport_socket_matches {
+        let ts = m.transport_socket.as_ref().unwrap();
+        assert_eq!(ts.name, "envoy.transport_sockets.upstream_proxy_protocol");
+        let Some(core::transport_socket::ConfigType::TypedConfig(any)) = &ts.config_type else {
+            panic!("typed config")
+        };
+        let pp =
+            xds_api::envoy::extensions::transport_sockets::proxy_protocol::v3::ProxyProtocolUpstreamTransport::decode(
+                any.value.as_slice(),
+            )
+            .unwrap();
+        assert_eq!(
+            pp.config.unwrap().version,
+            core::proxy_protocol_config::Version::V2 as i32
+        );
+        assert!(pp.transport_socket.is_some(), "the original socket inside");
+    }
+    let plain = push(vec![
+        reviews(),
+        destination_rule(
+            "reviews",
+            "default",
+            json!({"host": "reviews.default.svc.cluster.local", "trafficPolicy": {"proxyProtocol": {"version": "V1"},
+                   "tls": {"mode": "DISABLE"}, "portLevelSettings": [{"port": {"number": 9999}, "tls": {"mode": "DISABLE"}}]}}),
+        ),
+    ]);
+    let c = build_clusters(&sidecar("default"), &plain);
+    let c = find(&c, "outbound|9080||reviews.default.svc.cluster.local");
+    assert_eq!(
+        c.transport_socket.as_ref().map(|t| t.name.as_str()),
+        Some("envoy.transport_sockets.upstream_proxy_protocol"),
+        "plaintext is wrapped too"
+    );
+}

@@ -30,6 +30,9 @@ pub(super) fn apply(cw: &mut ClusterWrapper, b: &Builder<'_>, policy: Option<&Cl
     apply_load_balancer(cw, b, policy.and_then(|p| p.load_balancer.as_ref()));
     if b.mode != super::ClusterMode::SniDnat {
         super::tls::apply(cw, b, policy.and_then(|p| p.tls.as_ref()));
+        if let Some(pp) = policy.and_then(|p| p.proxy_protocol.as_ref()) {
+            apply_upstream_proxy_protocol(cw, pp);
+        }
     }
     if cw.cluster_type() == cluster::DiscoveryType::OriginalDst {
         cw.cluster.lb_policy = cluster::LbPolicy::ClusterProvided as i32;
@@ -369,4 +372,44 @@ fn slow_start(lb: Option<&LoadBalancerSettings>) -> Option<cluster::SlowStartCon
         slow_start_window: Some(window),
         ..Default::default()
     })
+}
+
+/// Istio's `applyUpstreamProxyProtocol`: every transport socket of the cluster (plaintext when it
+/// has none, each of its `transport_socket_matches`) starts connections with a PROXY header of
+/// the policy's `version` (`V1`, the default, or `V2`).
+fn apply_upstream_proxy_protocol(cw: &mut ClusterWrapper, proxy_protocol: &serde_json::Value) {
+    use xds_api::envoy::config::core::v3::{
+        ProxyProtocolConfig, TransportSocket, proxy_protocol_config, transport_socket,
+    };
+    use xds_api::envoy::extensions::transport_sockets::proxy_protocol::v3::ProxyProtocolUpstreamTransport;
+    let version = match proxy_protocol.get("version").and_then(serde_json::Value::as_str) {
+        Some("V2") => proxy_protocol_config::Version::V2,
+        _ => proxy_protocol_config::Version::V1,
+    };
+    let wrap = |inner: TransportSocket| TransportSocket {
+        name: "envoy.transport_sockets.upstream_proxy_protocol".into(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(xds_api::pack(
+            &ProxyProtocolUpstreamTransport {
+                config: Some(ProxyProtocolConfig {
+                    version: version as i32,
+                    ..Default::default()
+                }),
+                transport_socket: Some(inner),
+                ..Default::default()
+            },
+        ))),
+    };
+    let c = &mut cw.cluster;
+    if c.transport_socket.is_none() && c.transport_socket_matches.is_empty() {
+        c.transport_socket = Some(wrap(crate::mtls::raw_buffer()));
+        return;
+    }
+    if let Some(ts) = c.transport_socket.take() {
+        c.transport_socket = Some(wrap(ts));
+    }
+    for m in &mut c.transport_socket_matches {
+        if let Some(ts) = m.transport_socket.take() {
+            m.transport_socket = Some(wrap(ts));
+        }
+    }
 }

@@ -319,6 +319,9 @@ pub(super) struct LdsKey {
     ip_family: IpFamily,
     /// Routers: their Services' ports (listener ports of the gateway servers).
     gateways: Option<GatewayClass>,
+    /// What the HCMs' tracing tags read when the mesh traces: the canonical service and
+    /// revision labels, the mesh and cluster IDs (the namespace is the class's).
+    trace_tags: Option<[Option<String>; 4]>,
 }
 
 impl LdsKey {
@@ -349,6 +352,17 @@ impl LdsKey {
             ingress_bind: crate::lds::sidecar_inbound::ingress_default_bind(proxy, &push.sidecar_scope(proxy)),
             ip_family: IpFamily::of(&proxy.ip_addresses),
             gateways: GatewayClass::of(push, proxy),
+            trace_tags: push.mesh().enable_tracing.then(|| {
+                [
+                    proxy.labels.get(crate::tracing_config::CANONICAL_NAME_LABEL).cloned(),
+                    proxy
+                        .labels
+                        .get(crate::tracing_config::CANONICAL_REVISION_LABEL)
+                        .cloned(),
+                    proxy.metadata.mesh_id.clone(),
+                    proxy.metadata.cluster_id.clone(),
+                ]
+            }),
         }
     }
 }

@@ -449,9 +449,26 @@ fn listeners_are_shared_per_class_only() {
                 "10.9.0.7",
                 "default",
                 "default",
-                json!({"POD_NAME": "b", "CLUSTER_ID": "c2"}),
+                json!({"POD_NAME": "b", "WORKLOAD_NAME": "w2"}),
             ),
             Expect::Shared,
+        ),
+        // the HCMs' tracing tags name the canonical service, the cluster and the mesh
+        Case::new(
+            "canonical service label (tracing tag)",
+            vec![ratings("STATIC")],
+            lds,
+            sidecar(json!({"service.istio.io/canonical-name": "ratings"})),
+            sidecar(json!({"service.istio.io/canonical-name": "reviews"})),
+            Expect::Apart,
+        ),
+        Case::new(
+            "cluster ID (tracing tag)",
+            vec![ratings("STATIC")],
+            lds,
+            md(json!({"CLUSTER_ID": "c1"})),
+            md(json!({"CLUSTER_ID": "c2"})),
+            Expect::Apart,
         ),
     ];
     for case in cases {

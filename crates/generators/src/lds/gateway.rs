@@ -219,7 +219,8 @@ fn build_listener<P: PushView>(
                     stat_prefix,
                 } => {
                     let stat_prefix = stat_prefix.unwrap_or_else(|| default_stat_prefix.clone());
-                    let mut hcm = gateway_connection_manager(push.mesh(), proxy, &route_name, stat_prefix);
+                    let mut hcm =
+                        gateway_connection_manager(push.mesh(), push.features(), proxy, &route_name, stat_prefix);
                     authz.apply_to_hcm(&mut hcm);
                     vec![Filter {
                         name: HTTP_CONNECTION_MANAGER.into(),

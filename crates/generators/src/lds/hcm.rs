@@ -2,7 +2,7 @@
 //! `buildHTTPConnectionManager`, restricted to upstream Envoy extensions (no `istio.*` filters):
 //! fault, CORS and router HTTP filters, a file access log, websocket upgrades, RDS over ADS.
 
-use model::{MeshConfig, Proxy};
+use model::{Features, MeshConfig, Proxy};
 use serde_json::Value as Json;
 use xds_api::envoy::config::accesslog::v3::{AccessLog, access_log};
 use xds_api::envoy::config::core::v3::{
@@ -69,6 +69,7 @@ const DEFAULT_JSON_LOG_FIELDS: [(&str, &str); 24] = [
 /// The gateway HCM serving route configuration `rds` over ADS.
 pub(crate) fn gateway_connection_manager(
     mesh: &MeshConfig,
+    features: &Features,
     proxy: &Proxy,
     rds: &str,
     stat_prefix: String,
@@ -94,7 +95,8 @@ pub(crate) fn gateway_connection_manager(
         uri: true,
         ..Default::default()
     });
-    let http10 = proxy.metadata.raw.get("HTTP10").and_then(Json::as_str) == Some("1");
+    // Istio: `PILOT_HTTP10`, or the proxy's `HTTP10` metadata
+    let http10 = features.http10 || proxy.metadata.raw.get("HTTP10").and_then(Json::as_str) == Some("1");
     let idle_timeout = proxy
         .metadata
         .raw
@@ -133,6 +135,7 @@ pub(crate) fn gateway_connection_manager(
             route_config_name: rds.to_owned(),
         })),
         http_filters: http_filters(),
+        tracing: crate::tracing_config::hcm_tracing(mesh, features, proxy),
         ..Default::default()
     };
     ProxyHeaders::of(proxy, mesh, ListenerClass::Gateway).apply_to_hcm(&mut h);

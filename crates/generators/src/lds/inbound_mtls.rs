@@ -15,8 +15,13 @@ use crate::mtls::{ALL_ISTIO_MTLS_ALPNS, MTLS_TCP_ALPNS};
 
 /// Istio's `mtlsHTTPALPNs`.
 const MTLS_HTTP_ALPNS: [&str; 3] = ["istio-http/1.0", "istio-http/1.1", "istio-h2"];
-/// Istio's `plaintextHTTPALPNs`.
-const PLAINTEXT_HTTP_ALPNS: [&str; 3] = ["http/1.0", "http/1.1", "h2c"];
+/// Istio's `plaintextHTTPALPNs`: with `PILOT_HTTP10`, HTTP/1.0 too; without it an HTTP/1.0
+/// connection matches no HTTP chain and passes as TCP instead of being refused by the HCM.
+pub(crate) fn plaintext_http_alpns(http10: bool) -> &'static [&'static str] {
+    const WITH_HTTP10: [&str; 3] = ["http/1.0", "http/1.1", "h2c"];
+    const WITHOUT: [&str; 2] = ["http/1.1", "h2c"];
+    if http10 { &WITH_HTTP10 } else { &WITHOUT }
+}
 pub(crate) const TLS: &str = "tls";
 pub(crate) const RAW_BUFFER: &str = "raw_buffer";
 
@@ -41,7 +46,8 @@ const fn m(alpns: &'static [&'static str], transport: &'static str, http: bool, 
 }
 
 /// Istio's `getFilterChainMatchOptions`.
-pub(crate) fn match_options(protocol: Protocol, mode: MtlsMode) -> Vec<ChainMatch> {
+pub(crate) fn match_options(protocol: Protocol, mode: MtlsMode, http10: bool) -> Vec<ChainMatch> {
+    let plaintext_http = plaintext_http_alpns(http10);
     let strict = mode == MtlsMode::Strict;
     let permissive = matches!(mode, MtlsMode::Permissive | MtlsMode::Unset);
     match protocol {
@@ -63,14 +69,14 @@ pub(crate) fn match_options(protocol: Protocol, mode: MtlsMode) -> Vec<ChainMatc
             } else if permissive {
                 vec![
                     m(&MTLS_HTTP_ALPNS, TLS, true, true),
-                    m(&PLAINTEXT_HTTP_ALPNS, RAW_BUFFER, true, false),
+                    m(plaintext_http, RAW_BUFFER, true, false),
                     m(&MTLS_TCP_ALPNS, TLS, false, true),
                     m(&[], RAW_BUFFER, false, false),
                     m(&[], TLS, false, false),
                 ]
             } else {
                 vec![
-                    m(&PLAINTEXT_HTTP_ALPNS, RAW_BUFFER, true, false),
+                    m(plaintext_http, RAW_BUFFER, true, false),
                     m(&[], RAW_BUFFER, false, false),
                 ]
             }

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use model::{Config, MeshConfig, Port, Protocol, Proxy, Service};
+use model::{Config, Features, MeshConfig, Port, Protocol, Proxy, Service};
 use push_index::PushContext;
 use xds_api::envoy::config::core::v3::{Address, SocketAddress, TrafficDirection, address, socket_address};
 use xds_api::envoy::config::listener::v3::{
@@ -42,8 +42,6 @@ pub(crate) const INBOUND_LISTEN_PORT: u32 = 15006;
 pub(crate) const ORIGINAL_DST_FILTER: &str = "envoy.filters.listener.original_dst";
 pub(crate) const HTTP_INSPECTOR: &str = "envoy.filters.listener.http_inspector";
 pub(crate) const TCP_PROXY: &str = "envoy.filters.network.tcp_proxy";
-/// Istio's `plaintextHTTPALPNs`: what http_inspector reports for plaintext HTTP.
-pub(crate) const PLAINTEXT_HTTP_ALPNS: [&str; 3] = ["http/1.0", "http/1.1", "h2c"];
 
 /// All listeners of a sidecar: virtualOutbound, the inbound listeners (virtualInbound first), then
 /// the outbound listeners.
@@ -201,7 +199,7 @@ fn outbound_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listener> {
     let registry_only = push.registry_only(proxy);
     listeners
         .into_iter()
-        .map(|e| outbound_listener(push.mesh(), registry_only, proxy, e))
+        .map(|e| outbound_listener(push.mesh(), push.features(), registry_only, proxy, e))
         .collect()
 }
 
@@ -330,7 +328,13 @@ fn service_bind(addresses: &[String]) -> (String, Option<String>) {
     }
 }
 
-fn outbound_listener(mesh: &MeshConfig, registry_only: bool, proxy: &Proxy, entry: OutboundEntry) -> Listener {
+fn outbound_listener(
+    mesh: &MeshConfig,
+    features: &Features,
+    registry_only: bool,
+    proxy: &Proxy,
+    entry: OutboundEntry,
+) -> Listener {
     let OutboundEntry {
         name,
         bind,
@@ -355,6 +359,7 @@ fn outbound_listener(mesh: &MeshConfig, registry_only: bool, proxy: &Proxy, entr
         filter_chain_match,
         filters: vec![hcm_filter(&sidecar_outbound_hcm(
             mesh,
+            features,
             proxy,
             &rds,
             stat_prefix.clone(),
@@ -383,7 +388,10 @@ fn outbound_listener(mesh: &MeshConfig, registry_only: bool, proxy: &Proxy, entr
     l.filter_chains.insert(
         0,
         http_chain(Some(FilterChainMatch {
-            application_protocols: PLAINTEXT_HTTP_ALPNS.iter().map(|s| s.to_string()).collect(),
+            application_protocols: super::inbound_mtls::plaintext_http_alpns(features.http10)
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
             transport_protocol: RAW_BUFFER_TRANSPORT_PROTOCOL.into(),
             ..Default::default()
         })),
@@ -420,11 +428,12 @@ pub(super) fn set_protocol_detection_timeout(l: &mut Listener, mesh: &MeshConfig
 /// (Envoy's own `server` header).
 pub(crate) fn sidecar_outbound_hcm(
     mesh: &MeshConfig,
+    features: &Features,
     proxy: &Proxy,
     rds: &str,
     stat_prefix: String,
 ) -> HttpConnectionManager {
-    let mut h = gateway_connection_manager(mesh, proxy, rds, stat_prefix);
+    let mut h = gateway_connection_manager(mesh, features, proxy, rds, stat_prefix);
     ProxyHeaders::of(proxy, mesh, ListenerClass::SidecarOutbound).apply_to_hcm(&mut h);
     h.use_remote_address = Some(BoolValue { value: false });
     h.xff_num_trusted_hops = 0;

@@ -11,7 +11,7 @@
 use std::net::IpAddr;
 
 use model::security::MtlsMode;
-use model::{MeshConfig, Protocol, Proxy};
+use model::{Features, MeshConfig, Protocol, Proxy};
 use push_index::{PushContext, ServiceInstance, SidecarScope};
 use xds_api::envoy::config::core::v3::TrafficDirection;
 use xds_api::envoy::config::listener::v3::{FilterChain, FilterChainMatch, Listener};
@@ -69,6 +69,7 @@ pub(crate) fn inbound_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listen
     let authz = AuthzFilters::for_proxy(push, proxy);
     let mut out = vec![virtual_inbound_listener_for(
         push.mesh(),
+        push.features(),
         proxy,
         &redirected,
         &passthrough,
@@ -77,7 +78,7 @@ pub(crate) fn inbound_listeners(proxy: &Proxy, push: &PushContext) -> Vec<Listen
     out.extend(
         bound
             .iter()
-            .map(|c| bound_inbound_listener(push.mesh(), proxy, c, &authz)),
+            .map(|c| bound_inbound_listener(push.mesh(), push.features(), proxy, c, &authz)),
     );
     out
 }
@@ -194,6 +195,7 @@ fn is_global_unicast(ip: &IpAddr) -> bool {
 /// with the workload's authorization filters.
 pub(crate) fn virtual_inbound_listener_for(
     mesh: &MeshConfig,
+    features: &Features,
     proxy: &Proxy,
     app_chains: &[InboundChain],
     passthrough: &[(u16, MtlsMode)],
@@ -209,7 +211,11 @@ pub(crate) fn virtual_inbound_listener_for(
         )],
         ..Default::default()
     }];
-    chains.extend(app_chains.iter().flat_map(|c| filter_chains(mesh, proxy, c, authz)));
+    chains.extend(
+        app_chains
+            .iter()
+            .flat_map(|c| filter_chains(mesh, features, proxy, c, authz)),
+    );
     // Istio's passthrough chains: port 0 (hence the decorator `:0/*`), protocol unknown.
     let cluster = names::INBOUND_PASSTHROUGH_CLUSTER_IPV4;
     for &(port, mode) in passthrough {
@@ -220,9 +226,11 @@ pub(crate) fn virtual_inbound_listener_for(
             operation: ":0/*".into(),
             mtls: mode,
         };
-        for option in super::inbound_mtls::match_options(Protocol::Unsupported, mode) {
+        for option in super::inbound_mtls::match_options(Protocol::Unsupported, mode, features.http10) {
             let filters = if option.http {
-                vec![hcm_filter(&inbound_hcm(mesh, proxy, &catchall, cluster, authz))]
+                vec![hcm_filter(&inbound_hcm(
+                    mesh, features, proxy, &catchall, cluster, authz,
+                ))]
             } else {
                 authz.network_filters(vec![tcp_proxy_filter(mesh, cluster, cluster)])
             };
@@ -267,9 +275,15 @@ fn chain_match(port: Option<u16>, option: &super::inbound_mtls::ChainMatch) -> F
 
 /// Istio's `inboundCustomListener`: `<bind>_<port>` bound to that address, with the chain's filter
 /// chains and the inspectors they need (the HTTP inspector only when the protocol is sniffed).
-fn bound_inbound_listener(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain, authz: &AuthzFilters) -> Listener {
+fn bound_inbound_listener(
+    mesh: &MeshConfig,
+    features: &Features,
+    proxy: &Proxy,
+    chain: &InboundChain,
+    authz: &AuthzFilters,
+) -> Listener {
     let bind = chain.bind.as_deref().unwrap_or(WILDCARD_ADDRESS);
-    let filter_chains = filter_chains(mesh, proxy, chain, authz);
+    let filter_chains = filter_chains(mesh, features, proxy, chain, authz);
     let mut l = Listener {
         name: format!("{bind}_{}", chain.port),
         address: Some(socket_address(bind, u32::from(chain.port))),
@@ -285,15 +299,21 @@ fn bound_inbound_listener(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain
 
 /// The filter chains of one application port: HTTP (HCM), TCP (tcp_proxy), or both when sniffed,
 /// each as plaintext and/or mutual TLS as the port's PeerAuthentication mode says.
-fn filter_chains(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain, authz: &AuthzFilters) -> Vec<FilterChain> {
+fn filter_chains(
+    mesh: &MeshConfig,
+    features: &Features,
+    proxy: &Proxy,
+    chain: &InboundChain,
+    authz: &AuthzFilters,
+) -> Vec<FilterChain> {
     let cluster = inbound_cluster_name(chain.port);
-    super::inbound_mtls::match_options(chain.protocol, chain.mtls)
+    super::inbound_mtls::match_options(chain.protocol, chain.mtls, features.http10)
         .iter()
         .map(|option| FilterChain {
             name: cluster.clone(),
             filter_chain_match: Some(chain_match(Some(chain.port), option)),
             filters: if option.http {
-                vec![hcm_filter(&inbound_hcm(mesh, proxy, chain, &cluster, authz))]
+                vec![hcm_filter(&inbound_hcm(mesh, features, proxy, chain, &cluster, authz))]
             } else {
                 authz.network_filters(vec![tcp_proxy_filter(mesh, &cluster, &cluster)])
             },
@@ -308,6 +328,7 @@ fn filter_chains(mesh: &MeshConfig, proxy: &Proxy, chain: &InboundChain, authz: 
 /// `inbound|<port>||` sending everything to `cluster`, the authorization filters first.
 fn inbound_hcm(
     mesh: &MeshConfig,
+    features: &Features,
     proxy: &Proxy,
     chain: &InboundChain,
     cluster: &str,
@@ -328,7 +349,7 @@ fn inbound_hcm(
         let bind = chain.bind.as_deref().unwrap_or(WILDCARD_ADDRESS);
         (inbound_cluster_name(port), format!("inbound_{bind}_{port};"))
     };
-    let mut h = sidecar_outbound_hcm(mesh, proxy, &route_name, stat_prefix);
+    let mut h = sidecar_outbound_hcm(mesh, features, proxy, &route_name, stat_prefix);
     // Istio's `GetProxyHeaders`: only outbound leaves Envoy's `server: envoy`; inbound answers
     // say `istio-envoy`; XFCC appended and forwarded unless `proxyHeaders` says otherwise.
     let headers =

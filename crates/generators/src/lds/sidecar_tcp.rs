@@ -360,8 +360,9 @@ pub(crate) fn build_outbound_network_filters<P: PushView>(
     )])
 }
 
-/// Istio's `buildOutboundNetworkFiltersWithSingleDestination`: a tcp_proxy to `cluster` with
-/// `stat_prefix`, shaped by the DestinationRule of `service` (and `subset`) for this proxy.
+/// Istio's `buildOutboundNetworkFiltersWithSingleDestination` for AUTO_PASSTHROUGH chains: a
+/// tcp_proxy to `cluster` with `stat_prefix`, shaped by the DestinationRule of `service` (and
+/// `subset`) for this proxy, without its tunnel.
 pub(crate) fn single_destination_filter<P: PushView>(
     push: &P,
     proxy: &Proxy,
@@ -370,9 +371,11 @@ pub(crate) fn single_destination_filter<P: PushView>(
     subset: &str,
     service: &Service,
 ) -> Filter {
-    let policy = push
+    let mut policy = push
         .with_destination_rule(proxy, service, |dr| TcpPolicy::new(dr, subset))
         .unwrap_or_default();
+    // Istio's `tunnelingconfig.Skip`: AUTO_PASSTHROUGH forwards the client's mTLS as it is
+    policy.tunnel = None;
     tcp_proxy_filter(
         push.mesh(),
         proxy,
@@ -388,6 +391,9 @@ struct TcpPolicy {
     idle_timeout: Option<Duration>,
     max_connection_duration: Option<Duration>,
     use_source_ip: bool,
+    /// Istio's `tunnelingconfig.Apply`: the DestinationRule's `tunnel` (the subset's when a subset
+    /// is named) turns the tcp_proxy into an HTTP CONNECT (or POST) tunnel to `targetHost:targetPort`.
+    tunnel: Option<tcp_proxy::TunnelingConfig>,
 }
 
 impl TcpPolicy {
@@ -416,12 +422,39 @@ impl TcpPolicy {
                 .and_then(|h| h.use_source_ip)
                 .unwrap_or(false);
         }
+        let tunnel = if subset.is_empty() {
+            policy.and_then(|p| p.tunnel.as_ref())
+        } else {
+            dr.subsets
+                .iter()
+                .find(|s| s.name == subset)
+                .and_then(|s| s.traffic_policy.as_ref())
+                .and_then(|p| p.tunnel.as_ref())
+        };
         TcpPolicy {
             idle_timeout: parse_duration(tcp.and_then(|t| t.idle_timeout.as_deref())),
             max_connection_duration: parse_duration(tcp.and_then(|t| t.max_connection_duration.as_deref())),
             use_source_ip,
+            tunnel: tunnel.and_then(tunneling_config),
         }
     }
+}
+
+/// The tcp_proxy tunnel of a DestinationRule `tunnel` (`protocol` CONNECT or POST, `targetHost`,
+/// `targetPort`), as Istio's `tunnelingconfig.Apply`: `hostname` is `host:port` (IPv6 bracketed).
+fn tunneling_config(tunnel: &serde_json::Value) -> Option<tcp_proxy::TunnelingConfig> {
+    let host = tunnel.get("targetHost")?.as_str()?;
+    let port = tunnel.get("targetPort")?.as_u64()?;
+    let hostname = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    Some(tcp_proxy::TunnelingConfig {
+        hostname,
+        use_post: tunnel.get("protocol").and_then(serde_json::Value::as_str) == Some("POST"),
+        ..Default::default()
+    })
 }
 
 /// A tcp_proxy with the mesh's access log; the idle timeout falls back to the proxy's
@@ -447,6 +480,7 @@ fn tcp_proxy_filter(
         idle_timeout: policy.idle_timeout.or_else(metadata_idle),
         max_downstream_connection_duration: policy.max_connection_duration,
         hash_policy,
+        tunneling_config: policy.tunnel.clone(),
         access_log: access_logs(mesh),
         ..Default::default()
     };

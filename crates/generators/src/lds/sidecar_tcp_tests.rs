@@ -545,3 +545,58 @@ fn the_same_sni_hosts_in_another_order_keep_the_first_route() {
         cluster("outbound|443||a.dup.example.com")
     );
 }
+
+/// A DestinationRule `tunnel` makes the tcp_proxy an HTTP CONNECT (or POST) tunnel, as Istio's
+/// `tunnelingconfig.Apply`: the subset's tunnel for a route to a subset, the top-level one else.
+#[test]
+fn destination_rule_tunnel_becomes_the_tcp_proxy_tunneling_config() {
+    let p = push(vec![
+        tcp_service(
+            "db",
+            "db.default.svc.cluster.local",
+            json!(["240.0.0.20"]),
+            json!({"number": 5432, "name": "tcp", "protocol": "TCP"}),
+        ),
+        destination_rule(
+            "db",
+            "default",
+            json!({"host": "db.default.svc.cluster.local",
+                   "trafficPolicy": {"tunnel": {"protocol": "CONNECT", "targetHost": "db.example.com", "targetPort": 5432}},
+                   "subsets": [{"name": "v2", "labels": {"version": "v2"},
+                                "trafficPolicy": {"tunnel": {"protocol": "POST", "targetHost": "2001:db8::1", "targetPort": 443}}}]}),
+        ),
+    ]);
+    let listeners = build_listeners(&client(), &p);
+    let (_, chain) = connect(&listeners, "240.0.0.20", 5432, None);
+    let tunnel = tcp_proxy_of(chain).tunneling_config.expect("a tunnel");
+    assert_eq!(
+        (tunnel.hostname.as_str(), tunnel.use_post),
+        ("db.example.com:5432", false)
+    );
+
+    let p = push(vec![
+        tcp_service(
+            "db",
+            "db.default.svc.cluster.local",
+            json!(["240.0.0.20"]),
+            json!({"number": 5432, "name": "tcp", "protocol": "TCP"}),
+        ),
+        destination_rule(
+            "db",
+            "default",
+            json!({"host": "db.default.svc.cluster.local",
+                   "subsets": [{"name": "v2", "labels": {"version": "v2"},
+                                "trafficPolicy": {"tunnel": {"protocol": "POST", "targetHost": "2001:db8::1", "targetPort": 443}}}]}),
+        ),
+        virtual_service(
+            "db",
+            "default",
+            json!({"hosts": ["db.default.svc.cluster.local"],
+                   "tcp": [{"route": [{"destination": {"host": "db.default.svc.cluster.local", "subset": "v2"}}]}]}),
+        ),
+    ]);
+    let listeners = build_listeners(&client(), &p);
+    let (_, chain) = connect(&listeners, "240.0.0.20", 5432, None);
+    let tunnel = tcp_proxy_of(chain).tunneling_config.expect("the subset's tunnel");
+    assert_eq!((tunnel.hostname.as_str(), tunnel.use_post), ("[2001:db8::1]:443", true));
+}

@@ -178,3 +178,50 @@ fn chains_matching_the_same_connections_are_not_both_sent() {
     assert_eq!(listeners[0].filter_chains.len(), 1, "the match-all HTTPS chain wins");
     assert_eq!(rds_name(&hcm_of(&listeners[0], 0)), "https.443.https.gw.istio-system");
 }
+
+/// `PILOT_HTTP10`: every HCM accepts HTTP/1.0 and sniffed ports send the HTTP inspector's
+/// `http/1.0` to their HTTP chain; without it, HTTP/1.0 passes as TCP (Istio's
+/// `plaintextHTTPALPNs`).
+#[test]
+fn pilot_http10_accepts_http_1_0_everywhere() {
+    let docs = || {
+        vec![
+            ingress_gateway(json!([{"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}])),
+            crate::testing::service_entry(
+                "db",
+                "default",
+                json!({"hosts": ["db.default.svc.cluster.local"], "addresses": ["240.0.0.9"], "resolution": "STATIC",
+                       "ports": [{"number": 7000, "name": "db"}], "endpoints": [{"address": "10.0.0.3"}]}),
+            ),
+        ]
+    };
+    let push_with = |http10: bool| {
+        let mut input = crate::testing::push_input(MeshConfig::default(), docs());
+        input.features.http10 = http10;
+        push_index::PushContext::new(input)
+    };
+    let sniffed_alpns = |push: &push_index::PushContext| -> Vec<String> {
+        let listeners = build_listeners(&sidecar("default"), push);
+        let l = listeners
+            .iter()
+            .find(|l| l.name == "240.0.0.9_7000")
+            .expect("the sniffed listener");
+        l.filter_chains[0]
+            .filter_chain_match
+            .clone()
+            .unwrap()
+            .application_protocols
+    };
+    let accepts = |push: &push_index::PushContext| {
+        hcm_of(&build_listeners(&gateway_proxy(), push)[0], 0)
+            .http_protocol_options
+            .unwrap()
+            .accept_http_10
+    };
+    let off = push_with(false);
+    assert!(!accepts(&off));
+    assert_eq!(sniffed_alpns(&off), ["http/1.1", "h2c"]);
+    let on = push_with(true);
+    assert!(accepts(&on));
+    assert_eq!(sniffed_alpns(&on), ["http/1.0", "http/1.1", "h2c"]);
+}
