@@ -184,6 +184,20 @@ impl<S> Connection<S> {
         with_route_names(&watched, vhds)
     }
 
+    /// Delta: the EDS watch narrowed to the clusters that a CDS response added or updated and
+    /// whose assignments no EDS response has carried since (`Watch::warming`, see `delta.rs`);
+    /// `None` when there are none.
+    pub fn warming_endpoints(&self) -> Option<WatchedResource> {
+        let watched = lock(&self.watched);
+        let warming = &watched.get(type_url::CLUSTER)?.warming;
+        if warming.is_empty() {
+            return None;
+        }
+        let eds = &watched.get(type_url::ENDPOINT)?.resource;
+        let names: Names = warming.iter().filter(|n| eds.covers(n)).cloned().collect();
+        (!names.is_empty()).then(|| WatchedResource { names, ..eds.clone() })
+    }
+
     /// Records what was sent for `type_url`.
     pub fn record_sent(&self, type_url: &str, nonce: &str, version: &str) {
         if let Some(w) = lock(&self.watched).get_mut(type_url) {

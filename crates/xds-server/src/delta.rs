@@ -1,13 +1,20 @@
 //! Delta ADS (`DeltaAggregatedResources`), as Istio's `StreamDeltas` and `pushDeltaXds`: per
 //! type the server tracks what the proxy has (name -> version, a hash of the resource bytes), and
 //! each response carries only what changed plus `removed_resources`.
+//!
+//! One exception to "only what changed": Envoy replaces a cluster that CDS adds or updates by a
+//! new one that stays warming until it gets its ClusterLoadAssignment, and asks nothing for a name
+//! its EDS subscription already has. So the assignment of every cluster a CDS response carried is
+//! sent again, changed or not, by the next EDS response (Istio: "it is always the server's
+//! responsibility to send EDS after CDS", `pushConnection`'s full EDS pushes and
+//! `forceEDSPush`); the CDS watch keeps those clusters in `warming` until then.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use xds_api::Resource;
 use xds_api::envoy::config::core::v3::Node;
 use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use xds_api::{Resource, type_url};
 
 use crate::connection::{Connection, Generated, lock};
 use crate::response::{Response, Shared};
@@ -60,9 +67,39 @@ impl Flavour for Delta {
         let t = g.watched.type_url.as_str();
         let (changed, removed) = {
             let mut watched = lock(&conn.watched);
+            if !watched.contains_key(t) {
+                return None;
+            }
+            // EDS: the clusters whose assignments are owed (what stays owed is put back below)
+            let mut warming = match t {
+                type_url::ENDPOINT => watched
+                    .get_mut(type_url::CLUSTER)
+                    .map(|cds| std::mem::take(&mut cds.warming))
+                    .unwrap_or_default(),
+                _ => BTreeSet::new(),
+            };
             let w = watched.get_mut(t)?;
             let current: Vec<(&str, &Version)> = resources.iter().map(|r| r.name.as_str()).zip(&g.versions).collect();
-            diff(&mut w.known, &current, &g.watched, cause == Cause::Request, names)
+            let answering = cause == Cause::Request;
+            let (changed, removed) = diff(&mut w.known, &current, &g.watched, answering, names, &warming);
+            match t {
+                type_url::CLUSTER => w.warming.extend(
+                    changed
+                        .iter()
+                        .filter_map(|(n, _)| w.known.get_key_value(*n))
+                        .map(|(k, _)| k.clone()),
+                ),
+                type_url::ENDPOINT if !warming.is_empty() => {
+                    // This response answered for the names it covers; a name the proxy stopped
+                    // subscribing to is asked for anew (and answered) if it comes back.
+                    warming.retain(|n| !g.watched.covers(n) && w.resource.covers(n));
+                    if let Some(cds) = watched.get_mut(type_url::CLUSTER) {
+                        cds.warming.extend(warming);
+                    }
+                }
+                _ => {}
+            }
+            (changed, removed)
         };
         if cause == Cause::Push && changed.is_empty() && removed.is_empty() {
             return None;
@@ -98,16 +135,18 @@ impl Flavour for Delta {
 }
 
 /// Compares what the proxy has (`known`) with `current` (name, version) for the `scope` that was
-/// generated; updates `known` as if the response were applied. Returns the resources to send and
-/// the names to remove. Names of a non-wildcard scope that do not exist are reported removed when
-/// answering a request (so the proxy stops waiting for them), and when the proxy had them.
-/// `known` keeps shared names (the scope's, else interned) and the resources' own version slots.
+/// generated; updates `known` as if the response were applied. Returns the resources to send (the
+/// changed ones, and those named in `resend` whatever their version) and the names to remove.
+/// Names of a non-wildcard scope that do not exist are reported removed when answering a request
+/// (so the proxy stops waiting for them), and when the proxy had them. `known` keeps shared names
+/// (the scope's, else interned) and the resources' own version slots.
 fn diff<'a>(
     known: &mut BTreeMap<Arc<str>, Version>,
     current: &[(&'a str, &'a Version)],
     scope: &WatchedResource,
     answering: bool,
     interner: &NameInterner,
+    resend: &BTreeSet<Arc<str>>,
 ) -> (Vec<(&'a str, &'a Version)>, Vec<String>) {
     let mut changed = Vec::new();
     let present: BTreeSet<&str> = current.iter().map(|(n, _)| *n).collect();
@@ -117,12 +156,15 @@ fn diff<'a>(
     let mut new_entries = Vec::new();
     for &(name, version) in current {
         match known.get_mut(name) {
-            Some(k) if Arc::ptr_eq(k, version) => {}
-            // Same version, newer slot: hold the current one so older pushes' slots can go.
-            Some(k) if version_str(k) == version_str(version) => *k = version.clone(),
             Some(k) => {
-                *k = version.clone();
-                changed.push((name, version));
+                let same = Arc::ptr_eq(k, version) || version_str(k) == version_str(version);
+                // Same version, newer slot: hold the current one so older pushes' slots can go.
+                if !Arc::ptr_eq(k, version) {
+                    *k = version.clone();
+                }
+                if !same || resend.contains(name) {
+                    changed.push((name, version));
+                }
             }
             None => {
                 let n = match scope.names.get(name) {
@@ -178,6 +220,10 @@ mod tests {
         Arc::new(OnceLock::from(s.to_owned()))
     }
 
+    fn none() -> BTreeSet<Arc<str>> {
+        BTreeSet::new()
+    }
+
     fn known(entries: &[(&str, &str)]) -> BTreeMap<Arc<str>, Version> {
         entries.iter().map(|(n, x)| (Arc::from(*n), v(x))).collect()
     }
@@ -194,7 +240,14 @@ mod tests {
         let i = NameInterner::default();
         let mut known = known(&[("a", "1"), ("b", "1")]);
         let (a1, c1) = (v("1"), v("1"));
-        let (changed, removed) = diff(&mut known, &[("a", &a1), ("c", &c1)], &scope(&[], true), false, &i);
+        let (changed, removed) = diff(
+            &mut known,
+            &[("a", &a1), ("c", &c1)],
+            &scope(&[], true),
+            false,
+            &i,
+            &none(),
+        );
         assert_eq!(text(&changed), [("c".to_string(), "1".to_string())]);
         assert_eq!(removed, vec!["b".to_string()]);
         assert_eq!(known.keys().map(|k| &**k).collect::<Vec<_>>(), vec!["a", "c"]);
@@ -203,7 +256,14 @@ mod tests {
         // a name outside the scope's names is interned
         assert_eq!(i.len().0, 1);
         let a2 = v("2");
-        let (changed, removed) = diff(&mut known, &[("a", &a2), ("c", &c1)], &scope(&[], true), false, &i);
+        let (changed, removed) = diff(
+            &mut known,
+            &[("a", &a2), ("c", &c1)],
+            &scope(&[], true),
+            false,
+            &i,
+            &none(),
+        );
         assert_eq!(text(&changed), [("a".to_string(), "2".to_string())]);
         assert!(removed.is_empty());
     }
@@ -213,10 +273,10 @@ mod tests {
         let i = NameInterner::default();
         let mut known = known(&[("x", "1")]);
         let s = scope(&["x", "y"], false);
-        let (changed, removed) = diff(&mut known, &[], &s, false, &i);
+        let (changed, removed) = diff(&mut known, &[], &s, false, &i, &none());
         assert!(changed.is_empty());
         assert_eq!(removed, vec!["x".to_string()]);
-        let (_, removed) = diff(&mut known, &[], &s, true, &i);
+        let (_, removed) = diff(&mut known, &[], &s, true, &i, &none());
         assert_eq!(removed, vec!["x".to_string(), "y".to_string()]);
     }
 
@@ -226,10 +286,25 @@ mod tests {
         let mut known = BTreeMap::new();
         let s = scope(&["y"], false);
         let y = v("1");
-        diff(&mut known, &[("y", &y)], &s, true, &i);
+        diff(&mut known, &[("y", &y)], &s, true, &i, &none());
         let (k, ver) = known.first_key_value().unwrap();
         assert!(Arc::ptr_eq(k, s.names.first().unwrap()));
         assert!(Arc::ptr_eq(ver, &y));
         assert_eq!(i.len(), (0, 0));
+    }
+
+    /// A name to resend goes out although the proxy has its version; the others only if changed.
+    #[test]
+    fn names_to_resend_are_sent_unchanged() {
+        let i = NameInterner::default();
+        let mut known = known(&[("a", "1"), ("b", "1")]);
+        let (a1, b1) = (v("1"), v("1"));
+        let resend = BTreeSet::from([Arc::from("a"), Arc::from("gone")]);
+        let s = scope(&["a", "b"], false);
+        let (changed, removed) = diff(&mut known, &[("a", &a1), ("b", &b1)], &s, false, &i, &resend);
+        assert_eq!(text(&changed), [("a".to_string(), "1".to_string())]);
+        assert!(removed.is_empty());
+        let (changed, _) = diff(&mut known, &[("a", &a1), ("b", &b1)], &s, false, &i, &none());
+        assert!(changed.is_empty());
     }
 }

@@ -191,7 +191,24 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
             };
             self.send(snapshot.as_ref(), g, cause, &mut slot).await?;
         }
+        self.send_warming_endpoints(&snapshot, &mut slot).await?;
         slot.release().await;
+        Ok(())
+    }
+
+    /// Delta: after CDS, the assignments of the clusters it added or updated that no EDS response
+    /// carried yet (a CDS request, as Istio's `forceEDSPush`; a push whose changes EDS skips), so
+    /// that Envoy can finish warming them. Nothing when EDS went out with the clusters.
+    async fn send_warming_endpoints(&mut self, snapshot: &Arc<B::Snapshot>, slot: &mut Slot) -> Result<(), Closed> {
+        if !F::DELTA {
+            return Ok(());
+        }
+        let Some(target) = self.conn.warming_endpoints() else {
+            return Ok(());
+        };
+        for g in generate(snapshot.clone(), self.conn.proxy(), vec![target], true).await {
+            self.send(snapshot.as_ref(), g, Cause::Push, slot).await?;
+        }
         Ok(())
     }
 
@@ -253,6 +270,7 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
         for g in generated {
             self.send(snapshot.as_ref(), g, Cause::Push, &mut slot).await?;
         }
+        self.send_warming_endpoints(&snapshot, &mut slot).await?;
         slot.release().await;
         self.server
             .metrics

@@ -58,6 +58,9 @@ pub(crate) struct Watch {
     pub last_sent: Option<SystemTime>,
     /// Delta only: what the proxy has, name -> resource version (both shared).
     pub known: BTreeMap<Arc<str>, Version>,
+    /// Delta CDS only: clusters a response added or updated whose ClusterLoadAssignment has not
+    /// been sent since (see `delta.rs`).
+    pub warming: BTreeSet<Arc<str>>,
 }
 
 /// What a request means, once applied to the watches.

@@ -192,3 +192,65 @@ async fn vhds_before_rds_waits_for_the_route_configurations() {
     assert!(follow_up.removed().is_empty());
     again.expect_no_response(QUIET).await.unwrap();
 }
+
+/// Envoy warms a cluster that CDS adds or updates until it gets the cluster's
+/// ClusterLoadAssignment, and asks nothing for a name it already subscribes to: a push that
+/// changes clusters but not their endpoints (a DestinationRule's TLS mode, subsets' load
+/// balancer) sends their assignments again, as Istio's EDS does on full pushes. So does a push
+/// whose changes EDS skips, and a CDS answer to a proxy that reconnects with endpoints it has.
+#[tokio::test]
+async fn clusters_updated_without_their_endpoints_get_their_assignments_again() {
+    let ts = serve(Mesh::basic(), fast_options()).await;
+    let mut c = DeltaAdsClient::connect(ts.addr, NODE, metadata()).await.unwrap();
+    c.subscribe(type_url::CLUSTER, &[]).unwrap();
+    c.recv_ack().await.unwrap();
+    c.subscribe(type_url::ENDPOINT, &[A, B]).unwrap();
+    assert_eq!(c.recv_ack().await.unwrap().names(), vec![A, B]);
+
+    // Every cluster changes, no assignment does.
+    ts.set_mesh(|m| m.padding = 10);
+    ts.server.config_update(PushRequest::full(TriggerReason::ConfigUpdate));
+    let cds = c.recv_ack().await.unwrap();
+    assert_eq!(cds.names(), vec![A, B, C]);
+    let eds = c.recv_ack().await.unwrap();
+    assert_eq!(
+        eds.type_url(),
+        type_url::ENDPOINT,
+        "the warming clusters' assignments follow"
+    );
+    assert_eq!(eds.names(), vec![A, B], "the watched ones: C is not subscribed");
+    c.expect_no_response(QUIET).await.unwrap();
+
+    // A VirtualService change skips EDS; had it changed clusters, their assignments follow.
+    ts.set_mesh(|m| m.padding = 20);
+    let vs = model::ConfigKey {
+        kind: model::ConfigKind::VirtualService,
+        namespace: "default".into(),
+        name: "reviews".into(),
+    };
+    ts.server.config_update(PushRequest::configs([vs]));
+    assert_eq!(c.recv_ack().await.unwrap().names(), vec![A, B, C]);
+    let eds = c.recv_ack().await.unwrap();
+    assert_eq!(eds.type_url(), type_url::ENDPOINT);
+    assert_eq!(eds.names(), vec![A, B]);
+    c.expect_no_response(QUIET).await.unwrap();
+
+    // Unchanged clusters and assignments: nothing is sent.
+    ts.server.config_update(PushRequest::full(TriggerReason::ConfigUpdate));
+    c.expect_no_response(QUIET).await.unwrap();
+
+    // A reconnect that replays EDS before CDS, with A's cluster out of date: A's assignment,
+    // which the proxy has, follows the CDS answer.
+    let endpoints = c.resources(type_url::ENDPOINT);
+    let mut clusters = c.resources(type_url::CLUSTER);
+    clusters.insert(A.into(), "an-old-version".into());
+    let mut again = DeltaAdsClient::connect(ts.addr, NODE, metadata()).await.unwrap();
+    again.subscribe_with(type_url::ENDPOINT, &[A, B], &endpoints).unwrap();
+    assert!(again.recv_ack().await.unwrap().names().is_empty());
+    again.subscribe_with(type_url::CLUSTER, &[], &clusters).unwrap();
+    assert_eq!(again.recv_ack().await.unwrap().names(), vec![A]);
+    let eds = again.recv_ack().await.unwrap();
+    assert_eq!(eds.type_url(), type_url::ENDPOINT);
+    assert_eq!(eds.names(), vec![A]);
+    again.expect_no_response(QUIET).await.unwrap();
+}
