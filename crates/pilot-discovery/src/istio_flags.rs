@@ -203,10 +203,16 @@ pub const FIXED: &[(&str, &str)] = &[
 ];
 
 /// Flags that are read but have no effect here, with why.
-pub const NO_EFFECT: &[(&str, &str)] = &[(
-    "PILOT_DEBOUNCE_MAX",
-    "no push waits longer than PILOT_DEBOUNCE_AFTER after the previous one",
-)];
+pub const NO_EFFECT: &[(&str, &str)] = &[
+    (
+        "PILOT_DEBOUNCE_MAX",
+        "no push waits longer than PILOT_DEBOUNCE_AFTER after the previous one",
+    ),
+    (
+        "CA_TRUSTED_NODE_ACCOUNTS",
+        "ambient mode's ztunnel is not supported, so no node account signs for others",
+    ),
+];
 
 /// The flags set by `get` that pilot-discovery does not honour, each as `NAME=value` with why when
 /// known, sorted; empty when everything set is honoured.
@@ -258,10 +264,16 @@ mod tests {
             ("PILOT_TRACE_SAMPLING", "1"),
             ("PILOT_ENABLE_ANALYSIS", "false"),
             ("PILOT_CERT_PROVIDER", "istiod"),
+            ("CA_TRUSTED_NODE_ACCOUNTS", "istio-system/ztunnel"),
             ("CLUSTER_ID", "Kubernetes"),
             ("PATH", "/usr/bin"),
         ]);
-        assert!(not_honoured(install).is_empty());
+        assert_eq!(
+            not_honoured(install),
+            [
+                "CA_TRUSTED_NODE_ACCOUNTS=istio-system/ztunnel (ambient mode's ztunnel is not supported, so no node account signs for others)"
+            ]
+        );
         let more = env(&[
             ("PILOT_HTTP10", "true"),
             ("PILOT_ENABLE_QUIC_LISTENERS", "true"),
