@@ -142,6 +142,19 @@ impl SidecarMesh {
     /// Every sidecar has its workload identity from pilot-discovery's CA (secure port on the
     /// host, tokens checked by `JWT_RULE`), so sidecars talk mutual TLS as Istio's do.
     async fn start_full(virtual_service: &str, outbound_policy: &str, extra: &str) -> anyhow::Result<SidecarMesh> {
+        SidecarMesh::start_ca(virtual_service, outbound_policy, extra, false).await
+    }
+
+    /// As [`start_full`](Self::start_full); with `plaintext`, pilot-discovery runs as the README
+    /// runs it, without a secure port (`--secureGrpcAddr ""`): xDS and the CA on the plaintext
+    /// port 15010 of the host; each sidecar's `CA_ADDR` is that discovery address (the default),
+    /// reached without TLS as Istio's agent does on 15010, with its pod's token.
+    async fn start_ca(
+        virtual_service: &str,
+        outbound_policy: &str,
+        extra: &str,
+        plaintext: bool,
+    ) -> anyhow::Result<SidecarMesh> {
         let net = Network::create()?;
         let hosts = [
             format!("{VIP} reviews.default.svc.cluster.local reviews"),
@@ -164,7 +177,11 @@ impl SidecarMesh {
         std::fs::write(dir.path().join("vs.yaml"), format!("{virtual_service}\n---\n{extra}"))?;
         let mesh = dir.path().join("mesh.yaml");
         std::fs::write(&mesh, format!("outboundTrafficPolicy: {{mode: {outbound_policy}}}\n"))?;
-        let ca = MeshCa::new(net.host_ip())?;
+        let ca = if plaintext {
+            MeshCa::plaintext(net.host_ip())?
+        } else {
+            MeshCa::new(net.host_ip())?
+        };
         let opts = ca.serve(DiscoveryOptions {
             grpc_ip: Some(net.host_ip().into()),
             args: vec!["--meshConfig".into(), mesh.to_string_lossy().into_owned()],
@@ -505,6 +522,33 @@ mod netns {
             mesh.who().as_deref() == Some("reviews-v2"),
             "meshed clients still get through"
         );
+        mesh.assert_no_rejects().unwrap();
+    }
+
+    /// pilot-discovery without a secure port, as the README runs it: the sidecars (xDS in
+    /// plaintext on 15010, their pod's token) get their certificates from the CA on that port,
+    /// become ready and talk mutual TLS.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn sidecars_get_their_certificates_from_the_ca_on_the_plaintext_port() {
+        require_netns();
+        let mesh = SidecarMesh::start_ca(&virtual_service(0), "ALLOW_ANY", "", true)
+            .await
+            .unwrap();
+        assert_eq!(mesh.discovery.grpc_addr.port(), 15010);
+        mesh.wait_for_backend("reviews-v2", 3).unwrap();
+        let (_, certs) = mesh.client.curl_root("http://127.0.0.1:15000/certs").unwrap();
+        assert!(
+            certs.contains("spiffe://cluster.local/ns/default/sa/default"),
+            "{certs}"
+        );
+        let handshakes: u64 = mesh.reviews["v2"]
+            .envoy_stats()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| k.starts_with("listener.") && k.ends_with(".ssl.handshake"))
+            .map(|(_, v)| v)
+            .sum();
+        assert!(handshakes >= 1, "sidecar to sidecar is mTLS");
         mesh.assert_no_rejects().unwrap();
     }
 

@@ -51,21 +51,18 @@ pub fn upstream_tls(cfg: &AgentConfig) -> Option<UpstreamTls> {
     Some(tls)
 }
 
-/// The agent's CA client: `CA_ADDR` (default: the discovery address) over TLS verified with
-/// `XDS_ROOT_CA` (or Istio's mounted root) and the istiod name, with the pod's token. `None` when
-/// the CA address is the plaintext port (`:15010`): Istio's CA is on the secure port only.
-pub fn ca_client(cfg: &AgentConfig) -> Option<crate::sds::CaClient> {
-    if cfg.ca_address.rsplit(':').next() == Some("15010") {
-        return None;
-    }
+/// The agent's CA client, as Istio's `createCitadel`: `CA_ADDR` (default: the discovery address)
+/// in plaintext when it ends in `:15010`, else over TLS verified with `XDS_ROOT_CA` (or Istio's
+/// mounted root) and the istiod name (`ISTIOD_SAN`, else `istiod.istio-system.svc`); with the
+/// pod's token from Istio's path whenever the file is there.
+pub fn ca_client(cfg: &AgentConfig) -> crate::sds::CaClient {
     let root = cfg.xds_root_ca.clone().unwrap_or_else(|| DEFAULT_ROOT_CERT.to_owned());
     let defaults = UpstreamTls::new(PathBuf::from(&root));
-    Some(crate::sds::CaClient {
-        addr: cfg.ca_address.clone(),
+    let tls = crate::sds::CaTls {
         root_cert: PathBuf::from(root),
         server_name: cfg.istiod_san.clone().unwrap_or(defaults.server_name),
-        token: Path::new(DEFAULT_TOKEN).exists().then(|| PathBuf::from(DEFAULT_TOKEN)),
-    })
+    };
+    crate::sds::CaClient::new(&cfg.ca_address, tls, PathBuf::from(DEFAULT_TOKEN))
 }
 
 /// The workload's SPIFFE identity: `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`
@@ -135,15 +132,15 @@ pub async fn run(cfg: AgentConfig, runtime: ProxyRuntime) -> anyhow::Result<Opti
     };
 
     let ca = ca_client(&cfg);
-    if ca.is_none() {
-        tracing::warn!(
-            ca_address = %cfg.ca_address,
-            "no CA on a secure port: the workload certificate comes only from files in {CERT_WATCH_DIR}"
-        );
-    }
+    tracing::info!(
+        ca_address = %ca.addr,
+        tls = ca.tls.is_some(),
+        token = %ca.token.display(),
+        "workload certificates from the CA, unless {CERT_WATCH_DIR} holds them"
+    );
     let secrets = crate::sds::SecretManager::new(
         workload_identity(&cfg),
-        ca,
+        Some(ca),
         cfg.secrets.clone(),
         PathBuf::from(CERT_WATCH_DIR),
     );

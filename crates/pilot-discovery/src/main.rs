@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod args;
+mod ca_server;
 mod configz;
 mod http;
 mod istio_flags;

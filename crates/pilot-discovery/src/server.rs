@@ -15,6 +15,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use xds_server::{DiscoveryServer, ServerOptions};
 
 use crate::args::{DiscoveryArgs, parse_listen_addr};
+use crate::ca_server::{CaTransport, MeshCaServer};
 use crate::http::{AppState, debug_router, monitoring_router};
 use crate::metrics::PipelineMetrics;
 use crate::settings::Settings;
@@ -167,24 +168,14 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     }
 
     let process = monitoring::process::ProcessMetrics::register(&mut registry);
-    let secure = match secure_grpc_addr {
-        Some(addr) => Some(crate::secure::SecureGrpc::init(
-            addr,
-            &mesh,
-            &settings.pod_namespace,
-            |k| std::env::var(k).ok(),
-            &mut registry,
-            client.clone(),
-        )?),
-        None => None,
-    };
+    let (secure, plaintext_ca) = init_ca(grpc_addr, secure_grpc_addr, &mesh, &settings, &mut registry, &client)?;
     // With a cluster, every namespace gets the mesh root (Istio's `istio-ca-root-cert`).
-    if let (Some(secure), Some(client)) = (&secure, &client) {
-        tokio::spawn(crate::root_cert::publish(
-            client.clone(),
-            secure.root_pem(),
-            mesh.clone(),
-        ));
+    let root_pem = secure
+        .as_ref()
+        .map(crate::secure::SecureGrpc::root_pem)
+        .or_else(|| plaintext_ca.as_ref().map(MeshCaServer::root_pem));
+    if let (Some(root_pem), Some(client)) = (root_pem, &client) {
+        tokio::spawn(crate::root_cert::publish(client.clone(), root_pem, mesh.clone()));
     }
     let state = AppState {
         server: server.clone(),
@@ -200,10 +191,12 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     if let Some(addr) = grpc_addr {
         let listener = bind(addr, "grpcAddr").await?;
         let svc = server.ads_service();
+        let ca = plaintext_ca.map(|ca| ca.service.into_server());
         let mut builder = grpc_server(max_connection_age, settings.max_streams);
         tasks.spawn(async move {
             builder
                 .add_service(svc)
+                .add_optional_service(ca)
                 .serve_with_incoming(incoming(listener))
                 .await
                 .context("gRPC server")
@@ -259,6 +252,39 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
             tracing::info!("shutting down");
             Ok(())
         }
+    }
+}
+
+/// The mesh CA, where istiod's `startCA` puts it: on the secure gRPC server when there is one
+/// (with istiod's serving certificate), else on the plaintext one (the second value), where only
+/// bearer tokens authenticate callers. Neither when no gRPC port is served.
+fn init_ca(
+    grpc_addr: Option<SocketAddr>,
+    secure_grpc_addr: Option<SocketAddr>,
+    mesh: &MeshConfig,
+    settings: &Settings,
+    registry: &mut Registry,
+    client: &Option<kube::Client>,
+) -> anyhow::Result<(Option<crate::secure::SecureGrpc>, Option<MeshCaServer>)> {
+    let env = |k: &str| std::env::var(k).ok();
+    match (secure_grpc_addr, grpc_addr) {
+        (Some(addr), _) => Ok((
+            Some(crate::secure::SecureGrpc::init(
+                addr,
+                mesh,
+                &settings.pod_namespace,
+                env,
+                registry,
+                client.clone(),
+            )?),
+            None,
+        )),
+        (None, Some(addr)) => {
+            let served_on = format!("--grpcAddr {addr} (plaintext: --secureGrpcAddr is empty)");
+            let ca = MeshCaServer::init(CaTransport::Plaintext, &served_on, mesh, env, registry, client.clone())?;
+            Ok((None, Some(ca)))
+        }
+        (None, None) => Ok((None, None)),
     }
 }
 

@@ -75,6 +75,11 @@ impl Discovery {
         if !opts.args.iter().any(|a| a.starts_with("--secureGrpcAddr")) {
             cmd.args(["--secureGrpcAddr", ""]);
         }
+        // The mesh CA (served on the plaintext port without a TLS one) keeps its root beside the
+        // log, not in the test's working directory, unless the test names a directory.
+        if !opts.env.iter().any(|(k, _)| k == "ROOT_CA_DIR") {
+            cmd.env("ROOT_CA_DIR", log_dir.path().join("cacerts"));
+        }
         let child = cmd.spawn().with_context(|| format!("starting {}", bin.display()))?;
         let mut d = Discovery {
             child,

@@ -1,5 +1,5 @@
-//! A mesh with workload identities for tests: pilot-discovery's CA on a secure port with a root
-//! kept in a directory, tokens checked by `JWT_RULE` from a test issuer, and what an agent needs
+//! A mesh with workload identities for tests: pilot-discovery's CA on a secure port (or, without
+//! one, on the plaintext port 15010) with a root kept in a directory, tokens checked by `JWT_RULE` from a test issuer, and what an agent needs
 //! to get its certificate (the CA address, the mesh root, a service account token).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -16,8 +16,10 @@ pub struct MeshCa {
     pub issuer: TestIssuer,
     /// `ROOT_CA_DIR`.
     pub dir: tempfile::TempDir,
-    /// pilot-discovery's secure port (CA and xDS).
+    /// pilot-discovery's secure port (CA and xDS), or its plaintext port 15010 without one.
     pub addr: SocketAddr,
+    /// The CA is on the plaintext port (`--secureGrpcAddr ""`), as istiod without a secure port.
+    pub plaintext: bool,
 }
 
 impl MeshCa {
@@ -27,6 +29,17 @@ impl MeshCa {
             issuer: TestIssuer::new("https://kubernetes.default.svc", "k1"),
             dir: tempfile::tempdir()?,
             addr: SocketAddr::new(ip.into(), crate::ports::free_port()),
+            plaintext: false,
+        })
+    }
+
+    /// A CA served, without a secure port, on the plaintext port 15010 of `ip` (where agents
+    /// reach a CA without TLS, as Istio's): what a user runs without TLS.
+    pub fn plaintext(ip: impl Into<IpAddr>) -> anyhow::Result<MeshCa> {
+        Ok(MeshCa {
+            addr: SocketAddr::new(ip.into(), 15010),
+            plaintext: true,
+            ..Self::new(Ipv4Addr::LOCALHOST)?
         })
     }
 
@@ -34,9 +47,15 @@ impl MeshCa {
         Self::new(Ipv4Addr::LOCALHOST)
     }
 
-    /// `opts` with the secure port, `ROOT_CA_DIR` and `JWT_RULE` added.
+    /// `opts` with the secure port (or the plaintext port 15010), `ROOT_CA_DIR` and `JWT_RULE`
+    /// added.
     pub fn serve(&self, mut opts: DiscoveryOptions) -> DiscoveryOptions {
-        opts.args.extend(["--secureGrpcAddr".into(), self.addr.to_string()]);
+        if self.plaintext {
+            opts.grpc_ip = Some(self.addr.ip());
+            opts.grpc_port = Some(self.addr.port());
+        } else {
+            opts.args.extend(["--secureGrpcAddr".into(), self.addr.to_string()]);
+        }
         opts.env
             .push(("ROOT_CA_DIR".into(), self.dir.path().display().to_string()));
         opts.env.push((

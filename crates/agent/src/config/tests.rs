@@ -350,3 +350,46 @@ fn serializes_for_the_start_log() {
     assert_eq!(format_duration(std::time::Duration::from_millis(250)), "250ms");
     assert_eq!(format_duration(std::time::Duration::from_millis(1500)), "1.5s");
 }
+
+/// Istio's `createCitadel`: the CA is reached in plaintext exactly when its address ends in
+/// `:15010`, over TLS with the mounted root (or `XDS_ROOT_CA`) otherwise; the token is always
+/// Istio's path, sent when the file is there.
+#[test]
+fn ca_is_plaintext_exactly_on_port_15010() {
+    use crate::sds::CaTls;
+    let none = files(&[]);
+    let ca = |pairs: &[(&str, &str)]| crate::proxy::ca_client(&build(&ProxyArgs::default(), &env(pairs), &none));
+
+    // The README's gateway: discovery (and so the CA) on pilot-discovery's plaintext port.
+    let readme = ca(&[("PROXY_CONFIG", r#"{"discoveryAddress":"127.0.0.1:15010"}"#)]);
+    assert_eq!(readme.addr, "127.0.0.1:15010");
+    assert_eq!(readme.tls, None);
+    assert_eq!(readme.token, PathBuf::from("./var/run/secrets/tokens/istio-token"));
+
+    // Istio's default: istiod's secure port, verified with the mounted root.
+    let default = ca(&[]);
+    assert_eq!(default.addr, "istiod.istio-system.svc:15012");
+    assert_eq!(
+        default.tls,
+        Some(CaTls {
+            root_cert: PathBuf::from("./var/run/secrets/istio/root-cert.pem"),
+            server_name: "istiod.istio-system.svc".into(),
+        })
+    );
+
+    // CA_ADDR decides, not the discovery address; any other port is TLS, as in Istio.
+    let other = ca(&[
+        ("PROXY_CONFIG", r#"{"discoveryAddress":"127.0.0.1:15010"}"#),
+        ("CA_ADDR", "127.0.0.1:16010"),
+        ("XDS_ROOT_CA", "/etc/mesh/root.pem"),
+        ("ISTIOD_SAN", "pilot.example.com"),
+    ]);
+    assert_eq!(
+        other.tls,
+        Some(CaTls {
+            root_cert: PathBuf::from("/etc/mesh/root.pem"),
+            server_name: "pilot.example.com".into(),
+        })
+    );
+    assert_eq!(ca(&[("CA_ADDR", "10.0.0.1:15010")]).tls, None);
+}

@@ -1,6 +1,9 @@
-//! The agent's CA client (Istio's `citadel` CA client, security/pkg/nodeagent/caclient): a new
-//! ECDSA P-256 key, a CSR naming the workload's SPIFFE identity, sent with the pod's service
-//! account token to `CA_ADDR` over TLS verified with the mesh root.
+//! The agent's CA client (Istio's `citadel` CA client, security/pkg/nodeagent/caclient, chosen
+//! by `createCitadel` in pkg/istio-agent/plugins.go): a new workload key, a CSR naming the
+//! workload's SPIFFE identity, sent with the pod's service account token (when the file is there,
+//! as Istio's token provider) to `CA_ADDR`: in plaintext when that address ends in `:15010`
+//! (Istio's "Debug mode or IP-secure network"; pilot-discovery serves its CA there when it runs
+//! with `--secureGrpcAddr ""`), otherwise over TLS verified with the mesh root.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,6 +17,8 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Istio's plaintext port: a CA address on it is reached without TLS.
+pub const PLAINTEXT_CA_PORT_SUFFIX: &str = ":15010";
 
 /// Why no certificate came back.
 #[derive(Debug, thiserror::Error)]
@@ -26,10 +31,23 @@ pub enum CaClientError {
         #[source]
         source: std::io::Error,
     },
+    /// The CA is reached over TLS and the root that verifies it cannot be read.
+    #[error("CA {addr} (TLS): reading its root certificate {path}: {source}")]
+    RootCert {
+        addr: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("CA {addr}: {reason}")]
     Connect { addr: String, reason: String },
+    /// `token`: the token file sent, `None` when there was none.
     #[error("CA {addr} refused the CSR: {status}")]
-    Refused { addr: String, status: tonic::Status },
+    Refused {
+        addr: String,
+        status: tonic::Status,
+        token: Option<PathBuf>,
+    },
     #[error("CA {addr} answered {reason}")]
     Answer { addr: String, reason: String },
 }
@@ -53,16 +71,35 @@ impl std::fmt::Debug for Signed {
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct CaClient {
-    /// `host:port`.
-    pub addr: String,
-    /// The mesh root that the CA's serving certificate chains to.
+/// How the CA's serving certificate is checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaTls {
+    /// The mesh root that the CA's serving certificate chains to (`XDS_ROOT_CA`).
     pub root_cert: PathBuf,
     /// The name checked on the CA's certificate.
     pub server_name: String,
-    /// The service account token sent as `authorization: Bearer`; re-read for each request.
-    pub token: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaClient {
+    /// `host:port`.
+    pub addr: String,
+    /// `None`: plaintext (the address is on port 15010).
+    pub tls: Option<CaTls>,
+    /// The service account token sent as `authorization: Bearer`, read for each request; no
+    /// header when the file is not there (another credential may do, as in Istio).
+    pub token: PathBuf,
+}
+
+impl CaClient {
+    /// Istio's choice: plaintext exactly when `addr` ends in `:15010`, else TLS with `tls`.
+    pub fn new(addr: &str, tls: CaTls, token: PathBuf) -> CaClient {
+        CaClient {
+            addr: addr.to_owned(),
+            tls: (!addr.ends_with(PLAINTEXT_CA_PORT_SUFFIX)).then_some(tls),
+            token,
+        }
+    }
 }
 
 /// A new workload key: ECDSA P-256/P-384 (ring), or RSA made with the `rsa` crate and signed
@@ -101,43 +138,54 @@ impl CaClient {
             .serialize_request(&key)
             .and_then(|r| r.pem())
             .map_err(|e| CaClientError::Key(e.to_string()))?;
-        let root = tokio::fs::read(&self.root_cert)
-            .await
-            .map_err(|source| CaClientError::File {
-                path: self.root_cert.clone(),
-                source,
-            })?;
         let connect = |reason: String| CaClientError::Connect {
             addr: self.addr.clone(),
             reason,
         };
-        let tls = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(root))
-            .domain_name(self.server_name.clone());
-        let channel = Endpoint::from_shared(format!("https://{}", self.addr))
-            .map_err(|e| connect(e.to_string()))?
+        let endpoint = match &self.tls {
+            None => Endpoint::from_shared(format!("http://{}", self.addr)).map_err(|e| connect(e.to_string()))?,
+            Some(tls) => {
+                let root = tokio::fs::read(&tls.root_cert)
+                    .await
+                    .map_err(|source| CaClientError::RootCert {
+                        addr: self.addr.clone(),
+                        path: tls.root_cert.clone(),
+                        source,
+                    })?;
+                let config = ClientTlsConfig::new()
+                    .ca_certificate(Certificate::from_pem(root))
+                    .domain_name(tls.server_name.clone());
+                Endpoint::from_shared(format!("https://{}", self.addr))
+                    .map_err(|e| connect(e.to_string()))?
+                    .tls_config(config)
+                    .map_err(|e| connect(e.to_string()))?
+            }
+        };
+        let channel = endpoint
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
-            .tls_config(tls)
-            .map_err(|e| connect(e.to_string()))?
             .connect()
             .await
-            .map_err(|e| connect(format!("{e:?}")))?;
+            .map_err(|e| connect(source_chain(&e)))?;
         let mut request = tonic::Request::new(IstioCertificateRequest {
             csr,
             validity_duration: i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX),
             metadata: None,
         });
-        if let Some(path) = &self.token {
-            let token = tokio::fs::read_to_string(path)
-                .await
-                .map_err(|source| CaClientError::File {
-                    path: path.clone(),
+        let token = match tokio::fs::read_to_string(&self.token).await {
+            Ok(token) => Some(token),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(source) => {
+                return Err(CaClientError::File {
+                    path: self.token.clone(),
                     source,
-                })?;
-            let value = format!("Bearer {}", token.trim())
-                .parse()
-                .map_err(|_| CaClientError::Key(format!("the token in {} is not a header value", path.display())))?;
+                });
+            }
+        };
+        if let Some(token) = &token {
+            let value = format!("Bearer {}", token.trim()).parse().map_err(|_| {
+                CaClientError::Key(format!("the token in {} is not a header value", self.token.display()))
+            })?;
             request.metadata_mut().insert("authorization", value);
         }
         let chain = IstioCertificateServiceClient::new(channel)
@@ -146,6 +194,7 @@ impl CaClient {
             .map_err(|status| CaClientError::Refused {
                 addr: self.addr.clone(),
                 status,
+                token: token.is_some().then(|| self.token.clone()),
             })?
             .into_inner()
             .cert_chain;
@@ -169,6 +218,21 @@ impl CaClient {
             root_pem: root.trim_end().to_owned() + "\n",
         })
     }
+}
+
+/// An error and its sources on one line (tonic's transport errors say little at the top).
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(s) = next {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        next = s.source();
+    }
+    out
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 
 use super::ca_client::{CaClient, CaClientError, Signed};
+use super::problem::{Problem, describe};
 use crate::config::SecretConfig;
 
 /// Istio's `WorkloadKeyCertResourceName`.
@@ -84,6 +85,8 @@ struct Inner {
     generation: watch::Sender<u64>,
     /// Modification times of the files served, for the watcher.
     files: Mutex<BTreeMap<PathBuf, Option<SystemTime>>>,
+    /// Why the last attempt to get the workload certificate failed, for the log and readiness.
+    problem: Problem,
 }
 
 /// Shared by the SDS server and the renewal task.
@@ -105,12 +108,18 @@ impl SecretManager {
                 workload: tokio::sync::Mutex::new(None),
                 generation: watch::channel(0).0,
                 files: Mutex::new(BTreeMap::new()),
+                problem: Problem::default(),
             }),
         }
     }
 
     pub fn identity(&self) -> &str {
         &self.inner.identity
+    }
+
+    /// Why the workload certificate could not be had, while it cannot.
+    pub fn problem(&self) -> Problem {
+        self.inner.problem.clone()
     }
 
     /// Changes: the value is bumped whenever a secret changed.
@@ -181,9 +190,20 @@ impl SecretManager {
         if let Some(w) = current.as_ref().filter(|w| w.not_after > SystemTime::now()) {
             return Ok(w.clone());
         }
-        let w = self.sign().await?;
-        *current = Some(w.clone());
-        Ok(w)
+        match self.sign().await {
+            Ok(w) => {
+                self.inner.problem.cleared();
+                *current = Some(w.clone());
+                Ok(w)
+            }
+            Err(e) => {
+                let line = describe(&self.inner.identity, &e, self.inner.ca.as_ref(), &self.inner.cert_dir);
+                if self.inner.problem.failed(line.clone()) {
+                    tracing::error!("{line}");
+                }
+                Err(e)
+            }
+        }
     }
 
     async fn sign(&self) -> Result<Workload, SecretError> {

@@ -3,10 +3,12 @@
 
 mod ca_client;
 mod cache;
+mod problem;
 mod server;
 
-pub use ca_client::{CaClient, CaClientError, Signed};
+pub use ca_client::{CaClient, CaClientError, CaTls, Signed};
 pub use cache::{ROOT, SecretError, SecretItem, SecretManager, WORKLOAD};
+pub use problem::Problem;
 pub use server::{SdsServer, SdsStatus};
 
 #[cfg(test)]

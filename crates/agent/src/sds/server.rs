@@ -24,26 +24,41 @@ use xds_api::envoy::service::secret::v3::secret_discovery_service_server::{
     SecretDiscoveryService, SecretDiscoveryServiceServer,
 };
 
-use super::cache::{SecretItem, SecretManager, WORKLOAD};
+use super::cache::{SecretError, SecretItem, SecretManager, WORKLOAD};
+use super::problem::Problem;
 
 const SECRET_TYPE: &str = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
 const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
-/// What the readiness probe asks: does Envoy have the workload certificate it asked for?
+/// What the readiness probe asks: does Envoy have the workload certificate it asked for, and if
+/// not, why?
 #[derive(Clone, Default, Debug)]
 pub struct SdsStatus {
     /// Per stream: asked for `default` and not yet ACKed an answer carrying it.
     waiting: Arc<Mutex<BTreeMap<u64, bool>>>,
+    /// Why the secret manager could not get the certificate, while it cannot.
+    problem: Problem,
 }
 
 impl SdsStatus {
     /// `Some(reason)` while a stream of Envoy waits for its workload certificate.
     pub fn pending(&self) -> Option<String> {
-        lock(&self.waiting)
-            .values()
-            .any(|w| *w)
-            .then(|| "Envoy has not received its workload certificate yet".to_owned())
+        self.waiting().then(|| {
+            self.problem
+                .current()
+                .unwrap_or_else(|| "Envoy has not received its workload certificate yet".to_owned())
+        })
+    }
+
+    /// `Some(reason)` while Envoy waits for a certificate that could not be had: the cause of
+    /// any other readiness failure (Envoy's clusters wait for it), so it is said first.
+    pub fn failing(&self) -> Option<String> {
+        self.problem.current().filter(|_| self.waiting())
+    }
+
+    fn waiting(&self) -> bool {
+        lock(&self.waiting).values().any(|w| *w)
     }
 
     fn set(&self, stream: u64, waiting: bool) {
@@ -70,7 +85,10 @@ impl SdsServer {
     /// Serves `secrets` on the Unix socket at `path`.
     pub fn start(path: &Path, secrets: SecretManager) -> std::io::Result<SdsServer> {
         let listener = crate::xds_proxy::bind(path)?;
-        let status = SdsStatus::default();
+        let status = SdsStatus {
+            problem: secrets.problem(),
+            ..SdsStatus::default()
+        };
         let service = SdsService {
             secrets,
             status: status.clone(),
@@ -236,6 +254,11 @@ impl SdsStream {
         for name in &self.names {
             match self.secrets.generate(name).await {
                 Ok(item) => resources.push(xds_api::pack(&to_secret(name, &item))),
+                // The secret manager logs why the CA gave no certificate, at a bounded rate.
+                Err(e @ (SecretError::Ca(_) | SecretError::NoCa(_))) => {
+                    tracing::debug!(secret = name, error = %e, "SDS: secret not available yet; retrying");
+                    return Err(RETRY_MIN);
+                }
                 Err(e) => {
                     tracing::warn!(secret = name, error = %e, "SDS: secret not available yet; retrying");
                     return Err(RETRY_MIN);

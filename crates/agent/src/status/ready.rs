@@ -74,7 +74,12 @@ impl ReadinessProbe {
     }
 
     /// Istio's order: config first, then termination, then Envoy's own state.
+    /// A certificate that cannot be had comes first: Envoy's clusters wait for it, so the config
+    /// is never complete and Istio's message would not say why.
     pub(crate) async fn check(&self) -> Result<(), NotReady> {
+        if let Some(reason) = self.sds.as_ref().and_then(crate::sds::SdsStatus::failing) {
+            return Err(NotReady::CertificateNotDelivered(reason));
+        }
         self.check_config_status()?;
         if *self.shutdown.borrow() {
             return Err(NotReady::Terminated);

@@ -20,6 +20,13 @@ impl Pod {
     /// `/status/<code>` answers with that status, `/delay/<ms>` answers after that long, and
     /// `/requests` tells how many requests each path got (to see retries at the backend).
     pub fn start_app(&mut self, port: u16) -> anyhow::Result<()> {
+        let name = self.name.clone();
+        self.start_named_app(&name, port)
+    }
+
+    /// [`start_app`](Self::start_app) answering as `name` (several backends in one pod, e.g. the
+    /// loopback workloads of `examples/bookinfo`).
+    pub fn start_named_app(&mut self, name: &str, port: u16) -> anyhow::Result<()> {
         let script = format!(
             r#"import json, socketserver, http.server, threading, time
 seen = {{}}
@@ -42,8 +49,7 @@ class H(http.server.BaseHTTPRequestHandler):
 socketserver.TCPServer.allow_reuse_address = True
 socketserver.ThreadingTCPServer.daemon_threads = True
 socketserver.ThreadingTCPServer(("0.0.0.0", {port}), H).serve_forever()
-"#,
-            name = self.name
+"#
         );
         self.spawn(&format!("app-{port}.log"), &["python3", "-c", &script], &[])?;
         Ok(())

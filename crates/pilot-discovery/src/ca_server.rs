@@ -1,0 +1,199 @@
+//! The mesh CA as pilot-discovery serves it: Istio's `createIstioCA` and `RunCA`
+//! (pilot/pkg/bootstrap/istio_ca.go) and `startCA` (pilot/pkg/bootstrap/server.go). The CA of
+//! `ROOT_CA_DIR` (plugged-in files, or a self-signed root created and kept there) signs workload
+//! CSRs through `IstioCertificateService` for callers that authenticate: a bearer token checked by
+//! a Kubernetes TokenReview (with a cluster) or by `JWT_RULE`, and on the secure port a workload
+//! certificate of this CA. As istiod's `startCA`, the service goes on the secure gRPC server, or
+//! on the plaintext one when there is no secure server (`--secureGrpcAddr ""`); there only bearer
+//! tokens can authenticate, and an unauthenticated CSR is refused as on the secure port.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use ca::{CertificateAuthority, WorkloadTtl};
+use model::MeshConfig;
+use security::{Authenticator, CaMetrics, CaService, ClientCertAuthenticator, JwtAuthenticator, JwtRule};
+
+use crate::settings::SettingsError;
+
+/// Istio's environment for the CA and istiod's certificate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CaSettings {
+    /// ROOT_CA_DIR: plugged-in CA files, or where the self-signed root is kept.
+    pub root_ca_dir: PathBuf,
+    /// ISTIOD_CUSTOM_HOST: more DNS names for istiod's certificate, comma separated.
+    pub custom_hosts: Vec<String>,
+    /// REVISION: istiod's revision; adds `istiod-<revision>.<namespace>.svc`.
+    pub revision: String,
+    /// CITADEL_SELF_SIGNED_CA_CERT_TTL: lifetime of a new self-signed root, and (as Istio) of
+    /// istiod's own certificate.
+    pub self_signed_ca_cert_ttl: Duration,
+    /// DEFAULT_WORKLOAD_CERT_TTL (24h) and MAX_WORKLOAD_CERT_TTL (90d).
+    pub workload_ttl: WorkloadTtl,
+    /// JWT_RULE: how bearer tokens are checked without a cluster.
+    pub jwt_rule: Option<JwtRule>,
+    /// TOKEN_AUDIENCES (`istio-ca`): the audiences a token must name.
+    pub token_audiences: Vec<String>,
+}
+
+impl CaSettings {
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<CaSettings, SettingsError> {
+        let ttl = match get("CITADEL_SELF_SIGNED_CA_CERT_TTL").filter(|v| !v.is_empty()) {
+            None => ca::DEFAULT_SELF_SIGNED_CA_CERT_TTL,
+            Some(v) => match model::duration::parse(&v) {
+                Some(d) if !d.is_zero() => d,
+                _ => {
+                    return Err(SettingsError {
+                        name: "CITADEL_SELF_SIGNED_CA_CERT_TTL",
+                        value: v,
+                        reason: "not a positive duration (e.g. 87600h)",
+                    });
+                }
+            },
+        };
+        let duration = |name: &'static str, default: Duration| -> Result<Duration, SettingsError> {
+            match get(name).filter(|v| !v.is_empty()) {
+                None => Ok(default),
+                Some(v) => match model::duration::parse(&v) {
+                    Some(d) if !d.is_zero() => Ok(d),
+                    _ => Err(SettingsError {
+                        name,
+                        value: v,
+                        reason: "not a positive duration (e.g. 24h)",
+                    }),
+                },
+            }
+        };
+        let defaults = WorkloadTtl::default();
+        let workload_ttl = WorkloadTtl {
+            default: duration("DEFAULT_WORKLOAD_CERT_TTL", defaults.default)?,
+            max: duration("MAX_WORKLOAD_CERT_TTL", defaults.max)?,
+        };
+        let jwt_rule = match get("JWT_RULE").filter(|v| !v.trim().is_empty()) {
+            None => None,
+            Some(v) => Some(JwtRule::parse(&v).map_err(|_| SettingsError {
+                name: "JWT_RULE",
+                value: v,
+                reason: "not a JWT rule: JSON with issuer, and jwksUri or jwks, and audiences",
+            })?),
+        };
+        let token_audiences: Vec<String> = get("TOKEN_AUDIENCES")
+            .unwrap_or_else(|| "istio-ca".into())
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(String::from)
+            .collect();
+        Ok(CaSettings {
+            workload_ttl,
+            jwt_rule,
+            token_audiences,
+            root_ca_dir: get("ROOT_CA_DIR")
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| "./etc/cacerts".into())
+                .into(),
+            custom_hosts: get("ISTIOD_CUSTOM_HOST")
+                .unwrap_or_default()
+                .split(',')
+                .map(str::trim)
+                .filter(|h| !h.is_empty())
+                .map(String::from)
+                .collect(),
+            revision: get("REVISION").unwrap_or_default(),
+            self_signed_ca_cert_ttl: ttl,
+        })
+    }
+}
+
+/// Where the CA's service is served, which decides how callers can authenticate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaTransport {
+    /// `--secureGrpcAddr`: bearer tokens, and workload certificates of this CA.
+    Secure,
+    /// `--grpcAddr` when there is no secure port: bearer tokens only.
+    Plaintext,
+}
+
+/// The mesh CA, who may call it, and its gRPC service, ready to be added to a gRPC server.
+pub struct MeshCaServer {
+    pub settings: CaSettings,
+    pub ca: Arc<CertificateAuthority>,
+    /// Also those of ADS on the secure port.
+    pub authenticators: Vec<Arc<dyn Authenticator>>,
+    pub service: CaService,
+}
+
+impl MeshCaServer {
+    /// Loads (or creates) the mesh CA of `ROOT_CA_DIR` and the authenticators of its callers.
+    /// `served_on` names the flag and address it is served on, for errors and logs.
+    pub fn init(
+        transport: CaTransport,
+        served_on: &str,
+        mesh: &MeshConfig,
+        get: impl Fn(&str) -> Option<String>,
+        registry: &mut prometheus_client::registry::Registry,
+        kube: Option<kube::Client>,
+    ) -> anyhow::Result<MeshCaServer> {
+        let settings = CaSettings::from_env(get)?;
+        let dir = &settings.root_ca_dir;
+        let ca = CertificateAuthority::load_or_create(dir, &mesh.trust_domain)
+            .with_context(|| format!("{served_on}: the mesh CA in ROOT_CA_DIR={}", dir.display()))?;
+        let ca = Arc::new(ca);
+        let mut authenticators: Vec<Arc<dyn Authenticator>> = Vec::new();
+        if transport == CaTransport::Secure {
+            authenticators.push(Arc::new(ClientCertAuthenticator));
+        }
+        if let Some(client) = kube {
+            tracing::info!(audiences = ?settings.token_audiences, "bearer tokens are checked by Kubernetes TokenReviews");
+            authenticators.push(Arc::new(crate::token_review::TokenReviewAuthenticator::new(
+                client,
+                settings.token_audiences.clone(),
+                &mesh.trust_domain,
+            )));
+        }
+        match &settings.jwt_rule {
+            Some(rule) => {
+                tracing::info!(issuer = %rule.issuer, "JWT_RULE: bearer tokens of this issuer authenticate callers");
+                authenticators.push(Arc::new(JwtAuthenticator::new(
+                    rule.clone(),
+                    settings.token_audiences.clone(),
+                    &mesh.trust_domain,
+                )));
+            }
+            None if transport == CaTransport::Plaintext && authenticators.is_empty() => tracing::warn!(
+                "no cluster and no JWT_RULE: the CA on {served_on} can authenticate no caller and refuses every \
+                 CSR; set JWT_RULE to the issuer of the agents' tokens (scripts/dev-token.py rule makes one)"
+            ),
+            None if authenticators.len() == 1 => tracing::warn!(
+                "no cluster and no JWT_RULE: callers of {served_on} can authenticate only with a workload \
+                 certificate of the mesh CA"
+            ),
+            None => {}
+        }
+        tracing::info!(
+            root_cert = %ca.root_cert_file().display(),
+            source = ?ca.source(),
+            trust_domain = %mesh.trust_domain,
+            "mesh CA ready on {served_on}"
+        );
+        let service = CaService::new(
+            ca.clone(),
+            authenticators.clone(),
+            settings.workload_ttl,
+            CaMetrics::register(registry),
+        );
+        Ok(MeshCaServer {
+            settings,
+            ca,
+            authenticators,
+            service,
+        })
+    }
+
+    /// The mesh root, PEM.
+    pub fn root_pem(&self) -> String {
+        self.ca.root_cert_pem().to_owned()
+    }
+}
