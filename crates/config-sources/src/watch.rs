@@ -11,10 +11,13 @@
 //! batch), or within [`SETTLE_ONE_FILE`] while the batch is one config file (with hidden
 //! siblings, as an atomic write's temporary file: the common edit, whose events come at once);
 //! while a file is open for writing (modified and not yet closed), the events until it is
-//! closed, so a file is never read half written; and, since a rescan may read every file, the
-//! events of the [`RESCAN_INTERVAL`] after a rescan that found a change, so a stream of changes is
-//! read once a second rather than once per change (at 100 changes a second, a rescan per change
-//! cost four times the CPU). A batch ends at [`MAX_BATCH`] whatever comes.
+//! closed, so a file is never read half written; and, during a storm, the events of the
+//! [`RESCAN_INTERVAL`] after a read that found a change, so a stream of changes is read once a
+//! second rather than once per change (at 100 changes a second, a rescan per change cost four
+//! times the CPU). A storm is events that keep coming: a batch whose first event comes within
+//! [`STORM_GAP`] of the end of the last read that found a change. A change after a quiet spell
+//! of [`STORM_GAP`] or more is read as soon as its own events settle, however soon it follows the
+//! previous one (`Pace`). A batch ends at [`MAX_BATCH`] whatever comes.
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
@@ -36,8 +39,12 @@ const SETTLE: Duration = Duration::from_millis(10);
 /// renaming a hidden temporary file over it) come within microseconds of each other, and a tool
 /// that writes several files writes the next one as fast, which makes the batch wait [`SETTLE`].
 const SETTLE_ONE_FILE: Duration = Duration::from_millis(2);
-/// The shortest time from a rescan that found a change to the next rescan.
+/// During a storm, the shortest time from a read that found a change to the next read.
 const RESCAN_INTERVAL: Duration = Duration::from_secs(1);
+/// A batch that starts less than this after the end of a read that found a change is part of a
+/// storm; one that starts later is read as soon as its events settle. `PILOT_DEBOUNCE_AFTER`'s
+/// default: changes closer than that are pushed together anyway.
+const STORM_GAP: Duration = Duration::from_millis(100);
 /// The longest a batch lasts (a writer that keeps a file open, a never-ending stream of events).
 const MAX_BATCH: Duration = Duration::from_secs(1);
 /// How often to poll while the directory cannot be watched, and to check for shutdown.
@@ -125,18 +132,16 @@ struct DirWatcher {
 
 impl DirWatcher {
     fn run(mut self) {
-        // When the last rescan that found a change was: the next one waits for the interval.
-        let mut last_change: Option<Instant> = None;
+        let mut pace = Pace::default();
         loop {
             let mut batch = Batch::default();
             match self.signal_rx.recv_timeout(POLL_INTERVAL) {
                 Ok(signal) => {
                     let first_at = Instant::now();
-                    let not_before = last_change.map_or(first_at, |t| t + RESCAN_INTERVAL);
                     // While the batch settles: the maps the last snapshot shares are copied now,
                     // not once the batch is read (0.6 ms at 1,250 configs, on every change's path).
                     self.store.detach();
-                    batch = self.take_batch(signal, first_at, not_before);
+                    batch = self.take_batch(Pending::new(signal, first_at, pace.not_before(first_at)));
                 }
                 Err(std_mpsc::RecvTimeoutError::Timeout) if self.watched.is_some() => {
                     if self.changes.is_closed() {
@@ -158,7 +163,7 @@ impl DirWatcher {
                 self.store.rescan_paths(batch.paths.iter().map(PathBuf::as_path))
             };
             if !change.is_empty() {
-                last_change = Some(started);
+                pace.changed(started, Instant::now());
                 tracing::debug!(dir = %self.dir.display(), events = change.events.len(), rescan = ?started.elapsed(), "config directory changed");
                 if self.changes.blocking_send(change).is_err() {
                     return;
@@ -168,37 +173,16 @@ impl DirWatcher {
         }
     }
 
-    /// Takes the events that come with `first` (received at `first_at`): until [`SETTLE`] passes
-    /// without one, no file is open for writing and it is `not_before`; at most [`MAX_BATCH`]
-    /// after that. Quiet is counted from the last event's arrival.
-    fn take_batch(&self, first: Signal, first_at: Instant, not_before: Instant) -> Batch {
-        let mut batch = Batch::default();
-        batch.note(first);
-        let mut last_at = first_at;
-        let deadline = first_at.max(not_before) + MAX_BATCH;
-        loop {
-            let now = Instant::now();
-            if now >= deadline {
-                return batch;
-            }
-            let quiet_until = (last_at + batch.settle()).max(not_before);
-            if batch.writing.is_empty() && now >= quiet_until {
-                return batch;
-            }
-            let wait = if batch.writing.is_empty() {
-                quiet_until.min(deadline) - now
-            } else {
-                deadline - now
-            };
+    /// Takes the events that come with the first of `pending` until it is complete.
+    fn take_batch(&self, mut pending: Pending) -> Batch {
+        while let Some(wait) = pending.wait(Instant::now()) {
             match self.signal_rx.recv_timeout(wait) {
-                Ok(signal) => {
-                    batch.note(signal);
-                    last_at = Instant::now();
-                }
+                Ok(signal) => pending.note(signal, Instant::now()),
                 Err(std_mpsc::RecvTimeoutError::Timeout) => {}
-                Err(std_mpsc::RecvTimeoutError::Disconnected) => return batch,
+                Err(std_mpsc::RecvTimeoutError::Disconnected) => break,
             }
         }
+        pending.batch
     }
 
     /// (Re)starts the notify watch when the directory is not watched or was replaced.
@@ -241,6 +225,74 @@ impl DirWatcher {
                 tracing::warn!(dir = %self.dir.display(), error = %e, "cannot watch the config directory: polling")
             }
         }
+    }
+}
+
+/// When the next batch may be read: at once after a quiet spell, at the end of the
+/// [`RESCAN_INTERVAL`] during a storm.
+#[derive(Debug, Default, Clone, Copy)]
+struct Pace {
+    /// When the last read that found a change started and ended.
+    last_change: Option<(Instant, Instant)>,
+}
+
+impl Pace {
+    /// The earliest the batch whose first event came at `first_at` is read: `first_at` (as soon
+    /// as it settles) unless it came within [`STORM_GAP`] of the end of the last read that found
+    /// a change, then [`RESCAN_INTERVAL`] after that read's start.
+    fn not_before(&self, first_at: Instant) -> Instant {
+        match self.last_change {
+            Some((started, ended)) if first_at.saturating_duration_since(ended) < STORM_GAP => {
+                (started + RESCAN_INTERVAL).max(first_at)
+            }
+            _ => first_at,
+        }
+    }
+
+    /// A read from `started` to `ended` found a change.
+    fn changed(&mut self, started: Instant, ended: Instant) {
+        self.last_change = Some((started, ended));
+    }
+}
+
+/// A batch being taken: it is complete once [`Batch::settle`] passed without an event, no file
+/// is open for writing and it is `not_before`; or [`MAX_BATCH`] after its start, whatever comes.
+/// Quiet is counted from the last event's arrival.
+#[derive(Debug)]
+struct Pending {
+    batch: Batch,
+    last_at: Instant,
+    not_before: Instant,
+    deadline: Instant,
+}
+
+impl Pending {
+    fn new(first: Signal, first_at: Instant, not_before: Instant) -> Pending {
+        let mut batch = Batch::default();
+        batch.note(first);
+        Pending {
+            batch,
+            last_at: first_at,
+            not_before,
+            deadline: first_at.max(not_before) + MAX_BATCH,
+        }
+    }
+
+    fn note(&mut self, signal: Signal, at: Instant) {
+        self.batch.note(signal);
+        self.last_at = at;
+    }
+
+    /// `None` when the batch is complete at `now`; else how long to wait for more events.
+    fn wait(&self, now: Instant) -> Option<Duration> {
+        if now >= self.deadline {
+            return None;
+        }
+        if !self.batch.writing.is_empty() {
+            return Some(self.deadline - now);
+        }
+        let quiet_until = (self.last_at + self.batch.settle()).max(self.not_before);
+        (now < quiet_until).then(|| quiet_until.min(self.deadline) - now)
     }
 }
 

@@ -350,3 +350,147 @@ fn a_batch_of_one_config_file_settles_sooner() {
         SETTLE
     );
 }
+
+/// The watcher's timing over a script of events, without a clock: `events` are (milliseconds
+/// from the start, signal) in order, each read takes `read`; the batches as (when read, in ms
+/// from the start; how many events). Events that come during a read wait for it, as in the
+/// signal channel.
+fn batches(events: Vec<(u64, Signal)>, read: Duration) -> Vec<(u64, usize)> {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let ms = |t: Instant| u64::try_from(t.duration_since(t0).as_millis()).unwrap();
+    let mut events = events.into_iter().peekable();
+    let mut pace = Pace::default();
+    let mut free_at = t0;
+    let mut out = Vec::new();
+    while let Some((first_ms, first)) = events.next() {
+        let first_at = at(first_ms).max(free_at);
+        let mut pending = Pending::new(first, first_at, pace.not_before(first_at));
+        let mut count = 1;
+        let mut now = first_at;
+        while let Some(wait) = pending.wait(now) {
+            match events.peek() {
+                Some((next_ms, _)) if at(*next_ms).max(now) <= now + wait => {
+                    let (next_ms, signal) = events.next().unwrap();
+                    now = at(next_ms).max(now);
+                    pending.note(signal, now);
+                    count += 1;
+                }
+                _ => now += wait,
+            }
+        }
+        out.push((ms(now), count));
+        pace.changed(now, now + read);
+        free_at = now + read;
+    }
+    out
+}
+
+fn written(name: &str) -> Signal {
+    Signal::Written(PathBuf::from(format!("/conf/{name}")))
+}
+
+/// A VirtualService rewritten by rename, as `kubectl` or an editor does it: its events at once.
+fn atomic_write(ms: u64, name: &str) -> Vec<(u64, Signal)> {
+    let tmp = PathBuf::from(format!("/conf/.{name}.tmp"));
+    vec![
+        (ms, Signal::Changed(vec![tmp.clone()])),
+        (ms, Signal::Writing(tmp.clone())),
+        (ms, Signal::Written(tmp.clone())),
+        (ms, Signal::Changed(vec![tmp, PathBuf::from(format!("/conf/{name}"))])),
+    ]
+}
+
+/// A lone change is read as soon as its events settle (2 ms for one file), whether it follows
+/// the previous one by 0.2, 0.6 or 2 s: no change waits for the previous one's second.
+#[test]
+fn a_change_after_a_quiet_spell_is_read_once_it_settles() {
+    for gap in [200, 600, 2000] {
+        let events: Vec<_> = (0..5).flat_map(|i| atomic_write(i * gap, "vs.yaml")).collect();
+        let want: Vec<_> = (0..5).map(|i| (i * gap + 2, 4)).collect();
+        assert_eq!(
+            batches(events, Duration::from_millis(1)),
+            want,
+            "changes {gap} ms apart"
+        );
+    }
+    // Also right after the STORM_GAP.
+    let mut events = atomic_write(0, "vs.yaml");
+    events.extend(atomic_write(103, "vs.yaml"));
+    assert_eq!(batches(events, Duration::from_millis(1)), [(2, 4), (105, 4)]);
+}
+
+/// Events that keep coming (a file rewritten every millisecond for 5 s, or every 10 ms for 5 s)
+/// are read once a second, as before (the first change at once when a quiet spell ends it).
+#[test]
+fn a_storm_is_read_once_a_second() {
+    for every in [1, 10] {
+        let events: Vec<_> = (0..5000 / every)
+            .flat_map(|i| atomic_write(i * every, "vs.yaml"))
+            .collect();
+        let got = batches(events, Duration::from_millis(1));
+        if every == 10 {
+            assert_eq!(got[0], (2, 4), "the first change is read at once: {got:?}");
+        } else {
+            // events 1 ms apart never leave the 2 ms quiet: the first batch lasts MAX_BATCH
+            assert_eq!(got[0].0, 1000, "{got:?}");
+        }
+        assert!(
+            got.len() <= 7,
+            "{} batches in 5 s ({every} ms apart): {got:?}",
+            got.len()
+        );
+        for pair in got[1..].windows(2) {
+            assert!(pair[1].0 - pair[0].0 >= 999, "reads a second apart: {got:?}");
+        }
+    }
+    // A storm that stops: the next change after a quiet spell is read at once again.
+    let mut events: Vec<_> = (0..100).flat_map(|i| atomic_write(i * 10, "vs.yaml")).collect();
+    events.extend(atomic_write(3000, "vs.yaml"));
+    let got = batches(events, Duration::from_millis(1));
+    assert_eq!(got.last(), Some(&(3002, 4)), "{got:?}");
+}
+
+/// A `git checkout` of 3,000 files, their events a few microseconds apart (all at once here) and
+/// then a few stragglers up to 50 ms later: read as at most two batches.
+#[test]
+fn a_checkout_of_many_files_is_one_or_two_batches() {
+    let checkout = || -> Vec<_> { (0..3000).map(|i| (0, written(&format!("f{i}.yaml")))).collect() };
+    assert_eq!(batches(checkout(), Duration::from_millis(200)), [(10, 3000)]);
+    let mut events = checkout();
+    events.extend((0..5).map(|i| (20 + i * 10, written(&format!("late{i}.yaml")))));
+    let got = batches(events, Duration::from_millis(200));
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got[1].0, 1010, "the stragglers wait for the storm's second: {got:?}");
+}
+
+/// An editor that writes a file in several events (write, close, attribute change) within a
+/// millisecond: one batch, read once the file is closed.
+#[test]
+fn an_editor_write_in_several_events_is_one_batch() {
+    let path = PathBuf::from("/conf/vs.yaml");
+    let events = vec![
+        (0, Signal::Writing(path.clone())),
+        (0, Signal::Writing(path.clone())),
+        (1, Signal::Written(path.clone())),
+        (1, Signal::Changed(vec![path.clone()])),
+    ];
+    assert_eq!(batches(events, Duration::from_millis(1)), [(3, 4)]);
+    // A file held open for writing for 300 ms is read once closed, not before.
+    let events = vec![
+        (0, Signal::Writing(path.clone())),
+        (300, Signal::Writing(path.clone())),
+        (301, Signal::Written(path)),
+    ];
+    assert_eq!(batches(events, Duration::from_millis(1)), [(303, 3)]);
+}
+
+/// A batch ends [`MAX_BATCH`] after it could first be read, whatever comes: a file open for
+/// writing that is never closed is read after a second.
+#[test]
+fn a_batch_ends_after_max_batch_whatever_comes() {
+    let path = PathBuf::from("/conf/vs.yaml");
+    let events = vec![(0, Signal::Writing(path.clone())), (5000, Signal::Written(path))];
+    let got = batches(events, Duration::from_millis(1));
+    assert_eq!(got[0], (1000, 1), "{got:?}");
+}
