@@ -30,7 +30,9 @@ cfg = os.path.join(d, "config")
 os.mkdir(cfg)
 p = subprocess.Popen([binary, "discovery", "--configDir", cfg, "--secureGrpcAddr", "", "--grpcAddr", "127.0.0.1:0",
                       "--httpAddr", "127.0.0.1:0", "--monitoringAddr", f"127.0.0.1:{port}"],
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "warn"})
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "warn",
+                          # the CA served on the plaintext port keeps its root here, not in the cwd
+                          "ROOT_CA_DIR": os.path.join(d, "cacerts")})
 try:
     for _ in range(100):
         try:
