@@ -197,3 +197,64 @@ impl MeshCaServer {
         self.ca.root_cert_pem().to_owned()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use istio_api::ca::IstioCertificateRequest;
+    use istio_api::ca::istio_certificate_service_server::IstioCertificateService;
+    use prometheus_client::registry::Registry;
+
+    use super::*;
+
+    fn init(transport: CaTransport, dir: &std::path::Path, rule: Option<String>) -> MeshCaServer {
+        let dir = dir.display().to_string();
+        let get = move |k: &str| match k {
+            "ROOT_CA_DIR" => Some(dir.clone()),
+            "JWT_RULE" => rule.clone(),
+            _ => None,
+        };
+        MeshCaServer::init(
+            transport,
+            "test",
+            &MeshConfig::default(),
+            get,
+            &mut Registry::default(),
+            None,
+        )
+        .unwrap()
+    }
+
+    fn kinds(ca: &MeshCaServer) -> Vec<&'static str> {
+        ca.authenticators.iter().map(|a| a.kind()).collect()
+    }
+
+    /// On the plaintext port only bearer tokens can authenticate (no client certificates); with
+    /// no cluster and no `JWT_RULE` nothing can, and every CSR is refused: never unauthenticated
+    /// signing, as istiod.
+    #[tokio::test]
+    async fn the_plaintext_ca_takes_bearer_tokens_only_and_without_a_rule_signs_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let issuer = security::testing::TestIssuer::new("https://issuer.example.com", "k1");
+        let rule = serde_json::json!({"issuer": issuer.issuer, "jwks": issuer.jwks()}).to_string();
+        let secure = init(CaTransport::Secure, dir.path(), Some(rule.clone()));
+        assert_eq!(kinds(&secure), ["ClientCertAuthenticator", "IDTokenAuthenticator"]);
+        let plain = init(CaTransport::Plaintext, dir.path(), Some(rule));
+        assert_eq!(kinds(&plain), ["IDTokenAuthenticator"]);
+        assert_eq!(plain.root_pem(), secure.root_pem(), "one CA in ROOT_CA_DIR");
+
+        let none = init(CaTransport::Plaintext, dir.path(), None);
+        assert!(kinds(&none).is_empty());
+        let mut request = tonic::Request::new(IstioCertificateRequest {
+            csr: "-----BEGIN CERTIFICATE REQUEST-----".into(),
+            validity_duration: 3600,
+            metadata: None,
+        });
+        let token = issuer.token("default", "reviews", &["istio-ca"], 600);
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        let e = none.service.create_certificate(request).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+        assert!(e.message().contains("no authenticator"), "{}", e.message());
+    }
+}
