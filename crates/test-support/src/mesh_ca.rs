@@ -1,6 +1,7 @@
 //! A mesh with workload identities for tests: pilot-discovery's CA on a secure port (or, without
-//! one, on the plaintext port 15010) with a root kept in a directory, tokens checked by `JWT_RULE` from a test issuer, and what an agent needs
-//! to get its certificate (the CA address, the mesh root, a service account token).
+//! one, on the plaintext port 15010) with a root kept in a directory, tokens checked by
+//! `JWT_RULE` from a test issuer, and what an agent needs to get its certificate (the CA address,
+//! the mesh root, a service account token).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
