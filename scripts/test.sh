@@ -6,10 +6,10 @@
 # `scripts/test.sh envoy`.
 #
 # The network-namespace tests (tests/sidecar.rs, tests/destination_rule.rs, tests/authorization.rs,
-# tests/dns.rs, tests/egress_gateway.rs, tests/readme.rs, the agent's iptables::tests::kernel, test-support's
-# netns::tests) fail on a machine that cannot run them; here they are detected up front
-# (scripts/check-netns-deps.sh) and skipped with a line saying why, so that the runner reports
-# them as skipped, not passed.
+# tests/dns.rs, tests/egress_gateway.rs, tests/readme.rs, the agent's iptables::tests::kernel,
+# test-support's netns::tests) fail on a machine that cannot run them; here they are detected up
+# front (scripts/check-netns-deps.sh) and skipped with a line saying why, so that the runner
+# reports them as skipped, not passed.
 #
 #   TEST_SH_DRY_RUN=1   print the test command instead of building and running it
 set -euo pipefail
