@@ -363,14 +363,23 @@ fn local(port: u16) -> SocketAddr {
 
 async fn check(setup: &Setup) -> anyhow::Result<()> {
     let Setup { envoy, ports, ca, .. } = setup;
-    let listeners = envoy.listener_addresses().await?;
-    let names: Vec<&String> = listeners.keys().collect();
     let expected = [
         format!("0.0.0.0_{}", ports.http_target),
         format!("0.0.0.0_{}", ports.passthrough),
         format!("0.0.0.0_{}", ports.tcp),
         format!("0.0.0.0_{}", ports.east_west),
     ];
+    // Envoy is LIVE once its first listeners are active; the HTTP one may still wait for its
+    // route configuration
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let listeners = loop {
+        let listeners = envoy.listener_addresses().await?;
+        if expected.iter().all(|n| listeners.contains_key(n)) || Instant::now() > deadline {
+            break listeners;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let names: Vec<&String> = listeners.keys().collect();
     for name in &expected {
         ensure!(listeners.contains_key(name), "no listener {name} in {names:?}");
     }
