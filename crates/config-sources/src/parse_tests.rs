@@ -174,6 +174,32 @@ fn unsupported_istio_kind_is_kept() {
     assert_eq!(spec["accessLogging"][0]["providers"][0]["name"], "envoy");
 }
 
+/// Kubernetes Ingress and IngressClass manifests are kept whole for the Ingress conversion, as
+/// the API server would hand them over (an IngressClass has no namespace).
+#[test]
+fn ingress_and_ingress_class_manifests_are_kept_whole() {
+    let text = "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: web, namespace: shop}\n\
+                spec: {ingressClassName: istio, rules: [{host: a.example.com}]}\n---\n\
+                apiVersion: networking.k8s.io/v1\nkind: IngressClass\nmetadata: {name: istio}\n\
+                spec: {controller: istio.io/ingress-controller}\n";
+    let results = parse_documents(text, Path::new("ingress.yaml"));
+    let ingress = results[0].as_ref().unwrap();
+    assert_eq!(
+        (ingress.kind, ingress.meta.namespace.as_str()),
+        (ConfigKind::Ingress, "shop")
+    );
+    assert!(ingress.kind.is_supported() && ingress.kind.is_kubernetes());
+    let ConfigSpec::Kubernetes(v) = &ingress.spec else {
+        panic!("{ingress:?}")
+    };
+    assert_eq!(v["spec"]["rules"][0]["host"], "a.example.com");
+    let class = results[1].as_ref().unwrap();
+    assert_eq!(
+        (class.kind, class.meta.namespace.as_str()),
+        (ConfigKind::IngressClass, "")
+    );
+}
+
 #[test]
 fn invalid_documents_are_dropped_and_siblings_kept() {
     let unknown_field = service_entry("typo").replace("resolution:", "resolutionz:");

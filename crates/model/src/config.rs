@@ -8,7 +8,8 @@ use serde_json::Value;
 
 use crate::networking::{DestinationRule, Gateway, ServiceEntry, Sidecar, VirtualService, WorkloadEntry};
 
-/// Istio config kinds. The first six are served; the rest are kept and reported as not yet supported.
+/// Config kinds: Istio's (those in `SUPPORTED` are served; the others are kept and reported as not
+/// yet supported), and core Kubernetes kinds read as manifests or watched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub enum ConfigKind {
     VirtualService,
@@ -25,6 +26,7 @@ pub enum ConfigKind {
     RequestAuthentication,
     Telemetry,
     WasmPlugin,
+    TrafficExtension,
     // Core Kubernetes kinds, read from --configDir manifests by the Kubernetes registry.
     Service,
     Endpoints,
@@ -34,6 +36,10 @@ pub enum ConfigKind {
     Namespace,
     /// A Kubernetes Secret: gateway credentials (`credentialName`), served over SDS.
     Secret,
+    /// networking.k8s.io/v1 Ingress and IngressClass: converted to Gateways and VirtualServices
+    /// (the `ingress` crate, Istio's `pilot/pkg/config/kube/ingress`).
+    Ingress,
+    IngressClass,
 }
 
 impl ConfigKind {
@@ -60,6 +66,8 @@ impl ConfigKind {
             ("", "v1", "Namespace") => return Some(ConfigKind::Namespace),
             ("", "v1", "Secret") => return Some(ConfigKind::Secret),
             ("discovery.k8s.io", "v1", "EndpointSlice") => return Some(ConfigKind::EndpointSlice),
+            ("networking.k8s.io", "v1", "Ingress") => return Some(ConfigKind::Ingress),
+            ("networking.k8s.io", "v1", "IngressClass") => return Some(ConfigKind::IngressClass),
             _ => {}
         }
         let networking = ["v1", "v1beta1", "v1alpha3"];
@@ -86,6 +94,9 @@ impl ConfigKind {
             ("extensions.istio.io", "WasmPlugin") => {
                 return matches!(version, "v1alpha1").then_some(ConfigKind::WasmPlugin);
             }
+            ("extensions.istio.io", "TrafficExtension") => {
+                return matches!(version, "v1alpha1").then_some(ConfigKind::TrafficExtension);
+            }
             _ => return None,
         };
         networking.contains(&version).then_some(k)
@@ -95,8 +106,9 @@ impl ConfigKind {
         Self::SUPPORTED.contains(self) || self.is_kubernetes()
     }
 
-    /// A core Kubernetes kind (Service, Endpoints, EndpointSlice, Pod, Node, Namespace), for the
-    /// Kubernetes registry rather than the push index.
+    /// A core Kubernetes kind (Service, Endpoints, EndpointSlice, Pod, Node, Namespace, Ingress,
+    /// IngressClass), kept whole for the Kubernetes registry or the Ingress conversion rather than
+    /// the push index.
     pub fn is_kubernetes(&self) -> bool {
         matches!(
             self,
@@ -106,12 +118,17 @@ impl ConfigKind {
                 | ConfigKind::Pod
                 | ConfigKind::Node
                 | ConfigKind::Namespace
+                | ConfigKind::Ingress
+                | ConfigKind::IngressClass
         )
     }
 
     /// Kinds without a namespace.
     pub fn is_cluster_scoped(&self) -> bool {
-        matches!(self, ConfigKind::Node | ConfigKind::Namespace)
+        matches!(
+            self,
+            ConfigKind::Node | ConfigKind::Namespace | ConfigKind::IngressClass
+        )
     }
 
     pub fn as_str(&self) -> &'static str {
@@ -130,6 +147,7 @@ impl ConfigKind {
             ConfigKind::RequestAuthentication => "RequestAuthentication",
             ConfigKind::Telemetry => "Telemetry",
             ConfigKind::WasmPlugin => "WasmPlugin",
+            ConfigKind::TrafficExtension => "TrafficExtension",
             ConfigKind::Service => "Service",
             ConfigKind::Endpoints => "Endpoints",
             ConfigKind::EndpointSlice => "EndpointSlice",
@@ -137,6 +155,8 @@ impl ConfigKind {
             ConfigKind::Node => "Node",
             ConfigKind::Namespace => "Namespace",
             ConfigKind::Secret => "Secret",
+            ConfigKind::Ingress => "Ingress",
+            ConfigKind::IngressClass => "IngressClass",
         }
     }
 }
@@ -210,6 +230,11 @@ pub struct Config {
     pub spec: ConfigSpec,
 }
 
+/// Istio's `constants.InternalRouteSemantics` annotation: a VirtualService made from a Kubernetes
+/// Ingress carries it with [`ROUTE_SEMANTICS_INGRESS`].
+pub const INTERNAL_ROUTE_SEMANTICS: &str = "internal.istio.io/route-semantics";
+pub const ROUTE_SEMANTICS_INGRESS: &str = "ingress";
+
 impl Config {
     pub fn key(&self) -> ConfigKey {
         ConfigKey {
@@ -217,6 +242,12 @@ impl Config {
             namespace: self.meta.namespace.clone(),
             name: self.meta.name.clone(),
         }
+    }
+
+    /// Istio's `UseIngressSemantics`: a VirtualService made from a Kubernetes Ingress, whose
+    /// prefix matches are path-separated (`/foo` matches `/foo` and `/foo/bar`, not `/foobar`).
+    pub fn uses_ingress_semantics(&self) -> bool {
+        self.meta.annotations.get(INTERNAL_ROUTE_SEMANTICS).map(String::as_str) == Some(ROUTE_SEMANTICS_INGRESS)
     }
 }
 

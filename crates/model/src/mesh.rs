@@ -19,8 +19,13 @@ pub struct MeshConfig {
     pub connect_timeout: String,
     pub protocol_detection_timeout: String,
     pub dns_refresh_rate: String,
+    /// Kubernetes Ingress (Istio's `pilot/pkg/config/kube/ingress`): the class this mesh's
+    /// controller takes (`kubernetes.io/ingress.class`), the gateway Service and pod label
+    /// (`istio: <ingressSelector>`) of the Gateways made from Ingresses, and which Ingresses are
+    /// taken: `OFF`, `STRICT` (only those of the class) or `DEFAULT` (also those without one).
     pub ingress_class: String,
     pub ingress_service: String,
+    pub ingress_selector: String,
     pub ingress_controller_mode: String,
     pub enable_tracing: bool,
     pub access_log_file: String,
@@ -167,6 +172,7 @@ impl Default for MeshConfig {
             dns_refresh_rate: "60s".into(),
             ingress_class: "istio".into(),
             ingress_service: "istio-ingressgateway".into(),
+            ingress_selector: String::new(),
             ingress_controller_mode: "STRICT".into(),
             enable_tracing: true,
             access_log_file: String::new(),
@@ -244,6 +250,18 @@ impl MeshConfig {
                 });
             }
         }
+        if !matches!(
+            self.ingress_controller_mode.as_str(),
+            "UNSPECIFIED" | "OFF" | "DEFAULT" | "STRICT"
+        ) {
+            return Err(MeshConfigError::Invalid {
+                field: "ingressControllerMode",
+                reason: format!(
+                    "{:?} is not UNSPECIFIED, OFF, DEFAULT or STRICT",
+                    self.ingress_controller_mode
+                ),
+            });
+        }
         if self.root_namespace.is_empty() {
             return Err(MeshConfigError::Invalid {
                 field: "rootNamespace",
@@ -290,6 +308,13 @@ mod tests {
         assert!(MeshConfig::from_value(json!({"outboundTrafficPolicy": {"mode": "SOMETIMES"}})).is_err());
         assert!(MeshConfig::from_value(json!({"connectTimeout": "ten"})).is_err());
         assert!(MeshConfig::from_value(json!({"enableAutoMtls": "maybe"})).is_err());
+        let mode = MeshConfig::from_value(json!({"ingressControllerMode": "LOOSE"})).unwrap_err();
+        assert!(mode.to_string().contains("ingressControllerMode"), "{mode}");
+        let m = MeshConfig::from_value(json!({"ingressControllerMode": "DEFAULT", "ingressSelector": "gw"})).unwrap();
+        assert_eq!(
+            (m.ingress_controller_mode.as_str(), m.ingress_selector.as_str()),
+            ("DEFAULT", "gw")
+        );
     }
 }
 
