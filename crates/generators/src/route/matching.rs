@@ -93,6 +93,24 @@ pub(crate) fn translate_route_match(m: Option<&HttpMatchRequest>) -> RouteMatch 
     out
 }
 
+/// Istio's Ingress route semantics (`UseIngressSemantics` in `TranslateRouteMatch`): a URI prefix
+/// other than `/` matches whole path segments, as Envoy's `path_separated_prefix` (the prefix
+/// without its trailing `/`): `/foo` matches `/foo` and `/foo/bar`, not `/foobar`. A prefix Envoy
+/// refuses there (`^[^?#]+[^?#/]$`: with `?` or `#`, or still ending in `/`) stays a plain prefix
+/// instead of being NACKed.
+pub(crate) fn path_separated(m: &mut RouteMatch) {
+    let Some(PathSpecifier::Prefix(p)) = &m.path_specifier else {
+        return;
+    };
+    if p == "/" {
+        return;
+    }
+    let path = p.strip_suffix('/').unwrap_or(p);
+    if !path.is_empty() && !path.ends_with('/') && !path.contains(['?', '#']) {
+        m.path_specifier = Some(PathSpecifier::PathSeparatedPrefix(path.to_owned()));
+    }
+}
+
 /// `HeaderMatcher` for one StringMatch; an empty match (or regex `*`) means "present", as Istio.
 pub(crate) fn header_matcher(name: &str, sm: &StringMatch) -> HeaderMatcher {
     let specifier = if is_presence_match(sm) {
@@ -232,6 +250,34 @@ mod tests {
             Some(HeaderMatchSpecifier::StringMatch(StringMatcher { match_pattern: Some(MatchPattern::Exact(ref s)), .. })) if s == "GET"
         ));
         assert_eq!(out.query_parameters.len(), 1);
+    }
+
+    #[test]
+    fn ingress_prefixes_are_path_separated() {
+        let separated = |prefix: &str| {
+            let m = HttpMatchRequest {
+                uri: Some(StringMatch::prefix(prefix)),
+                ..Default::default()
+            };
+            let mut out = translate_route_match(Some(&m));
+            path_separated(&mut out);
+            out.path_specifier
+        };
+        assert_eq!(
+            separated("/foo/"),
+            Some(PathSpecifier::PathSeparatedPrefix("/foo".into()))
+        );
+        assert_eq!(
+            separated("/foo"),
+            Some(PathSpecifier::PathSeparatedPrefix("/foo".into()))
+        );
+        assert_eq!(separated("/"), Some(PathSpecifier::Prefix("/".into())));
+        // what Envoy's path_separated_prefix refuses stays a prefix
+        assert_eq!(separated("/a?b"), Some(PathSpecifier::Prefix("/a?b".into())));
+        assert_eq!(separated("/a//"), Some(PathSpecifier::Prefix("/a//".into())));
+        let mut all = translate_route_match(None);
+        path_separated(&mut all);
+        assert_eq!(all.path_specifier, Some(PathSpecifier::Prefix("/".into())));
     }
 
     #[test]

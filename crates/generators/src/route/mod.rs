@@ -142,9 +142,13 @@ pub(crate) fn translate_route<P: PushView>(
     if let Some(m) = m.filter(|m| !m.name.is_empty()) {
         name = format!("{name}.{}", m.name);
     }
+    let mut route_match = matching::translate_route_match(m);
+    if ctx.config.uses_ingress_semantics() {
+        matching::path_separated(&mut route_match);
+    }
     let mut out = Route {
         name,
-        r#match: Some(matching::translate_route_match(m)),
+        r#match: Some(route_match),
         metadata: Some(config_metadata(ctx.config)),
         stat_prefix: m.map(|m| m.stat_prefix.clone()).unwrap_or_default(),
         ..Default::default()

@@ -283,6 +283,11 @@ fn route_matches(r: &Route, req: &Request) -> bool {
     };
     let path_ok = match &m.path_specifier {
         Some(PathSpecifier::Prefix(p)) => norm(path).starts_with(&norm(p)),
+        Some(PathSpecifier::PathSeparatedPrefix(p)) => {
+            let (path, p) = (norm(path), norm(p));
+            path.strip_prefix(&p)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+        }
         Some(PathSpecifier::Path(p)) => norm(path) == norm(p),
         Some(PathSpecifier::SafeRegex(re)) => full_match(&re.regex, path),
         _ => false,

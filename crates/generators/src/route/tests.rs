@@ -143,3 +143,40 @@ fn catch_all_routes_sort_last() {
     let names: Vec<_> = sorted.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(names, ["/a", "/b", "/"]);
 }
+
+/// A VirtualService made from a Kubernetes Ingress (`internal.istio.io/route-semantics: ingress`):
+/// a prefix matches whole path segments, as Istio's ingress semantics; an exact path only itself.
+#[test]
+fn ingress_virtual_services_match_prefixes_by_path_segment() {
+    use super::testing::{Outcome, Request, evaluate};
+    use xds_api::envoy::config::route::v3::{RouteConfiguration, VirtualHost};
+    let mut doc = vs_doc(json!([
+        {"match": [{"uri": {"exact": "/exact"}}], "route": [{"destination": {"host": "a", "port": {"number": 80}}}]},
+        {"match": [{"uri": {"prefix": "/api/"}}], "route": [{"destination": {"host": "b", "port": {"number": 80}}}]},
+    ]));
+    doc["metadata"]["annotations"] = json!({"internal.istio.io/route-semantics": "ingress"});
+    let push = FakePush::with_configs(&[doc]);
+    let rc = RouteConfiguration {
+        virtual_hosts: vec![VirtualHost {
+            domains: vec!["*".into()],
+            routes: routes(&push, 80),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let to = |path: &str| match evaluate(&rc, &Request::get("bookinfo.example.com", path)).0 {
+        Outcome::Cluster(c) => c,
+        other => format!("{other:?}"),
+    };
+    assert_eq!(to("/api"), "outbound|80||b.bookinfo.svc.cluster.local");
+    assert_eq!(to("/api/v1"), "outbound|80||b.bookinfo.svc.cluster.local");
+    assert_eq!(to("/apiv1"), "NotFound");
+    assert_eq!(to("/exact"), "outbound|80||a.bookinfo.svc.cluster.local");
+    assert_eq!(to("/exact/more"), "NotFound");
+    // Without the annotation the same prefix is a plain string prefix.
+    let plain = FakePush::with_configs(&[vs_doc(json!([
+        {"match": [{"uri": {"prefix": "/api"}}], "route": [{"destination": {"host": "b", "port": {"number": 80}}}]},
+    ]))]);
+    let spec = routes(&plain, 80)[0].r#match.clone().and_then(|m| m.path_specifier);
+    assert_eq!(spec, Some(PathSpecifier::Prefix("/api".into())));
+}
