@@ -8,14 +8,18 @@
 //!   added, removed or changed in shape, or a DNS service whose endpoints moved (its endpoints are
 //!   in CDS), makes a full push (`ServiceUpdate`); endpoints that moved otherwise make an EDS-only
 //!   push (`EndpointUpdate`);
-//! - a change that changes nothing (e.g. a WorkloadEntry no ServiceEntry selects) makes none.
+//! - a change that changes nothing (e.g. a WorkloadEntry no ServiceEntry selects) makes none;
+//! - Kubernetes Ingresses and IngressClasses (from either config source) are turned into
+//!   Gateways and VirtualServices (`ingress::IngressTranslator`, Istio's ingress controller),
+//!   again when they change or when a Service one of their named ports reads changes; the
+//!   derived configs that changed make the push, as Istio's ingress controller's own events.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use config_sources::ConfigChange;
+use config_sources::{ConfigChange, ConfigEvent};
 use model::{Changed, Config, ConfigKey, ConfigKind, ConfigsUpdated, MeshConfig, PushRequest, TriggerReason};
 use push_index::PushContext;
 use registry::{RegistryDiff, RegistrySnapshot};
@@ -33,6 +37,8 @@ pub struct Environment {
     pub(crate) last: Mutex<Option<Arc<PushContext>>>,
     /// The JWKS fetched for RequestAuthentications (pilot-discovery's resolver sets them).
     pub(crate) jwks: Mutex<Arc<push_index::security_policies::JwksKeys>>,
+    /// How Ingresses are converted (the mesh's ingress settings, the domain, `K8S_INGRESS_NS`).
+    pub(crate) ingress: ingress::IngressOptions,
 }
 
 pub(crate) struct State {
@@ -43,6 +49,9 @@ pub(crate) struct State {
     pub registry: Arc<RegistrySnapshot>,
     /// Configs per kind, for the gauges.
     pub counts: BTreeMap<ConfigKind, usize>,
+    /// The Ingresses and IngressClasses, and the Gateways and VirtualServices made of them (served
+    /// beside `configs`; a config source's config of the same key wins).
+    pub ingress: ingress::IngressTranslator,
 }
 
 /// What a change calls for.
@@ -72,19 +81,34 @@ impl Environment {
     pub fn new(mesh: Arc<MeshConfig>, domain: String, registries: Vec<Box<dyn ServiceRegistry>>) -> Environment {
         let registry = aggregate(&registries);
         Environment {
-            mesh,
-            domain,
             features: model::Features::default(),
             state: Mutex::new(State {
                 configs: Arc::default(),
                 registries,
                 registry,
                 counts: BTreeMap::new(),
+                ingress: ingress::IngressTranslator::new(),
             }),
             seq: AtomicU64::new(0),
             last: Mutex::new(None),
             jwks: Mutex::default(),
+            ingress: ingress::IngressOptions::new(&mesh, &domain, ingress::DEFAULT_INGRESS_NAMESPACE),
+            mesh,
+            domain,
         }
+    }
+
+    /// The namespace of the Gateways made from Ingresses (Istio's `K8S_INGRESS_NS`, default
+    /// `istio-system`).
+    pub fn with_ingress_namespace(mut self, namespace: &str) -> Environment {
+        self.ingress.ingress_namespace = namespace.to_owned();
+        self
+    }
+
+    /// The Gateways and VirtualServices made from Ingresses, and what of the Ingresses is not
+    /// served.
+    pub fn ingress_output(&self) -> ingress::Output {
+        lock(&self.state).ingress.output().clone()
     }
 
     /// Istio's feature flags for every push (default: Istio's defaults).
@@ -132,9 +156,16 @@ impl Environment {
 
     pub fn stats(&self) -> EnvironmentStats {
         let st = lock(&self.state);
+        let derived = st
+            .ingress
+            .output()
+            .configs
+            .keys()
+            .filter(|k| k.kind == ConfigKind::VirtualService)
+            .count();
         EnvironmentStats {
             services: st.registry.services.len(),
-            virtual_services: st.counts.get(&ConfigKind::VirtualService).copied().unwrap_or_default(),
+            virtual_services: st.counts.get(&ConfigKind::VirtualService).copied().unwrap_or_default() + derived,
         }
     }
 
@@ -145,14 +176,21 @@ impl Environment {
         }
         let mut configs_changed = BTreeSet::new();
         let mut st = lock(&self.state);
+        let st = &mut *st;
         let configs = Arc::make_mut(&mut st.configs);
         let mut counts: BTreeMap<ConfigKind, isize> = BTreeMap::new();
+        let mut ingresses_changed = false;
         for event in &change.events {
             let key = event.key();
             let before = match event.current() {
                 Some(c) => configs.insert(key.clone(), c.clone()).is_some(),
                 None => configs.remove(&key).is_some(),
             };
+            let (config, deleted) = match event {
+                ConfigEvent::Added(c) | ConfigEvent::Updated { new: c, .. } => (c, false),
+                ConfigEvent::Deleted(c) => (c, true),
+            };
+            ingresses_changed |= st.ingress.apply(config, deleted);
             let after = event.current().is_some();
             *counts.entry(key.kind).or_default() += isize::from(after) - isize::from(before);
             // Registries' inputs push through the registry diff, not as config changes.
@@ -168,8 +206,8 @@ impl Environment {
         for r in &st.registries {
             diff.merge(r.config_changed(&change.events));
         }
-        let diff = registries_changed(&mut st, diff);
-        drop(st);
+        let diff = registries_changed(st, diff);
+        configs_changed.extend(self.translate_ingresses(st, ingresses_changed, &diff));
         update(configs_changed, diff)
     }
 
@@ -182,8 +220,49 @@ impl Environment {
         }
         let mut st = lock(&self.state);
         let diff = registries_changed(&mut st, diff);
+        let derived = self.translate_ingresses(&mut st, false, &diff);
         drop(st);
-        update(BTreeSet::new(), diff)
+        update(derived.into_iter().collect(), diff)
+    }
+
+    /// Converts the Ingresses again when they changed or a Service they read did; returns the
+    /// Gateways and VirtualServices that changed. New problems are logged.
+    fn translate_ingresses(&self, st: &mut State, ingresses_changed: bool, diff: &RegistryDiff) -> Vec<ConfigKey> {
+        let reads_changed_service = || {
+            diff.services_changed
+                .iter()
+                .any(|k| st.ingress.reads_service(&k.hostname, &k.namespace))
+        };
+        if !ingresses_changed && !reads_changed_service() {
+            return Vec::new();
+        }
+        let before = st.ingress.output().problems.clone();
+        let ports = KubernetesPorts {
+            registry: &st.registry,
+            domain: &self.domain,
+        };
+        let changed = st.ingress.translate(&ports, &self.ingress);
+        for p in st.ingress.output().problems.iter().filter(|p| !before.contains(p)) {
+            tracing::warn!(resource = %p.resource, "Ingress not fully served: {}", p.message);
+        }
+        changed
+    }
+}
+
+/// The ports of the registries' Kubernetes Services, for Ingress backends that name their port.
+struct KubernetesPorts<'a> {
+    registry: &'a RegistrySnapshot,
+    domain: &'a str,
+}
+
+impl ingress::ServicePorts for KubernetesPorts<'_> {
+    fn ports(&self, namespace: &str, name: &str) -> Option<Vec<(String, u32)>> {
+        let hostname = format!("{name}.{namespace}.svc.{}", self.domain);
+        self.registry
+            .service(&hostname, namespace)
+            // Istio reads the Kubernetes Service (the registry's provider ID `Kubernetes`).
+            .filter(|s| s.attributes.service_registry == "Kubernetes")
+            .map(|s| s.ports.iter().map(|p| (p.name.clone(), u32::from(p.port))).collect())
     }
 }
 

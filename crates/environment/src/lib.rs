@@ -20,6 +20,8 @@ mod push;
 mod registries;
 
 #[cfg(test)]
+mod ingress_tests;
+#[cfg(test)]
 mod tests;
 
 pub use environment::{Environment, EnvironmentStats, Update};

@@ -57,21 +57,35 @@ impl SnapshotBuilder for Environment {
     type Snapshot = Push;
 
     fn build(&self, req: &PushRequest) -> Arc<Push> {
-        let (configs, registry) = {
+        let (configs, derived, registry) = {
             let st = lock(&self.state);
-            (st.configs.clone(), st.registry.clone())
+            (
+                st.configs.clone(),
+                st.ingress.output().configs.clone(),
+                st.registry.clone(),
+            )
         };
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         let input = PushInput {
             mesh: self.mesh.clone(),
             domain: self.domain.clone(),
-            configs: configs.values().cloned().collect(),
+            // the configs made from Ingresses beside the sources' (theirs win a shared key)
+            configs: configs
+                .values()
+                .chain(
+                    derived
+                        .iter()
+                        .filter(|(k, _)| !configs.contains_key(*k))
+                        .map(|(_, c)| c),
+                )
+                .cloned()
+                .collect(),
             registry,
             version: format!("{}/{seq}", xds_server::rfc3339(SystemTime::now())),
             features: self.features,
             jwks: lock(&self.jwks).clone(),
         };
-        drop(configs);
+        drop((configs, derived));
         let mut last = lock(&self.last);
         let context = match (last.as_ref(), change_scope(req)) {
             (Some(previous), Some(scope)) => previous.rebuild(input, &scope),
