@@ -1,9 +1,10 @@
-//! Istio config from the Kubernetes API server, as Istio's `crdclient`: a watcher per Istio kind
-//! pilot-discovery serves (networking.istio.io VirtualService, DestinationRule, Gateway,
-//! ServiceEntry, WorkloadEntry, Sidecar), on the first version the API server serves (v1, else
-//! v1beta1, else v1alpha3). Each object goes through the same parsing and validation as files: an
-//! invalid one is dropped with an error naming it (log, `/debug/config_errors`, counted), an invalid
-//! update keeps the last valid version. A CRD that is not installed is reported once and skipped.
+//! Istio config from the Kubernetes API server, as Istio's `crdclient`: a watcher per kind of
+//! [`CONFIG_KINDS`] (every Istio CRD, Secrets, Ingress and IngressClass), on the first version the
+//! API server serves. Each object goes through the same parsing and validation as files: an
+//! invalid one is dropped with an error naming it (log, `/debug/config_errors`, counted), an
+//! invalid update keeps the last valid version, and a kind not yet supported (EnvoyFilter,
+//! Telemetry, ...) is kept and reported in `/debug/config_errors`, as `--configDir` does. A CRD
+//! that is not installed is reported once and skipped.
 //!
 //! It hands out what the file source does: the initial configs, a channel of `ConfigChange`s, and
 //! a `StoreSnapshot` for `/debug/configz` and `/debug/config_errors`.
@@ -21,62 +22,9 @@ use model::{Config, ConfigKey, ConfigKind};
 use tokio::sync::{mpsc, watch};
 
 use crate::Change;
+use crate::config_kinds::default_api_version;
+pub use crate::config_kinds::{CONFIG_KINDS, ConfigResource};
 use crate::watch::{WatchMetrics, changes};
-
-/// The kinds read from the API server as config: `(kind, group, versions in preference order,
-/// plural)`: Istio's networking and security kinds, and Secrets (gateway credentials).
-pub const ISTIO_KINDS: &[(ConfigKind, &str, &[&str], &str)] = &[
-    (
-        ConfigKind::VirtualService,
-        NETWORKING,
-        NETWORKING_VERSIONS,
-        "virtualservices",
-    ),
-    (
-        ConfigKind::DestinationRule,
-        NETWORKING,
-        NETWORKING_VERSIONS,
-        "destinationrules",
-    ),
-    (ConfigKind::Gateway, NETWORKING, NETWORKING_VERSIONS, "gateways"),
-    (
-        ConfigKind::ServiceEntry,
-        NETWORKING,
-        NETWORKING_VERSIONS,
-        "serviceentries",
-    ),
-    (
-        ConfigKind::WorkloadEntry,
-        NETWORKING,
-        NETWORKING_VERSIONS,
-        "workloadentries",
-    ),
-    (ConfigKind::Sidecar, NETWORKING, NETWORKING_VERSIONS, "sidecars"),
-    (
-        ConfigKind::PeerAuthentication,
-        SECURITY,
-        SECURITY_VERSIONS,
-        "peerauthentications",
-    ),
-    (
-        ConfigKind::AuthorizationPolicy,
-        SECURITY,
-        SECURITY_VERSIONS,
-        "authorizationpolicies",
-    ),
-    (
-        ConfigKind::RequestAuthentication,
-        SECURITY,
-        SECURITY_VERSIONS,
-        "requestauthentications",
-    ),
-    (ConfigKind::Secret, "", &["v1"], "secrets"),
-];
-
-const NETWORKING: &str = "networking.istio.io";
-const NETWORKING_VERSIONS: &[&str] = &["v1", "v1beta1", "v1alpha3"];
-const SECURITY: &str = "security.istio.io";
-const SECURITY_VERSIONS: &[&str] = &["v1", "v1beta1"];
 
 /// The config source: as `config_sources::ConfigDirWatch`.
 pub struct KubeConfigSource {
@@ -104,8 +52,10 @@ struct State {
 }
 
 impl State {
+    /// Whether configs of `namespace` are served (cluster-scoped ones, without, always are).
     fn selected(&self, namespace: &str) -> bool {
         self.selectors.is_empty()
+            || namespace.is_empty()
             || self
                 .namespaces
                 .get(namespace)
@@ -150,11 +100,12 @@ fn origin(k: &ConfigKey) -> PathBuf {
     PathBuf::from(format!("kubernetes://{}/{}/{}", k.kind, k.namespace, k.name))
 }
 
-/// Finds the served version of each kind, lists them all, and then follows them. With
-/// `discovery_selectors`, only configs in the namespaces they select are served, and namespace
-/// label changes take effect live.
+/// Finds the served version of each of `kinds` (usually [`CONFIG_KINDS`]), lists them all, and
+/// then follows them. With `discovery_selectors`, only configs in the namespaces they select are
+/// served, and namespace label changes take effect live.
 pub async fn start(
     client: Client,
+    kinds: Vec<ConfigResource>,
     metrics: WatchMetrics,
     discovery_selectors: Vec<model::mesh::LabelSelector>,
     invalid: Option<config_sources::InvalidObserver>,
@@ -185,28 +136,24 @@ pub async fn start(
         ));
         let _ = first_rx.await;
     }
-    for &(kind, group, versions, plural) in ISTIO_KINDS {
-        let Some(api) = served(&client, kind, group, versions, plural).await else {
-            tracing::warn!(
-                kind = kind.as_str(),
-                group,
-                "CRD not installed: {kind} is not read from the API server"
-            );
-            continue;
-        };
-        let (first_tx, first_rx) = tokio::sync::oneshot::channel();
-        tokio::spawn(follow(
-            api,
-            kind,
+    // Every kind at once: its served version, then its initial list.
+    let lists = kinds.into_iter().map(|r| {
+        let (client, state, state_tx, tx, metrics) = (
+            client.clone(),
             state.clone(),
             state_tx.clone(),
             tx.clone(),
             metrics.clone(),
-            first_tx,
-        ));
-        if let Ok(change) = first_rx.await {
-            initial.events.extend(change.events);
+        );
+        async move {
+            let api = served(&client, &r).await?;
+            let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+            tokio::spawn(follow(api, r.kind, state, state_tx, tx, metrics, first_tx));
+            first_rx.await.ok()
         }
+    });
+    for change in futures::future::join_all(lists).await.into_iter().flatten() {
+        initial.events.extend(change.events);
     }
     let snapshot = state.lock().unwrap_or_else(PoisonError::into_inner).snapshot();
     state_tx.send_replace(snapshot);
@@ -217,30 +164,34 @@ pub async fn start(
     }
 }
 
-/// The API of `kind` at the first version the server serves; `None` when no version is.
-async fn served(
-    client: &Client,
-    kind: ConfigKind,
-    group: &str,
-    versions: &[&str],
-    plural: &str,
-) -> Option<Api<DynamicObject>> {
-    for v in versions {
-        let gvk = GroupVersionKind::gvk(group, v, kind.as_str());
-        let ar = ApiResource::from_gvk_with_plural(&gvk, plural);
+/// The API of a kind at the first version the server serves; `None` (reported once) when no
+/// version is: the CRD is not installed, or listing it failed (e.g. not allowed by the ClusterRole).
+async fn served(client: &Client, r: &ConfigResource) -> Option<Api<DynamicObject>> {
+    let kind = r.kind.as_str();
+    let mut failed = None;
+    for v in r.versions {
+        let gvk = GroupVersionKind::gvk(r.group, v, kind);
+        let ar = ApiResource::from_gvk_with_plural(&gvk, r.plural);
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
         match api.list(&ListParams::default().limit(1)).await {
             Ok(_) => return Some(api),
             Err(kube::Error::Api(e)) if e.code == 404 => continue,
             Err(e) => {
-                tracing::warn!(
-                    kind = kind.as_str(),
-                    version = v,
-                    "listing {kind}: {e}; trying the next version"
-                );
-                continue;
+                tracing::debug!(kind, version = v, "listing {kind}: {e}; trying the next version");
+                failed = Some(e);
             }
         }
+    }
+    let group = if r.group.is_empty() { "core" } else { r.group };
+    match failed {
+        None => tracing::warn!(kind, group, "CRD not installed: {kind} is not read from the API server"),
+        Some(e) => tracing::warn!(
+            kind,
+            group,
+            "{kind} cannot be listed ({e}): not read from the API server (hint: does the ClusterRole \
+             allow get, list and watch of {}.{group}?)",
+            r.plural
+        ),
     }
     None
 }
@@ -293,15 +244,6 @@ fn name_of(kind: ConfigKind, o: &DynamicObject) -> String {
     )
 }
 
-/// `<group>/<first version>` of a kind read from the API server (`v1` for core kinds).
-fn default_api_version(kind: ConfigKind) -> String {
-    match ISTIO_KINDS.iter().find(|(k, ..)| *k == kind) {
-        Some((_, "", versions, _)) => versions.first().copied().unwrap_or("v1").to_owned(),
-        Some((_, group, versions, _)) => format!("{group}/{}", versions.first().copied().unwrap_or("v1")),
-        None => format!("{NETWORKING}/v1"),
-    }
-}
-
 /// The object as a config, or the reason it is not one (recorded).
 fn parse(st: &mut State, kind: ConfigKind, o: &DynamicObject) -> Option<Config> {
     let mut v = match serde_json::to_value(o) {
@@ -318,13 +260,29 @@ fn parse(st: &mut State, kind: ConfigKind, o: &DynamicObject) -> Option<Config> 
     }
     match model::config::parse_config(v, "default") {
         Ok(c) => {
-            st.errors.remove(&name_of(kind, o));
+            let name = name_of(kind, o);
+            if c.kind.is_supported() {
+                st.errors.remove(&name);
+            } else {
+                st.errors.insert(name, unsupported(&c));
+            }
             Some(c)
         }
         Err(e) => {
             record_error(st, kind, o, e.to_string());
             None
         }
+    }
+}
+
+/// A kind kept but not yet acted on, as the file source reports it (a warning).
+fn unsupported(c: &Config) -> SourceErrorEntry {
+    let key = c.key();
+    SourceErrorEntry {
+        file: origin(&key),
+        resource: Some(key.to_string()),
+        reason: format!("{key}: kind not yet supported: kept, but not acted on"),
+        level: Level::Warning,
     }
 }
 

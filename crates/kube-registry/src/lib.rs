@@ -4,6 +4,7 @@
 //! works unchanged.
 #![forbid(unsafe_code)]
 
+mod config_kinds;
 mod controller;
 pub mod conversion;
 pub mod crdclient;

@@ -167,6 +167,10 @@ async fn an_unreachable_api_server_is_a_clear_error() {
     assert!(missing.contains("/nonexistent/kubeconfig"), "{missing}");
 }
 
+fn all_kinds() -> Vec<kube_registry::crdclient::ConfigResource> {
+    kube_registry::crdclient::CONFIG_KINDS.to_vec()
+}
+
 #[tokio::test]
 async fn istio_config_is_read_per_served_version_and_missing_crds_are_skipped() {
     let api = FakeApiServer::start().await.unwrap();
@@ -187,20 +191,58 @@ async fn istio_config_is_read_per_served_version_and_missing_crds_are_skipped() 
         "type": "kubernetes.io/tls", "data": {"tls.crt": "Q0VSVA==", "tls.key": "S0VZ"}}),
     )
     .unwrap();
+    // Kinds not yet supported are read too, kept and reported; Ingresses and IngressClasses are
+    // read for the Ingress conversion.
+    for o in [
+        json!({"apiVersion": "networking.istio.io/v1alpha3", "kind": "EnvoyFilter",
+            "metadata": {"name": "lua", "namespace": "default"}, "spec": {"configPatches": []}}),
+        json!({"apiVersion": "telemetry.istio.io/v1", "kind": "Telemetry",
+            "metadata": {"name": "logs", "namespace": "default"}, "spec": {"accessLogging": [{"providers": [{"name": "envoy"}]}]}}),
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"ingressClassName": "istio", "rules": [{"host": "a.example.com"}]}}),
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "IngressClass", "metadata": {"name": "istio"},
+            "spec": {"controller": "istio.io/ingress-controller"}}),
+    ] {
+        api.apply(o).unwrap();
+    }
     let (_dir, client) = client_for(&api).await;
-    let source = kube_registry::crdclient::start(client.clone(), WatchMetrics::default(), Vec::new(), None).await;
-    assert_eq!(source.initial.events.len(), 3);
-    let kinds: Vec<String> = source
-        .state
-        .borrow()
-        .configs
-        .keys()
-        .map(|k| k.kind.as_str().to_owned())
-        .collect();
-    assert_eq!(kinds.len(), 3, "{kinds:?}");
-    for kind in ["VirtualService", "PeerAuthentication", "Secret"] {
+    let source =
+        kube_registry::crdclient::start(client.clone(), all_kinds(), WatchMetrics::default(), Vec::new(), None).await;
+    assert_eq!(source.initial.events.len(), 7);
+    let state = source.state.borrow().clone();
+    let kinds: Vec<String> = state.configs.keys().map(|k| k.kind.as_str().to_owned()).collect();
+    assert_eq!(kinds.len(), 7, "{kinds:?}");
+    for kind in [
+        "VirtualService",
+        "PeerAuthentication",
+        "Secret",
+        "EnvoyFilter",
+        "Telemetry",
+        "Ingress",
+        "IngressClass",
+    ] {
         assert!(kinds.iter().any(|k| k == kind), "{kind} in {kinds:?}");
     }
+    // as --configDir reports them: warnings naming the resource
+    let warnings: Vec<(String, String)> = state
+        .errors
+        .iter()
+        .map(|e| (e.resource.clone().unwrap_or_default(), e.reason.clone()))
+        .collect();
+    assert_eq!(
+        warnings,
+        [
+            (
+                "EnvoyFilter default/lua".to_owned(),
+                "EnvoyFilter default/lua: kind not yet supported: kept, but not acted on".to_owned()
+            ),
+            (
+                "Telemetry default/logs".to_owned(),
+                "Telemetry default/logs: kind not yet supported: kept, but not acted on".to_owned()
+            ),
+        ]
+    );
+    assert!(state.errors.iter().all(|e| e.level == config_sources::Level::Warning));
 
     drop(client);
 
@@ -210,7 +252,7 @@ async fn istio_config_is_read_per_served_version_and_missing_crds_are_skipped() 
     let (_bare_dir, client) = client_for(&bare).await;
     let source = tokio::time::timeout(
         Duration::from_secs(10),
-        kube_registry::crdclient::start(client, WatchMetrics::default(), Vec::new(), None),
+        kube_registry::crdclient::start(client, all_kinds(), WatchMetrics::default(), Vec::new(), None),
     )
     .await
     .expect("start does not wait for CRDs that are not there");
@@ -221,8 +263,9 @@ async fn istio_config_is_read_per_served_version_and_missing_crds_are_skipped() 
         .into_iter()
         .filter(|r| r.contains("networking.istio.io"))
         .collect();
-    // One list per kind and version, no watches.
-    assert_eq!(requests.len(), 6 * 3, "{requests:#?}");
+    // One list per kind and version (seven kinds of three versions, EnvoyFilter and
+    // ProxyConfig of one), no watches.
+    assert_eq!(requests.len(), 7 * 3 + 2, "{requests:#?}");
     assert!(requests.iter().all(|r| !r.contains("watch=")), "{requests:#?}");
 }
 
@@ -240,7 +283,8 @@ async fn discovery_selectors_filter_istio_config_from_the_api_server_live() {
     }
     let (_dir, client) = client_for(&api).await;
     let selectors = vec![serde_json::from_value(json!({"matchLabels": {"istio-discovery": "enabled"}})).unwrap()];
-    let mut source = kube_registry::crdclient::start(client, WatchMetrics::default(), selectors, None).await;
+    let mut source =
+        kube_registry::crdclient::start(client, all_kinds(), WatchMetrics::default(), selectors, None).await;
     let namespaces: Vec<String> = source.initial.events.iter().map(|e| e.key().namespace).collect();
     assert_eq!(namespaces, ["a"]);
     // Namespace b gets the label: its VirtualService is served from now on.

@@ -217,6 +217,31 @@ impl Drop for FakeApiServer {
     }
 }
 
+/// Runs `kubectl --kubeconfig <kubeconfig> <args>` (`$KUBECTL` if set) and returns its stdout; an
+/// error, saying so, when kubectl is missing or fails.
+pub async fn kubectl(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let bin = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    let out = tokio::process::Command::new(&bin)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .with_context(|| format!("running {bin} (install kubectl or set KUBECTL)"))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "kubectl {} failed ({}): {}{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 fn identify(obj: &Value) -> anyhow::Result<(&'static resources::ResourceType, String, String)> {
     let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
     let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");

@@ -1,5 +1,6 @@
-//! The resources the fake API server serves: core Kubernetes kinds pilot-discovery watches, and
-//! Istio's CRDs (each in every version Istio serves, one storage for all versions).
+//! The resources the fake API server serves: core Kubernetes kinds pilot-discovery watches
+//! (with networking.k8s.io Ingress and IngressClass), and every CRD of Istio's
+//! `crd-all.gen.yaml` (each in every version Istio serves, one storage for all versions).
 
 /// One resource type: `/api/v1/<plural>` or `/apis/<group>/<version>/<plural>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +32,7 @@ impl ResourceType {
 
 const ISTIO_NETWORKING: &[&str] = &["v1", "v1beta1", "v1alpha3"];
 const ISTIO_SECURITY: &[&str] = &["v1", "v1beta1"];
+const V1ALPHA1: &[&str] = &["v1alpha1"];
 
 const fn core(
     plural: &'static str,
@@ -139,6 +141,66 @@ pub const RESOURCES: &[ResourceType] = &[
         "sidecar",
         "Sidecar",
     ),
+    istio(
+        "networking.istio.io",
+        ISTIO_NETWORKING,
+        "workloadgroups",
+        "workloadgroup",
+        "WorkloadGroup",
+    ),
+    istio(
+        "networking.istio.io",
+        &["v1alpha3"],
+        "envoyfilters",
+        "envoyfilter",
+        "EnvoyFilter",
+    ),
+    istio(
+        "networking.istio.io",
+        &["v1beta1"],
+        "proxyconfigs",
+        "proxyconfig",
+        "ProxyConfig",
+    ),
+    istio(
+        "telemetry.istio.io",
+        &["v1", "v1alpha1"],
+        "telemetries",
+        "telemetry",
+        "Telemetry",
+    ),
+    istio(
+        "extensions.istio.io",
+        V1ALPHA1,
+        "wasmplugins",
+        "wasmplugin",
+        "WasmPlugin",
+    ),
+    istio(
+        "extensions.istio.io",
+        V1ALPHA1,
+        "trafficextensions",
+        "trafficextension",
+        "TrafficExtension",
+    ),
+    ResourceType {
+        group: "networking.k8s.io",
+        versions: &["v1"],
+        plural: "ingresses",
+        singular: "ingress",
+        kind: "Ingress",
+        namespaced: true,
+        short_names: &["ing"],
+    },
+    ResourceType {
+        group: "networking.k8s.io",
+        versions: &["v1"],
+        plural: "ingressclasses",
+        singular: "ingressclass",
+        kind: "IngressClass",
+        namespaced: false,
+        short_names: &[],
+    },
     istio(
         "security.istio.io",
         ISTIO_SECURITY,
