@@ -137,17 +137,22 @@ fn is_zero(n: &i64) -> bool {
 }
 
 /// istiod's `/debug/configz` (Kiali reads it): every Istio config in effect, a JSON array of
-/// Kubernetes objects. Core Kubernetes objects (Services, EndpointSlices, Pods) are registry
-/// input, not config, and left out as istiod does. What was rejected is `/debug/config_errors`.
+/// Kubernetes objects, with the Gateways and VirtualServices made from Ingresses. Core Kubernetes
+/// objects (Services, EndpointSlices, Pods, Ingresses) are input, not config, and left out as
+/// istiod does. What was rejected is `/debug/config_errors`.
 pub async fn configz(State(s): State<AppState>) -> Response {
     let Ok(_permit) = s.dumps.acquire().await else {
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     };
     let store = s.store.borrow().clone();
+    let derived = s.environment.ingress_output().configs;
     let built = tokio::task::spawn_blocking(move || {
+        let from_ingresses = derived.iter().filter(|(k, _)| !store.configs.contains_key(*k));
         let configs: Vec<_> = store
             .configs
-            .values()
+            .iter()
+            .chain(from_ingresses)
+            .map(|(_, c)| c)
             .filter(|c| !matches!(c.spec, ConfigSpec::Kubernetes(_)))
             .map(|c| KubernetesConfig {
                 api_version: &c.meta.api_version,
@@ -178,8 +183,9 @@ fn creation_timestamp((secs, _nanos): (i64, u32)) -> String {
 
 #[derive(Serialize)]
 struct ConfigErrors<'a> {
-    /// Every current problem: unreadable files, invalid configs, unknown or unsupported kinds.
-    errors: &'a [SourceErrorEntry],
+    /// Every current problem: unreadable files, invalid configs, unknown or unsupported kinds,
+    /// and what of the Ingresses is not served.
+    errors: Vec<SourceErrorEntry>,
     /// Configs rejected since start, by kind.
     invalid_counts: &'a BTreeMap<String, u64>,
     /// What proxies rejected (NACKs), with the configs that produced it and their files.
@@ -200,10 +206,24 @@ struct Rejected<'a> {
 }
 
 /// What istiod's validation webhook would have refused and what proxies NACKed: every config
-/// problem (invalid, unsupported, unknown kinds, unreadable files) and each rejection traced to
-/// the configs behind it. pilot-discovery's own; istiod has no such view.
+/// problem (invalid, unsupported, unknown kinds, unreadable files; Ingress paths, TLS entries and
+/// backends not served, as warnings) and each rejection traced to the configs behind it.
+/// pilot-discovery's own; istiod has no such view.
 pub async fn config_errors(State(s): State<AppState>) -> Response {
     let store = s.store.borrow().clone();
+    let mut errors = store.errors.to_vec();
+    errors.extend(s.environment.ingress_output().problems.iter().map(|p| {
+        SourceErrorEntry {
+            file: store
+                .origins
+                .get(&p.resource)
+                .cloned()
+                .unwrap_or_else(|| PathBuf::from(format!("kubernetes://{}", p.resource))),
+            resource: Some(p.resource.to_string()),
+            reason: p.to_string(),
+            level: config_sources::Level::Warning,
+        }
+    }));
     let traced = rejections(&s.server);
     let rejected = traced
         .iter()
@@ -228,7 +248,7 @@ pub async fn config_errors(State(s): State<AppState>) -> Response {
     json_body::<std::convert::Infallible>(
         "config_errors",
         Ok(serde_json::to_vec(&ConfigErrors {
-            errors: &store.errors,
+            errors,
             invalid_counts: &store.invalid_counts,
             rejected,
         })),

@@ -120,3 +120,76 @@ pub(crate) async fn fake_api_client(
     .unwrap_or_else(|e| panic!("kubeconfig: {e}"));
     kube::Client::try_from(config).unwrap_or_else(|e| panic!("client: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use serde_json::Value;
+
+    /// `(api group, resource, verb)` of every rule of the README's ClusterRole.
+    fn readme_cluster_role() -> BTreeSet<(String, String, String)> {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+            .unwrap_or_else(|e| panic!("README.md: {e}"));
+        let block = readme
+            .split("```yaml\n")
+            .filter_map(|b| b.split("```").next())
+            .find(|b| b.contains("kind: ClusterRole"))
+            .unwrap_or_else(|| panic!("no ClusterRole in README.md"));
+        let role: Value = serde_saphyr::from_str(block).unwrap_or_else(|e| panic!("README's ClusterRole: {e}"));
+        let strings = |v: &Value| -> Vec<String> {
+            v.as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s.as_str().map(str::to_owned))
+                .collect()
+        };
+        let mut out = BTreeSet::new();
+        for rule in role["rules"].as_array().into_iter().flatten() {
+            for g in strings(&rule["apiGroups"]) {
+                for r in strings(&rule["resources"]) {
+                    for v in strings(&rule["verbs"]) {
+                        out.insert((g.clone(), r.clone(), v));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The README's ClusterRole lets pilot-discovery do what it does against a cluster: watch
+    /// the registry's kinds and every config kind, keep the root certificate ConfigMaps, review
+    /// tokens.
+    #[test]
+    fn the_readme_cluster_role_covers_every_resource_used() {
+        let role = readme_cluster_role();
+        let mut needed: Vec<(&str, &str, &[&str])> = vec![
+            // the registry (kube_registry::watch::KINDS)
+            ("", "services", &["list", "watch"]),
+            ("discovery.k8s.io", "endpointslices", &["list", "watch"]),
+            ("", "pods", &["list", "watch"]),
+            ("", "nodes", &["list", "watch"]),
+            ("", "namespaces", &["list", "watch"]),
+            // root_cert.rs
+            ("", "configmaps", &["get", "list", "watch", "create", "update"]),
+            // token_review.rs
+            ("authentication.k8s.io", "tokenreviews", &["create"]),
+        ];
+        assert_eq!(
+            kube_registry::watch::KINDS.len(),
+            5,
+            "a registry kind was added: list it here"
+        );
+        for r in kube_registry::crdclient::CONFIG_KINDS {
+            needed.push((r.group, r.plural, &["get", "list", "watch"]));
+        }
+        for (group, resource, verbs) in needed {
+            for verb in verbs {
+                assert!(
+                    role.contains(&(group.to_owned(), resource.to_owned(), (*verb).to_owned())),
+                    "the README's ClusterRole does not allow {verb} of {resource} in group {group:?}"
+                );
+            }
+        }
+    }
+}

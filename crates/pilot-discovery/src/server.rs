@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use environment::{Environment, ServiceEntries};
-use model::MeshConfig;
+use model::{ConfigKind, MeshConfig};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -63,56 +63,19 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         None
     };
 
-    // Istio config: from --configDir, else from the API server.
-    let (changes_tx, mut changes) = tokio::sync::mpsc::unbounded_channel();
-    let (initial_change, store_state) = if !args.config_dir.is_empty() {
-        if !Path::new(&args.config_dir).is_dir() {
-            bail!("--configDir {}: not a readable directory", args.config_dir);
-        }
-        let mut store = config_sources::FileConfigStore::new(&args.config_dir);
-        store.set_invalid_observer(pipeline_metrics.invalid_observer());
-        let initial_change = store.rescan();
-        for e in store.errors() {
-            tracing::warn!(error = ?e, "config problem");
-        }
-        tracing::info!(configs = initial_change.events.len(), dir = %args.config_dir, "loaded config directory");
-        let dir_watch = config_sources::watch_store(store).context("watching --configDir")?;
-        let mut dir_changes = dir_watch.changes;
-        tokio::spawn(async move {
-            while let Some(c) = dir_changes.recv().await {
-                if changes_tx.send(c).is_err() {
-                    return;
-                }
-            }
-        });
-        (initial_change, dir_watch.state)
-    } else if let Some(c) = &client {
-        let source = kube_registry::crdclient::start(
-            c.clone(),
-            watch_metrics.clone(),
-            mesh.discovery_selectors.clone(),
-            Some(pipeline_metrics.invalid_observer()),
-        )
-        .await;
-        tracing::info!(
-            configs = source.initial.events.len(),
-            "loaded Istio config from the Kubernetes API server"
-        );
-        let mut kube_changes = source.changes;
-        tokio::spawn(async move {
-            while let Some(c) = kube_changes.recv().await {
-                if changes_tx.send(c).is_err() {
-                    return;
-                }
-            }
-        });
-        (source.initial, source.state)
-    } else {
-        bail!(
-            "no config source: give --configDir, or a Kubernetes cluster to read Istio config from \
-             (--kubeconfig, KUBECONFIG, or in-cluster)"
-        );
-    };
+    let ConfigSources {
+        initial: initial_change,
+        state: store_state,
+        mut changes,
+    } = start_config_sources(
+        &args,
+        &mesh,
+        client.as_ref(),
+        kube_is_registry,
+        &watch_metrics,
+        &pipeline_metrics,
+    )
+    .await?;
 
     let mut kubernetes = match (client.clone(), kube_is_registry) {
         (Some(c), true) => Some(crate::kubernetes::start(c, &args, &mesh, watch_metrics).await?),
@@ -134,8 +97,11 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         .map(|r| Box::new(r.clone()) as Box<dyn environment::ServiceRegistry>)
         .collect();
     registries.push(Box::new(ServiceEntries::with_workloads(mesh.clone(), kube)));
-    let environment =
-        Arc::new(Environment::new(mesh.clone(), args.domain.clone(), registries).with_features(settings.features));
+    let environment = Arc::new(
+        Environment::new(mesh.clone(), args.domain.clone(), registries)
+            .with_features(settings.features)
+            .with_ingress_namespace(&settings.ingress_namespace),
+    );
     // The initial state; the server's first push covers everything.
     let _ = environment.config_changed(&initial_change);
     if let Some(k) = &mut kubernetes {
@@ -286,6 +252,116 @@ fn init_ca(
         }
         (None, None) => Ok((None, None)),
     }
+}
+
+/// Where config comes from: the initial state, the state for the debug endpoints, and the
+/// changes after it.
+struct ConfigSources {
+    initial: config_sources::ConfigChange,
+    state: tokio::sync::watch::Receiver<config_sources::StoreSnapshot>,
+    changes: tokio::sync::mpsc::UnboundedReceiver<config_sources::ConfigChange>,
+}
+
+/// Istio config from `--configDir`, else from the API server. As Istio's ingress controller,
+/// Kubernetes Ingresses and IngressClasses are read from the cluster whenever Kubernetes is a
+/// registry and meshConfig `ingressControllerMode` is not `OFF`, with `--configDir` too (whose
+/// Ingress manifests are read as well).
+async fn start_config_sources(
+    args: &DiscoveryArgs,
+    mesh: &MeshConfig,
+    client: Option<&kube::Client>,
+    kube_is_registry: bool,
+    watch_metrics: &kube_registry::watch::WatchMetrics,
+    pipeline_metrics: &PipelineMetrics,
+) -> anyhow::Result<ConfigSources> {
+    use kube_registry::crdclient::{CONFIG_KINDS, ConfigResource};
+    let (changes_tx, changes) = tokio::sync::mpsc::unbounded_channel();
+    let ingresses = kube_is_registry && mesh.ingress_controller_mode != "OFF";
+    let is_ingress = |r: &&ConfigResource| matches!(r.kind, ConfigKind::Ingress | ConfigKind::IngressClass);
+    let kube_source = |kinds: Vec<ConfigResource>, client: kube::Client| {
+        kube_registry::crdclient::start(
+            client,
+            kinds,
+            watch_metrics.clone(),
+            mesh.discovery_selectors.clone(),
+            Some(pipeline_metrics.invalid_observer()),
+        )
+    };
+    if !args.config_dir.is_empty() {
+        if !Path::new(&args.config_dir).is_dir() {
+            bail!("--configDir {}: not a readable directory", args.config_dir);
+        }
+        let mut store = config_sources::FileConfigStore::new(&args.config_dir);
+        store.set_invalid_observer(pipeline_metrics.invalid_observer());
+        let mut initial = store.rescan();
+        for e in store.errors() {
+            tracing::warn!(error = ?e, "config problem");
+        }
+        tracing::info!(configs = initial.events.len(), dir = %args.config_dir, "loaded config directory");
+        let dir_watch = config_sources::watch_store(store).context("watching --configDir")?;
+        forward(
+            tokio_stream::wrappers::ReceiverStream::new(dir_watch.changes),
+            changes_tx.clone(),
+        );
+        if let (Some(c), true) = (client, ingresses) {
+            let source = kube_source(CONFIG_KINDS.iter().filter(is_ingress).copied().collect(), c.clone()).await;
+            tracing::info!(
+                configs = source.initial.events.len(),
+                "loaded Ingresses and IngressClasses from the Kubernetes API server"
+            );
+            initial.events.extend(source.initial.events);
+            forward(
+                tokio_stream::wrappers::UnboundedReceiverStream::new(source.changes),
+                changes_tx,
+            );
+        }
+        return Ok(ConfigSources {
+            initial,
+            state: dir_watch.state,
+            changes,
+        });
+    }
+    let Some(c) = client else {
+        bail!(
+            "no config source: give --configDir, or a Kubernetes cluster to read Istio config from \
+             (--kubeconfig, KUBECONFIG, or in-cluster)"
+        );
+    };
+    let kinds = CONFIG_KINDS
+        .iter()
+        .filter(|r| ingresses || !is_ingress(r))
+        .copied()
+        .collect();
+    let source = kube_source(kinds, c.clone()).await;
+    tracing::info!(
+        configs = source.initial.events.len(),
+        "loaded Istio config from the Kubernetes API server"
+    );
+    forward(
+        tokio_stream::wrappers::UnboundedReceiverStream::new(source.changes),
+        changes_tx,
+    );
+    Ok(ConfigSources {
+        initial: source.initial,
+        state: source.state,
+        changes,
+    })
+}
+
+/// Hands every change of one source on to the config task.
+fn forward(
+    from: impl futures::Stream<Item = config_sources::ConfigChange> + Send + 'static,
+    to: tokio::sync::mpsc::UnboundedSender<config_sources::ConfigChange>,
+) {
+    use futures::StreamExt;
+    tokio::spawn(async move {
+        futures::pin_mut!(from);
+        while let Some(c) = from.next().await {
+            if to.send(c).is_err() {
+                return;
+            }
+        }
+    });
 }
 
 /// One line for a batch of config events: counts by kind and action, e.g.

@@ -26,6 +26,9 @@ pub struct Settings {
     pub enable_debug_endpoint_auth: bool,
     /// POD_NAMESPACE: istiod's own namespace.
     pub pod_namespace: String,
+    /// K8S_INGRESS_NS: the namespace of the Gateways made from Kubernetes Ingresses (Istio's
+    /// default: `istio-system`).
+    pub ingress_namespace: String,
     /// Istio's generation flags (`PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN`,
     /// `PILOT_JWT_ENABLE_REMOTE_JWKS`, `PILOT_HTTP10`, `PILOT_TRACE_SAMPLING`, ...).
     pub features: model::Features,
@@ -108,6 +111,9 @@ impl Settings {
             pod_namespace: get("POD_NAMESPACE")
                 .filter(|v| !v.is_empty())
                 .unwrap_or_else(|| "istio-system".into()),
+            ingress_namespace: get("K8S_INGRESS_NS")
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| ingress::DEFAULT_INGRESS_NAMESPACE.into()),
             jwks_refresh_interval: duration("PILOT_JWT_PUB_KEY_REFRESH_INTERVAL", Duration::from_secs(20 * 60))?,
             features: model::Features {
                 enable_absolute_fqdn_vhost_domain: boolean("PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN", true)?,
@@ -166,6 +172,9 @@ mod tests {
         assert_eq!(s.max_resource_names, 50_000);
         assert_eq!(s.max_streams, 100);
         assert!(s.enable_debug_endpoint_auth);
+        assert_eq!(s.ingress_namespace, "istio-system");
+        let s = Settings::from_env(env(&[("K8S_INGRESS_NS", "ingress")])).unwrap();
+        assert_eq!(s.ingress_namespace, "ingress");
     }
 
     #[test]
