@@ -1,5 +1,6 @@
 //! End-to-end on Kubernetes without a cluster: pilot-discovery watches the fake API server
-//! (test-support's, proven with kubectl) for Services, EndpointSlices, Pods and Nodes, and a real
+//! (test-support's, proven with kubectl) for Services, EndpointSlices, Pods, Nodes (and
+//! Ingresses: the same objects as API objects and as manifests give the same xDS), and a real
 //! Envoy gateway routes by them (Istio Gateway and VirtualService from --configDir); scaling the
 //! EndpointSlices moves the traffic, and a dropped watch followed by 410 Gone loses no update.
 
@@ -157,6 +158,12 @@ fn cluster_objects(ratings_as_endpoints: bool) -> Vec<Value> {
         json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "ratings", "namespace": "default",
             "annotations": {"networking.istio.io/exportTo": "*"}},
             "spec": {"clusterIP": "10.96.0.11", "ports": [{"name": "grpc", "port": 9090, "appProtocol": "grpc"}]}}),
+        // Istio's Ingress controller reads the cluster's Ingresses with --configDir too.
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "IngressClass", "metadata": {"name": "istio"},
+            "spec": {"controller": "istio.io/ingress-controller"}}),
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "reviews", "namespace": "default"},
+            "spec": {"ingressClassName": "istio", "rules": [{"host": "reviews.example.com", "http": {"paths": [
+                {"path": "/reviews", "pathType": "Prefix", "backend": {"service": {"name": "reviews", "port": {"name": "http"}}}}]}}]}}),
     ];
     objects.push(if ratings_as_endpoints {
         json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "ratings", "namespace": "default"},
@@ -240,6 +247,13 @@ async fn the_same_mesh_as_manifests_in_config_dir_gives_the_same_xds() -> anyhow
         "{:?}",
         names(&a.0)
     );
+    let routes: Vec<&str> = a.3.iter().map(|r| r.name.as_str()).collect();
+    assert!(routes.contains(&"http.80"), "the Ingress's gateway route: {routes:?}");
+    let ingress_host =
+        a.3.iter()
+            .flat_map(|r| &r.virtual_hosts)
+            .any(|v| v.name == "reviews.example.com:80");
+    assert!(ingress_host, "{:?}", a.3);
     assert_eq!(a.0, b.0, "CDS differs");
     assert_eq!(a.1, b.1, "EDS differs");
     assert_eq!(a.2, b.2, "LDS differs");
