@@ -5,6 +5,7 @@
 //! ignored; deleting the Ingress takes its routes away; an EnvoyFilter and a Telemetry are listed
 //! in `/debug/config_errors` as not yet supported, and so is an Ingress path whose port name does
 //! not resolve (as a warning: the rest of that Ingress is served, on the same port 80).
+//! pilot-discovery runs with the README's ClusterRole, which the fake API server enforces.
 //!
 //! Istio's Ingress gateway listens on port 80 (Gateway servers bind their own port here; see
 //! generators' `merged_gateway.rs`): the test needs to bind it (root, or
@@ -24,16 +25,16 @@ use test_support::kube_api::{FakeApiServer, kubectl};
 
 const HOST: &str = "bookinfo.example.com";
 
-/// The README's Ingress example (IngressClass and Ingress), as written.
-fn readme_ingress() -> anyhow::Result<String> {
+/// The README's YAML example that contains `kind`, as written.
+fn readme_yaml(kind: &str) -> anyhow::Result<String> {
     let root = test_support::envoy::workspace_root()?;
     let readme = std::fs::read_to_string(root.join("README.md"))?;
     readme
         .split("```yaml\n")
         .filter_map(|b| b.split("```").next())
-        .find(|b| b.contains("kind: Ingress\n"))
+        .find(|b| b.contains(&format!("kind: {kind}\n")))
         .map(str::to_owned)
-        .context("README.md has no Ingress example")
+        .with_context(|| format!("README.md has no {kind} example"))
 }
 
 /// A Service `name` in `bookinfo` (port 9080 named `http`) and its EndpointSlice at `backend`.
@@ -163,15 +164,19 @@ async fn an_istio_ingress_routes_through_a_real_gateway_and_other_kinds_are_repo
         std::fs::write(&path, yaml)?;
         Ok(path)
     };
-    let ingress = create("ingress.yaml", &readme_ingress()?)?;
+    let ingress = create("ingress.yaml", &readme_yaml("Ingress")?)?;
     let others = create("others.yaml", OTHERS)?;
     for file in [&ingress, &others] {
         let out = kubectl(&kubeconfig, &["create", "-f", &file.display().to_string()]).await?;
         assert!(out.contains("created"), "{out}");
     }
 
+    // pilot-discovery runs as a service account with the README's ClusterRole.
+    let restricted = dir.path().join("pilot-discovery.kubeconfig");
+    api.write_kubeconfig_with_token(&restricted, "pilot-discovery")?;
+    api.bind_cluster_role("pilot-discovery", &readme_yaml("ClusterRole")?)?;
     let opts = DiscoveryOptions {
-        args: vec!["--kubeconfig".into(), kubeconfig.display().to_string()],
+        args: vec!["--kubeconfig".into(), restricted.display().to_string()],
         env: vec![("PILOT_DEBOUNCE_AFTER".into(), "10ms".into())],
         ..Default::default()
     };
@@ -239,6 +244,11 @@ async fn an_istio_ingress_routes_through_a_real_gateway_and_other_kinds_are_repo
     routed(HOST, "/productpage", "404", &discovery).await?;
     routed("half.example.com", "/http", "reviews", &discovery).await?;
 
+    assert_eq!(
+        api.forbidden(),
+        Vec::<String>::new(),
+        "the README's ClusterRole does not allow what pilot-discovery asked"
+    );
     assert_eq!(
         envoy.update_rejected_total().await?,
         0,

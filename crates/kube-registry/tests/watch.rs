@@ -297,3 +297,38 @@ async fn discovery_selectors_filter_istio_config_from_the_api_server_live() {
     assert_eq!(added, ["VirtualService b/r"]);
     assert_eq!(source.state.borrow().configs.len(), 2);
 }
+
+/// A kind the service account may not list (RBAC 403) is skipped like a missing CRD: start-up
+/// does not wait for it and the other kinds are read.
+#[tokio::test]
+async fn kinds_the_cluster_role_does_not_allow_are_skipped() {
+    let api = FakeApiServer::start().await.unwrap();
+    api.apply(json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+        "metadata": {"name": "r", "namespace": "default"},
+        "spec": {"hosts": ["r"], "http": [{"route": [{"destination": {"host": "r"}}]}]}}))
+        .unwrap();
+    api.apply(json!({"apiVersion": "telemetry.istio.io/v1", "kind": "Telemetry",
+        "metadata": {"name": "logs", "namespace": "default"}, "spec": {}}))
+        .unwrap();
+    api.bind_cluster_role(
+        "fake-token",
+        "kind: ClusterRole\nrules:\n- apiGroups: [networking.istio.io]\n  resources: [\"*\"]\n  verbs: [get, list, watch]\n",
+    )
+    .unwrap();
+    let (_dir, client) = client_for(&api).await;
+    let source = tokio::time::timeout(
+        Duration::from_secs(10),
+        kube_registry::crdclient::start(client, all_kinds(), WatchMetrics::default(), Vec::new(), None),
+    )
+    .await
+    .expect("start does not wait for kinds it may not list");
+    let keys: Vec<String> = source.initial.events.iter().map(|e| e.key().to_string()).collect();
+    assert_eq!(keys, ["VirtualService default/r"]);
+    assert!(
+        api.forbidden()
+            .iter()
+            .any(|r| r.contains("list telemetries.telemetry.istio.io")),
+        "{:?}",
+        api.forbidden()
+    );
+}

@@ -16,7 +16,7 @@ use tokio::sync::broadcast::error::RecvError;
 use super::resources::{RESOURCES, ResourceType, find};
 use super::selector::Selector;
 use super::store::{ApiError, Event, EventType, merge_patch, res_index};
-use super::{Shared, lock};
+use super::{Shared, lock, rbac};
 
 /// What a path names.
 enum Target<'a> {
@@ -244,6 +244,9 @@ pub(crate) async fn handle(
         ));
     };
     let q = query(&uri);
+    if let Some(refused) = authorize(&s, &headers, &target, &method, &q, &uri) {
+        return refused;
+    }
     match (target, method) {
         (Target::Version, Method::GET) => json_response(
             StatusCode::OK,
@@ -370,6 +373,44 @@ pub(crate) async fn handle(
             format!("{m} is not supported here"),
         )),
     }
+}
+
+/// 403 Forbidden when the request's bearer token is bound to a ClusterRole
+/// (`FakeApiServer::bind_cluster_role`) that does not allow it; discovery is open to all.
+fn authorize(
+    s: &Shared,
+    headers: &HeaderMap,
+    target: &Target<'_>,
+    method: &Method,
+    q: &BTreeMap<String, String>,
+    uri: &Uri,
+) -> Option<Response> {
+    let (rt, object) = match target {
+        Target::Collection { rt, .. } => (*rt, false),
+        Target::Object { rt, .. } => (*rt, true),
+        _ => return None,
+    };
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))?;
+    let roles = lock(&s.roles);
+    let rules = roles.get(token)?;
+    let watch = matches!(q.get("watch").map(String::as_str), Some("true" | "1"));
+    let verb = rbac::verb(method, object, watch);
+    if rbac::allows(rules, rt.group, rt.plural, verb) {
+        return None;
+    }
+    let group = if rt.group.is_empty() { "\"\"" } else { rt.group };
+    lock(&s.forbidden).push(format!("{method} {uri} ({verb} {}.{group})", rt.plural));
+    Some(error(&ApiError::new(
+        403,
+        "Forbidden",
+        format!(
+            "{}.{group} is forbidden: User \"{token}\" cannot {verb} resource \"{}\" in API group {group}",
+            rt.plural, rt.plural
+        ),
+    )))
 }
 
 /// The API server's answer to a TokenReview: authenticated with the user and the audiences the

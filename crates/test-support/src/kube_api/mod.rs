@@ -9,10 +9,12 @@
 //! `Status` on a list) for a resourceVersion older than the history kept; get, create, replace,
 //! merge patch and delete. A test changes objects through the API or directly
 //! ([`FakeApiServer::apply`]), expires the history ([`FakeApiServer::compact`]), drops every open
-//! watch ([`FakeApiServer::drop_watches`]) and uninstalls CRD groups
-//! ([`FakeApiServer::uninstall_group`]).
+//! watch ([`FakeApiServer::drop_watches`]), uninstalls CRD groups
+//! ([`FakeApiServer::uninstall_group`]) and restricts a bearer token to a ClusterRole, as RBAC
+//! does ([`FakeApiServer::bind_cluster_role`]).
 
 mod http;
+mod rbac;
 pub mod resources;
 pub mod selector;
 mod store;
@@ -42,6 +44,10 @@ pub(crate) struct Shared {
     bookmark_interval: Duration,
     /// TokenReview answers: token → (username, audiences).
     tokens: Mutex<std::collections::BTreeMap<String, (String, Vec<String>)>>,
+    /// Bearer tokens restricted to a ClusterRole's rules.
+    roles: Mutex<std::collections::BTreeMap<String, Vec<rbac::Rule>>>,
+    /// Requests refused by those roles, as `METHOD path?query (verb resource.group)`.
+    forbidden: Mutex<Vec<String>>,
 }
 
 impl Shared {
@@ -116,6 +122,8 @@ impl FakeApiServer {
             addr,
             bookmark_interval: opts.bookmark_interval,
             tokens: Mutex::default(),
+            roles: Mutex::default(),
+            forbidden: Mutex::default(),
         });
         let app = axum::Router::new().fallback(http::handle).with_state(shared.clone());
         let task = tokio::spawn(async move {
@@ -144,14 +152,32 @@ impl FakeApiServer {
 
     /// Writes a kubeconfig for this server (context `fake`, namespace `default`) to `path`.
     pub fn write_kubeconfig(&self, path: &Path) -> anyhow::Result<()> {
+        self.write_kubeconfig_with_token(path, "fake-token")
+    }
+
+    /// [`write_kubeconfig`](Self::write_kubeconfig) whose user presents `token`.
+    pub fn write_kubeconfig_with_token(&self, path: &Path, token: &str) -> anyhow::Result<()> {
         let text = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
-             users:\n- name: fake\n  user:\n    token: fake-token\n\
+             users:\n- name: fake\n  user:\n    token: {token}\n\
              contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: default\n\
              current-context: fake\n",
             self.url()
         );
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// Restricts requests bearing `token` to what the ClusterRole `cluster_role` (YAML) allows,
+    /// as RBAC does for a service account bound to it: others get 403 Forbidden.
+    pub fn bind_cluster_role(&self, token: &str, cluster_role: &str) -> anyhow::Result<()> {
+        let rules = rbac::cluster_role_rules(cluster_role)?;
+        lock(&self.shared.roles).insert(token.to_owned(), rules);
+        Ok(())
+    }
+
+    /// The requests refused by [`bind_cluster_role`](Self::bind_cluster_role) so far.
+    pub fn forbidden(&self) -> Vec<String> {
+        lock(&self.shared.forbidden).clone()
     }
 
     /// Creates `obj`, or replaces the object of its kind, namespace and name; returns it as stored.
