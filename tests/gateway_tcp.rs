@@ -11,70 +11,17 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
-use common::Ads;
+use common::{Ads, TlsServer};
 use test_support::backend::{Backend, http_get};
 use test_support::discovery::{Discovery, DiscoveryOptions};
 use test_support::envoy::Envoy;
 use test_support::ports::free_port;
 use test_support::tls::{HttpsClient, TestCa};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-
-/// `openssl s_server -www` on 127.0.0.1:`port` with `cert`/`key`; killed on drop.
-struct TlsServer {
-    child: Child,
-    port: u16,
-}
-
-impl TlsServer {
-    fn start(dir: &Path, name: &str, cert_pem: &str, key_pem: &str) -> anyhow::Result<TlsServer> {
-        let (cert, key) = (dir.join(format!("{name}.pem")), dir.join(format!("{name}-key.pem")));
-        std::fs::write(&cert, cert_pem)?;
-        std::fs::write(&key, key_pem)?;
-        let port = free_port();
-        let child = Command::new("openssl")
-            .args([
-                "s_server",
-                "-quiet",
-                "-www",
-                "-accept",
-                &format!("127.0.0.1:{port}"),
-                "-cert",
-            ])
-            .arg(&cert)
-            .arg("-key")
-            .arg(&key)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting `openssl s_server` (is openssl installed?)")?;
-        Ok(TlsServer { child, port })
-    }
-
-    async fn wait_listening(&self) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.is_err() {
-            ensure!(
-                Instant::now() < deadline,
-                "openssl s_server never listened on {}",
-                self.port
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for TlsServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A line-echo TCP server on 127.0.0.1: answers each line with `echo <line>`.
 async fn tcp_echo() -> anyhow::Result<u16> {
@@ -315,11 +262,7 @@ async fn start(ads: Ads) -> anyhow::Result<Setup> {
         ("reviews", "reviews.default.svc.cluster.local"),
         ("legacy", "legacy.default.svc.cluster.local"),
     ] {
-        let cert = ca.issue_server(&[sni])?;
-        servers.push(TlsServer::start(dir.path(), name, &cert.cert_pem, &cert.key_pem)?);
-    }
-    for s in &servers {
-        s.wait_listening().await?;
+        servers.push(TlsServer::start(dir.path(), name, &ca.issue_server(&[sni])?, None).await?);
     }
     let echo = tcp_echo().await?;
     let http_backend = Backend::start("web").await?;

@@ -7,69 +7,14 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, ensure};
-use common::Ads;
+use anyhow::ensure;
+use common::{Ads, TlsServer};
 use test_support::backend::http_get;
 use test_support::discovery::{Discovery, DiscoveryOptions};
 use test_support::ports::free_port;
 use test_support::tls::{IssuedCert, TestCa};
-
-/// `openssl s_server -www` on 127.0.0.1 with `cert`, requiring a client certificate of `client_ca`
-/// when given; killed on drop.
-struct Upstream {
-    child: Child,
-    port: u16,
-}
-
-impl Upstream {
-    async fn start(dir: &Path, name: &str, cert: &IssuedCert, client_ca: Option<&TestCa>) -> anyhow::Result<Upstream> {
-        let (c, k) = (dir.join(format!("{name}.pem")), dir.join(format!("{name}-key.pem")));
-        std::fs::write(&c, &cert.cert_pem)?;
-        std::fs::write(&k, &cert.key_pem)?;
-        let port = free_port();
-        let mut cmd = Command::new("openssl");
-        cmd.args([
-            "s_server",
-            "-quiet",
-            "-www",
-            "-accept",
-            &format!("127.0.0.1:{port}"),
-            "-cert",
-        ])
-        .arg(&c)
-        .arg("-key")
-        .arg(&k);
-        if let Some(ca) = client_ca {
-            let ca_file = dir.join(format!("{name}-client-ca.pem"));
-            std::fs::write(&ca_file, ca.cert_pem())?;
-            cmd.args(["-Verify", "1", "-verify_return_error", "-CAfile"])
-                .arg(ca_file);
-        }
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting `openssl s_server` (is openssl installed?)")?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-            ensure!(Instant::now() < deadline, "openssl s_server never listened");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Ok(Upstream { child, port })
-    }
-}
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A `kubernetes.io/tls`-like Secret in istio-system: `ca.crt` always, `tls.crt`/`tls.key` when
 /// `client` is given.
@@ -132,14 +77,14 @@ async fn run(ads: Ads) -> anyhow::Result<()> {
     let server_ca = TestCa::new("upstream root")?;
     let client_ca = TestCa::new("client root")?;
     let other_ca = TestCa::new("unrelated root")?;
-    let simple = Upstream::start(
+    let simple = TlsServer::start(
         dir.path(),
         "simple",
         &server_ca.issue_server(&["simple.external.example"])?,
         None,
     )
     .await?;
-    let mutual = Upstream::start(
+    let mutual = TlsServer::start(
         dir.path(),
         "mutual",
         &server_ca.issue_server(&["mutual.external.example"])?,

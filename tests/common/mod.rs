@@ -366,3 +366,63 @@ pub async fn start_gateway_envoy_with(
         .with_context(|| discovery.logs())?;
     Ok(envoy)
 }
+
+/// `openssl s_server -www` (a TLS server nobody here wrote) on 127.0.0.1 with `cert`, requiring a
+/// client certificate of `client_ca` when given; killed on drop.
+pub struct TlsServer {
+    child: std::process::Child,
+    pub port: u16,
+}
+
+impl TlsServer {
+    /// Starts it and waits until it listens.
+    pub async fn start(
+        dir: &Path,
+        name: &str,
+        cert: &test_support::tls::IssuedCert,
+        client_ca: Option<&test_support::tls::TestCa>,
+    ) -> anyhow::Result<TlsServer> {
+        let files = cert.write(dir, name)?;
+        let port = free_port();
+        let mut cmd = std::process::Command::new("openssl");
+        cmd.args([
+            "s_server",
+            "-quiet",
+            "-www",
+            "-accept",
+            &format!("127.0.0.1:{port}"),
+            "-cert",
+        ])
+        .arg(&files.cert)
+        .arg("-key")
+        .arg(&files.key);
+        if let Some(ca) = client_ca {
+            let ca_file = dir.join(format!("{name}-client-ca.pem"));
+            std::fs::write(&ca_file, ca.cert_pem())?;
+            cmd.args(["-Verify", "1", "-verify_return_error", "-CAfile"])
+                .arg(ca_file);
+        }
+        let child = cmd
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("starting `openssl s_server` (is openssl installed?)")?;
+        let server = TlsServer { child, port };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            if Instant::now() > deadline {
+                bail!("openssl s_server never listened on {port}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(server)
+    }
+}
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -24,19 +24,6 @@ const SKIPPED_CDS: &[ConfigKind] = &[
     ProxyConfig,
 ];
 
-/// For routers a Gateway can change clusters: an AUTO_PASSTHROUGH server adds the SNI-DNAT ones
-/// (Istio's `cdsNeedsPush` checks whether the proxy's auto-passthrough gateways changed).
-const SKIPPED_CDS_ROUTER: &[ConfigKind] = &[
-    Secret,
-    WorkloadEntry,
-    WorkloadGroup,
-    AuthorizationPolicy,
-    RequestAuthentication,
-    Telemetry,
-    WasmPlugin,
-    ProxyConfig,
-];
-
 /// Istio's `skippedEdsConfigs`: routes never change endpoints.
 const SKIPPED_EDS: &[ConfigKind] = &[
     Secret,
@@ -94,7 +81,11 @@ pub fn type_needs_push(type_url: &str, node: NodeType, req: &PushRequest) -> boo
         return true;
     }
     let skipped: &[ConfigKind] = match type_url {
-        type_url::CLUSTER if node == NodeType::Router => SKIPPED_CDS_ROUTER,
+        // for routers a Gateway can change clusters: an AUTO_PASSTHROUGH server adds the SNI-DNAT
+        // ones (Istio's `cdsNeedsPush` checks whether the proxy's auto-passthrough gateways changed)
+        type_url::CLUSTER if node == NodeType::Router && req.configs_updated.changes().any(|k| k.kind() == Gateway) => {
+            return true;
+        }
         type_url::CLUSTER => SKIPPED_CDS,
         type_url::ENDPOINT => SKIPPED_EDS,
         type_url::LISTENER if node == NodeType::Router => SKIPPED_LDS_ROUTER,

@@ -4,7 +4,8 @@
 //! its TLS context; a `PASSTHROUGH` server routes by SNI with their `tls` routes, one chain per
 //! match; an `AUTO_PASSTHROUGH` server (the east-west gateway on 15443) gets one chain per mesh
 //! service port and subset, matched on the SNI `outbound_.<port>_.<subset>_.<host>` that Istio's
-//! mTLS clients send and Istio's mTLS ALPNs, forwarding to the SNI-DNAT cluster of that name.
+//! mTLS clients send and Istio's mTLS ALPNs (`allIstioMtlsALPNs`, so that only mTLS reaches the
+//! SNI-DNAT clusters), forwarding to the SNI-DNAT cluster of that name.
 
 use std::collections::BTreeMap;
 
@@ -14,18 +15,9 @@ use xds_api::envoy::config::listener::v3::Filter;
 
 use super::merged_gateway::{MergedServer, is_passthrough_server, tls_mode};
 use super::sidecar_tcp::{build_outbound_network_filters, single_destination_filter};
+use crate::mtls::ALL_ISTIO_MTLS_ALPNS;
 use crate::names::{TrafficDirection, dns_srv_subset_key};
 use crate::route::PushView;
-
-/// Istio's `allIstioMtlsALPNs`: what an Istio mTLS client offers; AUTO_PASSTHROUGH chains match
-/// on them so only mTLS reaches the SNI-DNAT clusters.
-pub(crate) const ALL_ISTIO_MTLS_ALPNS: [&str; 5] = [
-    "istio",
-    "istio-peer-exchange",
-    "istio-http/1.0",
-    "istio-http/1.1",
-    "istio-h2",
-];
 
 /// A network filter chain of a gateway listener: what it matches and its filters (tcp_proxy;
 /// authorization is added by the listener builder).
@@ -99,6 +91,17 @@ fn picks_gateway_hosts(server_hosts: &[String], config: &Config, vs: &VirtualSer
     })
 }
 
+/// The VirtualServices among `vses` with a host the server serves (`pickMatchingGatewayHosts`).
+fn for_server_hosts<'a>(
+    vses: &'a [std::sync::Arc<Config>],
+    server: &'a Server,
+) -> impl Iterator<Item = (&'a Config, &'a VirtualService)> {
+    vses.iter().filter_map(move |config| {
+        let vs = crate::route::virtual_service(config)?;
+        picks_gateway_hosts(&server.hosts, config, vs).then_some((config.as_ref(), vs))
+    })
+}
+
 /// `l4SingleMatch`: the port (the server's own, not the translated one) and the gateway.
 fn l4_match(port: u32, gateways: &[String], server: &Server, gateway: &str) -> bool {
     let server_port = server.port.as_ref().map_or(0, |p| p.number);
@@ -123,13 +126,7 @@ fn tcp_route_filters<P: PushView>(push: &P, proxy: &Proxy, server: &MergedServer
     if vses.is_empty() {
         tracing::debug!(gateway = %server.gateway_name, "no virtual service bound to gateway");
     }
-    for config in &vses {
-        let Some(vs) = crate::route::virtual_service(config) else {
-            continue;
-        };
-        if !picks_gateway_hosts(&s.hosts, config, vs) {
-            continue;
-        }
+    for (config, vs) in for_server_hosts(&vses, s) {
         for tcp in &vs.tcp {
             let applies = tcp.match_.is_empty() || tcp.match_.iter().any(|m| tcp_match(m, s, &server.gateway_name));
             if applies && !tcp.route.is_empty() {
@@ -152,13 +149,8 @@ fn tls_route_chains<P: PushView>(
     let s = &server.server;
     let port = server_port(s);
     let mut out = Vec::new();
-    for config in &push.virtual_services_for_gateway(proxy, &server.gateway_name) {
-        let Some(vs) = crate::route::virtual_service(config) else {
-            continue;
-        };
-        if !picks_gateway_hosts(&s.hosts, config, vs) {
-            continue;
-        }
+    let vses = push.virtual_services_for_gateway(proxy, &server.gateway_name);
+    for (config, vs) in for_server_hosts(&vses, s) {
         for tls in vs.tls.iter().filter(|t| !t.route.is_empty()) {
             for (i, m) in tls.match_.iter().enumerate() {
                 if !tls_match(m, s, &server.gateway_name) {

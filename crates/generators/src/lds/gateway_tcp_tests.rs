@@ -269,7 +269,7 @@ fn auto_passthrough_matches_the_sni_of_each_mesh_cluster_and_istio_alpns() {
             (m.server_names, m.application_protocols, tcp_cluster(c))
         })
         .collect();
-    let alpns: Vec<String> = crate::lds::gateway_tcp::ALL_ISTIO_MTLS_ALPNS
+    let alpns: Vec<String> = crate::mtls::ALL_ISTIO_MTLS_ALPNS
         .iter()
         .map(|s| s.to_string())
         .collect();

@@ -550,13 +550,16 @@ fn the_same_sni_hosts_in_another_order_keep_the_first_route() {
 /// `tunnelingconfig.Apply`: the subset's tunnel for a route to a subset, the top-level one else.
 #[test]
 fn destination_rule_tunnel_becomes_the_tcp_proxy_tunneling_config() {
-    let p = push(vec![
+    let db = || {
         tcp_service(
             "db",
             "db.default.svc.cluster.local",
             json!(["240.0.0.20"]),
             json!({"number": 5432, "name": "tcp", "protocol": "TCP"}),
-        ),
+        )
+    };
+    let p = push(vec![
+        db(),
         destination_rule(
             "db",
             "default",
@@ -575,12 +578,7 @@ fn destination_rule_tunnel_becomes_the_tcp_proxy_tunneling_config() {
     );
 
     let p = push(vec![
-        tcp_service(
-            "db",
-            "db.default.svc.cluster.local",
-            json!(["240.0.0.20"]),
-            json!({"number": 5432, "name": "tcp", "protocol": "TCP"}),
-        ),
+        db(),
         destination_rule(
             "db",
             "default",
