@@ -59,7 +59,7 @@ fn is_unprivileged(proxy: &Proxy) -> bool {
 }
 
 /// Listeners of a router proxy from the gateways selecting it; every chain starts with the
-/// gateway's authorization filters (but AUTO_PASSTHROUGH ones, as Istio).
+/// gateway's authorization filters, except AUTO_PASSTHROUGH ones (as Istio).
 pub(crate) fn build_gateway_listeners<P: PushView>(proxy: &Proxy, push: &P, authz: &AuthzFilters) -> Vec<Listener> {
     let merged = MergedGateway::for_proxy(push, proxy);
     let unprivileged = is_unprivileged(proxy);
