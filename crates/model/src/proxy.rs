@@ -177,6 +177,49 @@ pub struct Proxy {
     pub metadata: NodeMetadata,
     /// Envoy's locality from the node (`region/zone/subzone`), if any.
     pub locality: crate::service::Locality,
+    /// The identity the caller of the stream proved (Istio's `VerifiedIdentity`): set by the xDS
+    /// server for streams of the secure port only, `None` on the plaintext port. Nothing the node
+    /// sends sets it: [`Proxy::parse`] leaves it `None`.
+    pub verified_identity: Option<VerifiedIdentity>,
+}
+
+/// A proven workload identity, `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`
+/// (Istio's `spiffe.Identity`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct VerifiedIdentity {
+    pub trust_domain: String,
+    pub namespace: String,
+    pub service_account: String,
+}
+
+impl VerifiedIdentity {
+    /// Parses a SPIFFE URI of a Kubernetes service account; `None` for anything else.
+    pub fn from_spiffe(uri: &str) -> Option<VerifiedIdentity> {
+        let rest = uri.strip_prefix("spiffe://")?;
+        let mut p = rest.split('/');
+        match (p.next(), p.next(), p.next(), p.next(), p.next(), p.next()) {
+            (Some(td), Some("ns"), Some(ns), Some("sa"), Some(sa), None)
+                if !td.is_empty() && !ns.is_empty() && !sa.is_empty() =>
+            {
+                Some(VerifiedIdentity {
+                    trust_domain: td.to_owned(),
+                    namespace: ns.to_owned(),
+                    service_account: sa.to_owned(),
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for VerifiedIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "spiffe://{}/ns/{}/sa/{}",
+            self.trust_domain, self.namespace, self.service_account
+        )
+    }
 }
 
 impl Proxy {
@@ -235,6 +278,7 @@ impl Proxy {
             labels: metadata.labels.clone(),
             metadata,
             locality: Default::default(),
+            verified_identity: None,
         })
     }
 
@@ -309,6 +353,46 @@ impl Proxy {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Only the xDS server sets the verified identity: no node metadata key does.
+    #[test]
+    fn node_metadata_cannot_claim_a_verified_identity() {
+        let md = NodeMetadata::from_json(
+            "x",
+            &json!({
+                "NAMESPACE": "istio-system",
+                "VERIFIED_IDENTITY": "spiffe://cluster.local/ns/istio-system/sa/istio-ingressgateway",
+                "VerifiedIdentity": {"namespace": "istio-system", "serviceAccount": "gw"},
+                "SERVICE_ACCOUNT": "istio-ingressgateway",
+            }),
+        )
+        .unwrap();
+        let p = Proxy::parse("router~10.0.0.1~gw.istio-system~istio-system.svc.cluster.local", md).unwrap();
+        assert_eq!(p.verified_identity, None);
+    }
+
+    #[test]
+    fn verified_identities_are_spiffe_ids_of_service_accounts() {
+        let id = VerifiedIdentity::from_spiffe("spiffe://cluster.local/ns/istio-system/sa/gw").unwrap();
+        assert_eq!(
+            (
+                id.trust_domain.as_str(),
+                id.namespace.as_str(),
+                id.service_account.as_str()
+            ),
+            ("cluster.local", "istio-system", "gw")
+        );
+        assert_eq!(id.to_string(), "spiffe://cluster.local/ns/istio-system/sa/gw");
+        for bad in [
+            "spiffe://cluster.local/ns/istio-system",
+            "spiffe://cluster.local/ns//sa/gw",
+            "spiffe:///ns/a/sa/b",
+            "spiffe://td/ns/a/sa/b/extra",
+            "https://td/ns/a/sa/b",
+        ] {
+            assert_eq!(VerifiedIdentity::from_spiffe(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn proxy_headers_come_from_the_proxys_own_proxy_config_else_the_mesh() {

@@ -44,17 +44,8 @@ pub(crate) fn authorize(proxy: &Proxy, identities: &[String]) -> Result<String, 
 }
 
 /// (namespace, service account) of `spiffe://<td>/ns/<ns>/sa/<sa>`.
-fn parse_spiffe(id: &str) -> Option<(&str, &str)> {
-    let rest = id.strip_prefix("spiffe://")?;
-    let mut p = rest.split('/');
-    match (p.next(), p.next(), p.next(), p.next(), p.next(), p.next()) {
-        (Some(td), Some("ns"), Some(ns), Some("sa"), Some(sa), None)
-            if !td.is_empty() && !ns.is_empty() && !sa.is_empty() =>
-        {
-            Some((ns, sa))
-        }
-        _ => None,
-    }
+fn parse_spiffe(id: &str) -> Option<(String, String)> {
+    model::VerifiedIdentity::from_spiffe(id).map(|v| (v.namespace, v.service_account))
 }
 
 #[cfg(test)]

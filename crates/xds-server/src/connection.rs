@@ -229,11 +229,7 @@ pub(crate) async fn accept<B: SnapshotBuilder, Req: crate::grpc::Decode, Resp>(
         }
         None => return None,
     };
-    let authorized = parse_node(node(&first)).and_then(|proxy| match &identities {
-        Some(ids) => crate::auth::authorize(&proxy, ids).map(|id| (proxy, Some(id))),
-        None => Ok((proxy, None)),
-    });
-    match authorized {
+    match authorize_node(node(&first), identities.as_deref()) {
         Ok((node, identity)) => Some((first, server.register(node, peer, identity, delta))),
         Err(status) if status.code() == tonic::Code::PermissionDenied => {
             if let Some(suppressed) = monitoring::throttle::allow("ads_unauthorized") {
@@ -257,6 +253,23 @@ pub(crate) async fn accept<B: SnapshotBuilder, Req: crate::grpc::Decode, Resp>(
             let _ = out.send(crate::outbound::Outbound::message(Err(status))).await;
             None
         }
+    }
+}
+
+/// The proxy of a stream's first node and the identity it is served as: on the secure port
+/// (`identities`, those its caller proved) one of them that the proxy belongs to, else
+/// `PermissionDenied`. That identity becomes the proxy's `verified_identity` (Istio's
+/// `VerifiedIdentity`, never one a node's metadata names), which the generators read (SDS serves
+/// credentials only to a proxy that has one); on the plaintext port it stays `None`.
+fn authorize_node(node: Option<&Node>, identities: Option<&[String]>) -> Result<(Proxy, Option<String>), Status> {
+    let mut proxy = parse_node(node)?;
+    match identities {
+        Some(ids) => {
+            let id = crate::auth::authorize(&proxy, ids)?;
+            proxy.verified_identity = model::VerifiedIdentity::from_spiffe(&id);
+            Ok((proxy, Some(id)))
+        }
+        None => Ok((proxy, None)),
     }
 }
 
@@ -479,6 +492,34 @@ mod tests {
         let proxy = parse_node(Some(&node)).unwrap();
         let conn = Connection::new("c-1".into(), proxy.clone(), proxy.clone(), "peer".into(), false);
         (proxy, conn)
+    }
+
+    /// The secure port's proven identity becomes the proxy's `verified_identity`; the plaintext
+    /// port gives none, whatever the node's metadata says.
+    #[test]
+    fn only_the_secure_ports_proven_identity_is_the_proxys_verified_identity() {
+        let metadata = xds_api::json_to_struct(&serde_json::json!({
+            "NAMESPACE": "a",
+            "VERIFIED_IDENTITY": "spiffe://cluster.local/ns/a/sa/admin",
+        }));
+        let node = Node {
+            id: "router~10.0.0.1~gw.a~a.svc.cluster.local".into(),
+            metadata: Some(metadata),
+            ..Default::default()
+        };
+        let (plaintext, id) = authorize_node(Some(&node), None).unwrap();
+        assert_eq!((plaintext.verified_identity, id), (None, None));
+        let proven = ["spiffe://cluster.local/ns/a/sa/gw".to_owned()];
+        let (secure, id) = authorize_node(Some(&node), Some(&proven)).unwrap();
+        let verified = secure.verified_identity.unwrap();
+        assert_eq!(
+            (verified.namespace.as_str(), verified.service_account.as_str()),
+            ("a", "gw")
+        );
+        assert_eq!(id.as_deref(), Some("spiffe://cluster.local/ns/a/sa/gw"));
+        let other = ["spiffe://cluster.local/ns/b/sa/gw".to_owned()];
+        let refused = authorize_node(Some(&node), Some(&other)).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
     }
 
     /// A proxy the registries did not complete is the node's own `Proxy`, not a copy.
