@@ -39,6 +39,8 @@ pub struct Environment {
     pub(crate) jwks: Mutex<Arc<push_index::security_policies::JwksKeys>>,
     /// How Ingresses are converted (the mesh's ingress settings, the domain, `K8S_INGRESS_NS`).
     pub(crate) ingress: ingress::IngressOptions,
+    /// Where each push's SDS generator counts the credentials it refuses.
+    pub(crate) sds_metrics: generators::SdsMetrics,
 }
 
 pub(crate) struct State {
@@ -92,10 +94,17 @@ impl Environment {
             seq: AtomicU64::new(0),
             last: Mutex::new(None),
             jwks: Mutex::default(),
+            sds_metrics: generators::SdsMetrics::default(),
             ingress: ingress::IngressOptions::new(&mesh, &domain, ingress::DEFAULT_INGRESS_NAMESPACE),
             mesh,
             domain,
         }
+    }
+
+    /// Counts the credentials SDS refuses in `metrics` (`pilot_sds_denied`, ...).
+    pub fn with_sds_metrics(mut self, metrics: generators::SdsMetrics) -> Environment {
+        self.sds_metrics = metrics;
+        self
     }
 
     /// The namespace of the Gateways made from Ingresses (Istio's `K8S_INGRESS_NS`, default

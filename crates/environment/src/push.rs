@@ -95,7 +95,7 @@ impl SnapshotBuilder for Environment {
         let previous = last.replace(context.clone());
         Arc::new(Push {
             context,
-            cache: generators::PushCache::default(),
+            cache: generators::PushCache::with_sds_metrics(self.sds_metrics.clone()),
             previous,
         })
     }

@@ -6,7 +6,7 @@
 
 mod class;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
@@ -48,7 +48,13 @@ pub fn generate_with_vhds(
         type_url::ROUTE if vhds => Ok(crate::vhds::route_configs(push, cache, proxy, names)),
         type_url::ROUTE => Ok(route_configs(push, cache, proxy, names)),
         type_url::VIRTUAL_HOST => Ok(crate::vhds::virtual_hosts(push, cache, proxy, names)),
-        type_url::SECRET => Ok(crate::sds::secrets(push, proxy, names)),
+        type_url::SECRET => Ok(crate::sds::secrets(
+            push,
+            proxy,
+            names,
+            || credential_references(push, cache, proxy),
+            &cache.sds_metrics,
+        )),
         type_url::NAME_TABLE => Ok(crate::nds::name_tables(push, proxy)),
         other => Err(GenerateError::UnsupportedType(other.to_owned())),
     }
@@ -75,6 +81,10 @@ pub struct PushCache {
     /// EDS responses: per (endpoint class, hash of the names asked) the names and the response; a
     /// different list with the same hash is generated uncached.
     eds_responses: OnceCache<(EndpointClass, u64), Arc<EdsResponse>>,
+    /// The SDS names the CDS and LDS of a proxy class ask for (see `crate::sds::references`).
+    credential_references: OnceCache<(CdsKey, LdsKey), Arc<BTreeSet<String>>>,
+    /// Where the SDS generator counts what it refuses.
+    sds_metrics: crate::sds::SdsMetrics,
 }
 
 /// One EDS response: the names asked, in order, and their assignments.
@@ -84,6 +94,14 @@ struct EdsResponse {
 }
 
 impl PushCache {
+    /// An empty cache whose SDS refusals are counted in `metrics`.
+    pub fn with_sds_metrics(metrics: crate::sds::SdsMetrics) -> PushCache {
+        PushCache {
+            sds_metrics: metrics,
+            ..PushCache::default()
+        }
+    }
+
     fn label_keys(&self, push: &PushContext) -> &LabelKeys {
         self.label_keys.get_or_init(|| LabelKeys::collect(push))
     }
@@ -174,6 +192,19 @@ fn listeners(push: &PushContext, cache: &PushCache, proxy: &Proxy) -> Arc<Vec<Re
         Arc::new(packed(crate::lds::build_listeners(proxy, push), |l| {
             Resource::new(l.name.clone(), &l)
         }))
+    })
+}
+
+/// The SDS names `proxy`'s own clusters and listeners ask for, per proxy class (from the cached
+/// CDS and LDS responses, usually generated already in this push).
+fn credential_references(push: &PushContext, cache: &PushCache, proxy: &Proxy) -> Arc<BTreeSet<String>> {
+    let labels = cache.label_keys(push);
+    let key = (CdsKey::new(push, labels, proxy), LdsKey::new(push, labels, proxy));
+    cache.credential_references.get_or_build(key, || {
+        Arc::new(crate::sds::references(
+            &clusters(push, cache, proxy),
+            &listeners(push, cache, proxy),
+        ))
     })
 }
 

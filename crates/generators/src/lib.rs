@@ -28,3 +28,4 @@ mod traffic_policy;
 mod vhds;
 
 pub use generate::{PushCache, generate, generate_with_vhds};
+pub use sds::SdsMetrics;

@@ -100,7 +100,8 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     let environment = Arc::new(
         Environment::new(mesh.clone(), args.domain.clone(), registries)
             .with_features(settings.features)
-            .with_ingress_namespace(&settings.ingress_namespace),
+            .with_ingress_namespace(&settings.ingress_namespace)
+            .with_sds_metrics(generators::SdsMetrics::register(&mut registry)),
     );
     // The initial state; the server's first push covers everything.
     let _ = environment.config_changed(&initial_change);
