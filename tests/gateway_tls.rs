@@ -2,6 +2,8 @@
 //! server terminates TLS with certificate files issued by a test CA and serves only its SNI; an HTTP
 //! server with `httpsRedirect` answers 301 to https; a VirtualService change moves HTTPS traffic
 //! without a restart. Envoy accepts everything (update_rejected 0, no NACKs counted by pilot).
+//! A `credentialName` Secret is served over SDS to a gateway that proved its identity on the
+//! secure port, and to no one on the plaintext port.
 
 mod common;
 
@@ -10,9 +12,15 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use common::{Ads, GatewayMesh, HOST, services_yaml, start_gateway_envoy, virtual_service_yaml, workload_entry_yaml};
+use common::{
+    Ads, GatewayMesh, HOST, gateway_bootstrap, services_yaml, start_gateway_envoy, start_secure_gateway_envoy,
+    virtual_service_yaml, workload_entry_yaml,
+};
+use test_support::agent::{Agent, AgentOptions};
 use test_support::backend::{Backend, HttpResponse};
 use test_support::discovery::{Discovery, DiscoveryOptions};
+use test_support::envoy::Envoy;
+use test_support::mesh_ca::MeshCa;
 use test_support::ports::free_port;
 use test_support::tls::{CertFiles, HttpsClient, IssuedCert, TestCa};
 
@@ -54,6 +62,44 @@ fn tls_secret_yaml(cert: &IssuedCert) -> String {
     )
 }
 
+/// The config directory of the TLS mesh: the gateway (certificate `files`, or with `credential`
+/// `credentialName: bookinfo-cert` and that Secret holding `cert`), the services and workloads
+/// of `backends`, all of /reviews to v1.
+fn write_tls_config(
+    dir: &std::path::Path,
+    https_port: u16,
+    http_port: u16,
+    files: &CertFiles,
+    cert: &IssuedCert,
+    credential: bool,
+    backends: &BTreeMap<&str, Backend>,
+) -> anyhow::Result<()> {
+    let write = |file: &str, yaml: String| std::fs::write(dir.join(file), yaml);
+    if credential {
+        let with_credential = tls_gateway_yaml(https_port, http_port, files)
+            .lines()
+            .filter(|l| !l.contains("serverCertificate") && !l.contains("privateKey"))
+            .map(|l| l.replace("mode: SIMPLE", "mode: SIMPLE\n      credentialName: bookinfo-cert") + "\n")
+            .collect::<String>();
+        write("gateway.yaml", with_credential)?;
+        write("secret.yaml", tls_secret_yaml(cert))?;
+    } else {
+        write("gateway.yaml", tls_gateway_yaml(https_port, http_port, files))?;
+    }
+    write(
+        "services.yaml",
+        services_yaml(backends["ratings"].port(), backends["slow"].port()),
+    )?;
+    for (name, version) in [("reviews-v1", "v1"), ("reviews-v2", "v2")] {
+        write(
+            &format!("{name}.yaml"),
+            workload_entry_yaml(name, version, backends[name].port()),
+        )?;
+    }
+    write("virtual-service.yaml", virtual_service_yaml(100))?;
+    Ok(())
+}
+
 /// `common`'s mesh (its `gateway_port` is the redirecting HTTP server) plus the HTTPS side.
 struct TlsMesh {
     mesh: GatewayMesh,
@@ -61,6 +107,8 @@ struct TlsMesh {
     client: HttpsClient,
     server_cert: IssuedCert,
     _certs: tempfile::TempDir,
+    /// The mesh CA of the secure port the gateway connects to (credentialName only).
+    _ca: Option<MeshCa>,
 }
 
 impl TlsMesh {
@@ -69,7 +117,8 @@ impl TlsMesh {
     }
 
     /// With `credential`, the HTTPS server's certificate is `credentialName: bookinfo-cert`, a
-    /// Secret in the config directory that pilot-discovery serves over SDS, instead of files.
+    /// Secret in the config directory that pilot-discovery serves over SDS, instead of files, and
+    /// the gateway connects as a real one is served credentials: to the secure port, with a token.
     async fn start_with(credential: bool) -> anyhow::Result<TlsMesh> {
         let ca = TestCa::new("pilot-rs e2e root")?;
         let server_cert = ca.issue_server(&[HOST])?;
@@ -82,33 +131,25 @@ impl TlsMesh {
         }
         let (https_port, http_port) = (free_port(), free_port());
         let dir = tempfile::tempdir()?;
-        let write = |file: &str, yaml: String| std::fs::write(dir.path().join(file), yaml);
-        if credential {
-            let with_credential = tls_gateway_yaml(https_port, http_port, &files)
-                .lines()
-                .filter(|l| !l.contains("serverCertificate") && !l.contains("privateKey"))
-                .map(|l| l.replace("mode: SIMPLE", "mode: SIMPLE\n      credentialName: bookinfo-cert") + "\n")
-                .collect::<String>();
-            write("gateway.yaml", with_credential)?;
-            write("secret.yaml", tls_secret_yaml(&server_cert))?;
-        } else {
-            write("gateway.yaml", tls_gateway_yaml(https_port, http_port, &files))?;
-        }
-        write(
-            "services.yaml",
-            services_yaml(backends["ratings"].port(), backends["slow"].port()),
+        write_tls_config(
+            dir.path(),
+            https_port,
+            http_port,
+            &files,
+            &server_cert,
+            credential,
+            &backends,
         )?;
-        for (name, version) in [("reviews-v1", "v1"), ("reviews-v2", "v2")] {
-            write(
-                &format!("{name}.yaml"),
-                workload_entry_yaml(name, version, backends[name].port()),
-            )?;
-        }
-        // All of /reviews to v1 first.
-        write("virtual-service.yaml", virtual_service_yaml(100))?;
-
-        let discovery = Discovery::start(dir.path(), DiscoveryOptions::default()).await?;
-        let envoy = start_gateway_envoy(&discovery, Ads::Sotw).await?;
+        let (discovery, envoy, mesh_ca) = if credential {
+            let ca = MeshCa::loopback()?;
+            let discovery = Discovery::start(dir.path(), ca.serve(DiscoveryOptions::default())).await?;
+            let envoy = start_secure_gateway_envoy(&discovery, Ads::Sotw, &ca).await?;
+            (discovery, envoy, Some(ca))
+        } else {
+            let discovery = Discovery::start(dir.path(), DiscoveryOptions::default()).await?;
+            let envoy = start_gateway_envoy(&discovery, Ads::Sotw).await?;
+            (discovery, envoy, None)
+        };
         let tls = TlsMesh {
             mesh: GatewayMesh {
                 dir,
@@ -121,6 +162,7 @@ impl TlsMesh {
             client: HttpsClient::trusting(&ca)?,
             server_cert,
             _certs: certs,
+            _ca: mesh_ca,
         };
         tls.wait_for_backend("reviews-v1", 1).await?;
         Ok(tls)
@@ -319,5 +361,149 @@ async fn credential_name_comes_from_a_secret_over_sds_and_follows_it() -> anyhow
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(tls.mesh.envoy.update_rejected_total().await?, 0);
+    Ok(())
+}
+
+/// Istio's SecretGen refuses credentials to a proxy that did not prove who it is: a bare Envoy on
+/// the plaintext port, naming itself the istio-system gateway, asks for `kubernetes://bookinfo-cert`
+/// and gets nothing (no certificate, no handshake), pilot-discovery says why and counts it, and
+/// Envoy rejects nothing. The same gateway on the secure port with a token is served.
+#[tokio::test]
+async fn a_gateway_on_the_plaintext_port_gets_no_credential() -> anyhow::Result<()> {
+    let ca = TestCa::new("pilot-rs e2e root")?;
+    let server_cert = ca.issue_server(&[HOST])?;
+    let certs = tempfile::tempdir()?;
+    let files = server_cert.write(certs.path(), "bookinfo")?;
+    let mut backends = BTreeMap::new();
+    for name in ["reviews-v1", "reviews-v2", "ratings", "slow"] {
+        backends.insert(name, Backend::start(name).await?);
+    }
+    let (https_port, http_port) = (free_port(), free_port());
+    let dir = tempfile::tempdir()?;
+    write_tls_config(dir.path(), https_port, http_port, &files, &server_cert, true, &backends)?;
+    let mesh_ca = MeshCa::loopback()?;
+    let discovery = Discovery::start(dir.path(), mesh_ca.serve(DiscoveryOptions::default())).await?;
+    let envoy =
+        Envoy::start(gateway_bootstrap(discovery.grpc_addr, Ads::Sotw, serde_json::json!({}), None).build()).await?;
+
+    // the listener is sent and Envoy asks for the Secret: refused, said and counted
+    let denied = "pilot_sds_denied{reason=\"unauthenticated\"}";
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while discovery.metric(denied).await? == 0.0 {
+        ensure!(
+            Instant::now() < deadline,
+            "no SDS refusal counted within 15 s\n{}\n{}",
+            discovery.logs(),
+            envoy.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let logs = discovery.logs();
+    ensure!(
+        logs.contains("is not authorized to receive credentials (\"kubernetes://bookinfo-cert\")")
+            && logs.contains("secure port"),
+        "pilot-discovery says why and what to do:\n{logs}"
+    );
+    let dump = envoy.config_dump().await?;
+    let secrets = dump["configs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["@type"] == "type.googleapis.com/envoy.admin.v3.SecretsConfigDump");
+    ensure!(
+        secrets.is_none_or(|s| s["dynamic_active_secrets"].as_array().is_none_or(Vec::is_empty)),
+        "Envoy holds a secret it was not to be given: {secrets:?}"
+    );
+    let client = HttpsClient::trusting(&ca)?;
+    let https = SocketAddr::from(([127, 0, 0, 1], https_port));
+    ensure!(
+        client.connect(https, HOST).await.is_err(),
+        "a TLS handshake succeeded without the certificate"
+    );
+    ensure!(envoy.update_rejected_total().await? == 0, "Envoy rejected config");
+    ensure!(
+        discovery.metric("pilot_total_xds_rejects").await? == 0.0,
+        "NACKs:\n{}",
+        discovery.logs()
+    );
+
+    // the same gateway proven on the secure port gets it
+    drop(envoy);
+    let secure = start_secure_gateway_envoy(&discovery, Ads::Sotw, &mesh_ca).await?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Ok(stream) = client.connect(https, HOST).await
+            && stream.get_ref().1.peer_certificates().unwrap_or_default() == std::slice::from_ref(&server_cert.cert_der)
+        {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the secure gateway was not served its certificate within 15 s\n{}\n{}",
+            discovery.logs(),
+            secure.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ensure!(secure.update_rejected_total().await? == 0, "Envoy rejected config");
+    Ok(())
+}
+
+/// What users run: the gateway is pilot-agent and its Envoy, the agent connected to the secure
+/// port with its service account token (`discoveryAddress` on 15012). The Envoy's SDS request for
+/// `kubernetes://bookinfo-cert` goes through the agent's xDS proxy (delta xDS) and is served.
+#[tokio::test]
+async fn a_pilot_agent_gateway_is_served_its_credential_over_the_secure_port() -> anyhow::Result<()> {
+    let ca = TestCa::new("pilot-rs e2e root")?;
+    let server_cert = ca.issue_server(&[HOST])?;
+    let certs = tempfile::tempdir()?;
+    let files = server_cert.write(certs.path(), "bookinfo")?;
+    let mut backends = BTreeMap::new();
+    for name in ["reviews-v1", "reviews-v2", "ratings", "slow"] {
+        backends.insert(name, Backend::start(name).await?);
+    }
+    let (https_port, http_port) = (free_port(), free_port());
+    let dir = tempfile::tempdir()?;
+    write_tls_config(dir.path(), https_port, http_port, &files, &server_cert, true, &backends)?;
+    let mesh_ca = MeshCa::loopback()?;
+    let discovery = Discovery::start(dir.path(), mesh_ca.serve(DiscoveryOptions::default())).await?;
+    let mut opts = mesh_ca.agent(AgentOptions::ingress_gateway(mesh_ca.addr));
+    opts.proxy_config = serde_json::json!({"controlPlaneAuthPolicy": "MUTUAL_TLS"});
+    let mut agent = Agent::start(opts).await?;
+    agent
+        .wait_ready(Duration::from_secs(30))
+        .await
+        .with_context(|| format!("{}\n{}", agent.logs(), discovery.logs()))?;
+
+    let client = HttpsClient::trusting(&ca)?;
+    let https = SocketAddr::from(([127, 0, 0, 1], https_port));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(stream) = client.connect(https, HOST).await
+            && stream.get_ref().1.peer_certificates().unwrap_or_default() == std::slice::from_ref(&server_cert.cert_der)
+        {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the agent's gateway was not served its certificate within 20 s\n{}\n{}",
+            discovery.logs(),
+            agent.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = client.get(https, HOST, HOST, "/reviews", &[]).await?;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json()?["backend"], "reviews-v1");
+    ensure!(
+        discovery.metric("pilot_sds_denied").await? == 0.0,
+        "a credential was refused:\n{}",
+        discovery.logs()
+    );
+    ensure!(
+        discovery.metric("pilot_total_xds_rejects").await? == 0.0,
+        "NACKs:\n{}",
+        discovery.logs()
+    );
     Ok(())
 }

@@ -3,7 +3,8 @@
 //! to an upstream `openssl s_server` (written by nobody here): SIMPLE verifies the server with the
 //! CA of the Secret `<credentialName>` (served over ADS as `kubernetes://<name>-cacert`), MUTUAL also
 //! presents the Secret's client certificate, which the server requires. A Secret whose CA does not
-//! sign the server's certificate makes the request fail, as it should.
+//! sign the server's certificate makes the request fail, as it should. The gateway connects as one
+//! that is served credentials must: over TLS to the secure port, with a service account token.
 
 mod common;
 
@@ -13,6 +14,7 @@ use anyhow::ensure;
 use common::{Ads, TlsServer};
 use test_support::backend::http_get;
 use test_support::discovery::{Discovery, DiscoveryOptions};
+use test_support::mesh_ca::MeshCa;
 use test_support::ports::free_port;
 use test_support::tls::{IssuedCert, TestCa};
 
@@ -108,8 +110,9 @@ async fn run(ads: Ads) -> anyhow::Result<()> {
         secret_yaml("client-credential", &server_ca, Some(&client_cert)),
     )?;
     std::fs::write(config.join("other-ca.yaml"), secret_yaml("other-ca", &other_ca, None))?;
-    let discovery = Discovery::start(&config, DiscoveryOptions::default()).await?;
-    let envoy = common::start_gateway_envoy(&discovery, ads).await?;
+    let mesh_ca = MeshCa::loopback()?;
+    let discovery = Discovery::start(&config, mesh_ca.serve(DiscoveryOptions::default())).await?;
+    let envoy = common::start_secure_gateway_envoy(&discovery, ads, &mesh_ca).await?;
     let get = |path: &str| {
         let url = format!("http://127.0.0.1:{gateway_port}{path}");
         async move { http_get(&url, &[("host", "anything")]).await }
@@ -156,6 +159,11 @@ async fn run(ads: Ads) -> anyhow::Result<()> {
         "SIMPLE asks for no client certificate"
     );
     ensure!(envoy.update_rejected_total().await? == 0, "Envoy rejected config");
+    ensure!(
+        discovery.metric("pilot_sds_denied").await? == 0.0,
+        "a credential was refused:\n{}",
+        discovery.logs()
+    );
     ensure!(
         discovery.metric("pilot_total_xds_rejects").await? == 0.0,
         "NACKs:\n{}",

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::json;
 use test_support::backend::{Backend, BackendOptions, HttpResponse, http_get};
-use test_support::bootstrap::AdsBootstrap;
+use test_support::bootstrap::{AdsBootstrap, SecureXds};
 use test_support::discovery::{Discovery, DiscoveryOptions};
 use test_support::envoy::Envoy;
+use test_support::mesh_ca::MeshCa;
 use test_support::ports::free_port;
 
 pub const HOST: &str = "bookinfo.example.com";
@@ -341,6 +342,40 @@ pub async fn start_gateway_envoy_with(
     ads: Ads,
     extra: serde_json::Value,
 ) -> anyhow::Result<Envoy> {
+    let envoy = Envoy::start(gateway_bootstrap(discovery.grpc_addr, ads, extra, None).build()).await?;
+    envoy
+        .wait_ready(Duration::from_secs(20))
+        .await
+        .with_context(|| discovery.logs())?;
+    Ok(envoy)
+}
+
+/// The service account of the ingress gateway (Istio's default install).
+pub const GATEWAY_SERVICE_ACCOUNT: &str = "istio-ingressgateway-service-account";
+
+/// [`start_gateway_envoy`] as an authenticated proxy, the way a gateway that is served
+/// credentials (`credentialName`) connects: over TLS to `ca`'s secure port (which `discovery`
+/// must serve, see `MeshCa::serve`), trusting the mesh root, with a token of the gateway's
+/// service account in istio-system.
+pub async fn start_secure_gateway_envoy(discovery: &Discovery, ads: Ads, ca: &MeshCa) -> anyhow::Result<Envoy> {
+    anyhow::ensure!(!ca.plaintext, "a secure gateway needs the CA on a secure port");
+    let secure = SecureXds::new(ca.root_cert(), ca.token("istio-system", GATEWAY_SERVICE_ACCOUNT));
+    let envoy = Envoy::start(gateway_bootstrap(ca.addr, ads, json!({}), Some(secure)).build()).await?;
+    envoy
+        .wait_ready(Duration::from_secs(20))
+        .await
+        .with_context(|| discovery.logs())?;
+    Ok(envoy)
+}
+
+/// The bootstrap of the ingress gateway (node `NODE_ID`, labels `istio=ingressgateway`) on the
+/// ADS of `xds_addr`, with `extra` node metadata, over TLS with a token when `secure` is set.
+pub fn gateway_bootstrap(
+    xds_addr: std::net::SocketAddr,
+    ads: Ads,
+    extra: serde_json::Value,
+    secure: Option<SecureXds>,
+) -> AdsBootstrap {
     let mut metadata = json!({
         "NAMESPACE": "istio-system",
         "LABELS": {"istio": "ingressgateway", "app": "istio-ingressgateway"},
@@ -350,21 +385,14 @@ pub async fn start_gateway_envoy_with(
     if let (Some(m), Some(extra)) = (metadata.as_object_mut(), extra.as_object()) {
         m.extend(extra.clone());
     }
-    let mut bootstrap = AdsBootstrap::new(
-        NODE_ID,
-        "istio-ingressgateway.istio-system",
-        metadata,
-        discovery.grpc_addr,
-    );
+    let mut bootstrap = AdsBootstrap::new(NODE_ID, "istio-ingressgateway.istio-system", metadata, xds_addr);
     if ads == Ads::Delta {
         bootstrap = bootstrap.delta();
     }
-    let envoy = Envoy::start(bootstrap.build()).await?;
-    envoy
-        .wait_ready(Duration::from_secs(20))
-        .await
-        .with_context(|| discovery.logs())?;
-    Ok(envoy)
+    if let Some(secure) = secure {
+        bootstrap = bootstrap.secure(secure);
+    }
+    bootstrap
 }
 
 /// `openssl s_server -www` (a TLS server nobody here wrote) on 127.0.0.1 with `cert`, requiring a

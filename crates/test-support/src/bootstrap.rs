@@ -1,7 +1,10 @@
-//! Envoy v3 bootstraps for tests: an Istio gateway or sidecar fed by ADS over plaintext gRPC from
-//! pilot-discovery on loopback, and a static proxy (one listener, one cluster) with no control plane.
+//! Envoy v3 bootstraps for tests: an Istio gateway or sidecar fed by ADS from pilot-discovery on
+//! loopback, over plaintext gRPC or, as an authenticated proxy, over TLS to the secure port with a
+//! service account token ([`AdsBootstrap::secure`]), and a static proxy (one listener, one cluster)
+//! with no control plane.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -39,6 +42,32 @@ pub struct AdsBootstrap {
     /// Backoff of the ADS stream's reconnects; short so tests that restart the server stay fast.
     pub retry_base_interval: Duration,
     pub retry_max_interval: Duration,
+    /// Set: ADS goes over TLS to pilot-discovery's secure port, as an authenticated proxy.
+    pub secure: Option<SecureXds>,
+}
+
+/// How a bare Envoy proves who it is to pilot-discovery's secure port (15012), as pilot-agent
+/// does for the Envoy beside it: TLS verifying istiod's certificate with the mesh root, and a
+/// service account token as the gRPC `authorization` header.
+#[derive(Clone, Debug)]
+pub struct SecureXds {
+    /// The mesh root (`$ROOT_CA_DIR/root-cert.pem`), to verify istiod with.
+    pub root_cert: PathBuf,
+    /// A service account token (a JWT), sent as `authorization: Bearer <token>`.
+    pub token: String,
+    /// The name istiod's certificate is checked for (and sent as SNI):
+    /// `istiod.istio-system.svc`, as Istio's bootstrap.
+    pub server_name: String,
+}
+
+impl SecureXds {
+    pub fn new(root_cert: impl Into<PathBuf>, token: impl Into<String>) -> SecureXds {
+        SecureXds {
+            root_cert: root_cert.into(),
+            token: token.into(),
+            server_name: "istiod.istio-system.svc".into(),
+        }
+    }
 }
 
 impl AdsBootstrap {
@@ -53,7 +82,14 @@ impl AdsBootstrap {
             initial_fetch_timeout: Duration::ZERO,
             retry_base_interval: Duration::from_millis(100),
             retry_max_interval: Duration::from_secs(1),
+            secure: None,
         }
+    }
+
+    /// ADS over TLS with a token, to pilot-discovery's secure port (`xds_addr` must be it).
+    pub fn secure(mut self, secure: SecureXds) -> Self {
+        self.secure = Some(secure);
+        self
     }
 
     /// Speak delta (incremental) xDS instead of state of the world.
@@ -72,6 +108,39 @@ impl AdsBootstrap {
             "resource_api_version": "V3",
             "initial_fetch_timeout": duration(self.initial_fetch_timeout),
         });
+        let mut grpc_service = json!({
+            "envoy_grpc": {
+                "cluster_name": XDS_CLUSTER,
+                "retry_policy": {
+                    "retry_back_off": {
+                        "base_interval": duration(self.retry_base_interval),
+                        "max_interval": duration(self.retry_max_interval),
+                    },
+                },
+            },
+        });
+        let mut xds_cluster = http2_cluster(XDS_CLUSTER, self.xds_addr);
+        if let Some(secure) = &self.secure {
+            grpc_service["initial_metadata"] =
+                json!([{"key": "authorization", "value": format!("Bearer {}", secure.token)}]);
+            xds_cluster["transport_socket"] = json!({
+                "name": "envoy.transport_sockets.tls",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                    "sni": secure.server_name,
+                    "common_tls_context": {
+                        "alpn_protocols": ["h2"],
+                        "validation_context": {
+                            "trusted_ca": {"filename": secure.root_cert.display().to_string()},
+                            "match_typed_subject_alt_names": [{
+                                "san_type": "DNS",
+                                "matcher": {"exact": secure.server_name},
+                            }],
+                        },
+                    },
+                },
+            });
+        }
         json!({
             "node": {
                 "id": self.node_id,
@@ -83,24 +152,14 @@ impl AdsBootstrap {
                 "ads_config": {
                     "api_type": api_type,
                     "transport_api_version": "V3",
-                    "grpc_services": [{
-                        "envoy_grpc": {
-                            "cluster_name": XDS_CLUSTER,
-                            "retry_policy": {
-                                "retry_back_off": {
-                                    "base_interval": duration(self.retry_base_interval),
-                                    "max_interval": duration(self.retry_max_interval),
-                                },
-                            },
-                        },
-                    }],
+                    "grpc_services": [grpc_service],
                     "set_node_on_first_message_only": true,
                 },
                 "cds_config": ads_source,
                 "lds_config": ads_source,
             },
             "static_resources": {
-                "clusters": [http2_cluster(XDS_CLUSTER, self.xds_addr)],
+                "clusters": [xds_cluster],
             },
         })
     }
@@ -244,6 +303,33 @@ mod tests {
         .build();
         assert_eq!(bootstrap["dynamic_resources"]["ads_config"]["api_type"], "DELTA_GRPC");
         assert_eq!(bootstrap["node"]["cluster"], "a.ns");
+    }
+
+    /// A secure bootstrap verifies istiod with the mesh root and sends the token on the stream;
+    /// Envoy accepts it.
+    #[tokio::test]
+    async fn secure_bootstrap_speaks_tls_with_a_token() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let root = dir.path().join("root-cert.pem");
+        std::fs::write(&root, crate::tls::TestCa::new("root")?.cert_pem())?;
+        let bootstrap = AdsBootstrap::new(
+            "router~10.0.0.1~gw.istio-system~istio-system.svc.cluster.local",
+            INGRESS_GATEWAY_CLUSTER,
+            json!({}),
+            xds_addr(),
+        )
+        .secure(SecureXds::new(&root, "tok"))
+        .build();
+        let grpc = &bootstrap["dynamic_resources"]["ads_config"]["grpc_services"][0];
+        assert_eq!(grpc["initial_metadata"][0]["key"], "authorization");
+        assert_eq!(grpc["initial_metadata"][0]["value"], "Bearer tok");
+        let tls = &bootstrap["static_resources"]["clusters"][0]["transport_socket"]["typed_config"];
+        assert_eq!(tls["sni"], "istiod.istio-system.svc");
+        assert_eq!(
+            tls["common_tls_context"]["validation_context"]["trusted_ca"]["filename"],
+            root.display().to_string()
+        );
+        envoy::validate(&bootstrap).await
     }
 
     #[test]
