@@ -17,7 +17,7 @@
 //!   service account list the Secrets of its namespace); pilot-discovery has no such check.
 //!
 //! A refused or missing name is left out (Envoy keeps waiting, as with istiod), logged with the
-//! proxy's ID and counted: `pilot_sds_denied{reason}` and Istio's
+//! proxy's ID (rate limited, names escaped and bounded) and counted: `pilot_sds_denied{reason}` and Istio's
 //! `pilot_sds_certificate_errors_total`.
 
 use std::collections::BTreeSet;
@@ -142,14 +142,7 @@ pub(crate) fn secrets(
         return Vec::new();
     }
     let Some(identity) = &proxy.verified_identity else {
-        tracing::warn!(
-            "SDS: proxy {} is not authorized to receive credentials ({}): it has no verified identity. \
-             Connect it over TLS to the secure port (--secureGrpcAddr, 15012) with a service account \
-             token (authorization: Bearer), as pilot-agent does",
-            proxy.id,
-            at_most_n(names, 3)
-        );
-        metrics.deny(Denial::Unauthenticated, names.len());
+        refuse_unauthenticated(proxy, names, metrics);
         return Vec::new();
     };
     let mut references = Some(references);
@@ -159,11 +152,15 @@ pub(crate) fn secrets(
     for name in names {
         let Some(reference) = SecretRef::parse(name, identity) else {
             metrics.certificate_errors.inc();
-            tracing::warn!(
-                "SDS: proxy {}: error parsing resource name {:?}: only kubernetes:// credentials are served",
-                proxy.id,
-                bounded(name)
-            );
+            if let Some(suppressed) = monitoring::throttle::allow("sds_certificate_error") {
+                tracing::warn!(
+                    suppressed,
+                    "SDS: proxy {}: error parsing resource name {:?}: only kubernetes://[<namespace>/]<name> \
+                     credentials are served",
+                    proxy.id,
+                    bounded(name)
+                );
+            }
             continue;
         };
         if reference.namespace != identity.namespace {
@@ -182,28 +179,60 @@ pub(crate) fn secrets(
             Ok(s) => served.push(Resource::new(name.clone(), &s)),
             Err(reason) => {
                 metrics.certificate_errors.inc();
-                tracing::warn!("SDS: proxy {}: failed to fetch {:?}: {reason}", proxy.id, bounded(name));
+                if let Some(suppressed) = monitoring::throttle::allow("sds_certificate_error") {
+                    tracing::warn!(
+                        suppressed,
+                        "SDS: proxy {}: failed to fetch {:?}: {:?}",
+                        proxy.id,
+                        bounded(name),
+                        bounded(&reason)
+                    );
+                }
             }
         }
     }
     if !denied.is_empty() {
-        for (_, reason) in &denied {
-            metrics.deny(*reason, 1);
-        }
-        metrics.certificate_errors.inc();
-        let names: Vec<String> = denied.iter().map(|(n, _)| (*n).clone()).collect();
-        let why = if denied.iter().any(|(_, r)| *r == Denial::Namespace) {
-            format!("only Secrets of its own namespace {} may be read", identity.namespace)
-        } else {
-            "only the certificates its gateways and DestinationRules use may be read".to_owned()
-        };
+        report_denied(proxy, identity, &denied, metrics);
+    }
+    served
+}
+
+/// Istio's "proxy is not authorized to receive credentials": a proxy without a verified identity.
+fn refuse_unauthenticated(proxy: &Proxy, names: &[String], metrics: &SdsMetrics) {
+    if let Some(suppressed) = monitoring::throttle::allow("sds_unauthenticated") {
         tracing::warn!(
+            suppressed,
+            "SDS: proxy {} is not authorized to receive credentials ({}): it has no verified identity. \
+             Connect it over TLS to the secure port (--secureGrpcAddr, 15012) with a service account \
+             token (authorization: Bearer), as pilot-agent does",
+            proxy.id,
+            at_most_n(names, 3)
+        );
+    }
+    metrics.deny(Denial::Unauthenticated, names.len());
+}
+
+/// One warning for the names refused to a verified proxy (Istio's "attempted to access
+/// unauthorized certificates"), each counted.
+fn report_denied(proxy: &Proxy, identity: &VerifiedIdentity, denied: &[(&String, Denial)], metrics: &SdsMetrics) {
+    for (_, reason) in denied {
+        metrics.deny(*reason, 1);
+    }
+    metrics.certificate_errors.inc();
+    let names: Vec<String> = denied.iter().map(|(n, _)| (*n).clone()).collect();
+    let why = if denied.iter().any(|(_, r)| *r == Denial::Namespace) {
+        format!("only Secrets of its own namespace {} may be read", identity.namespace)
+    } else {
+        "only the certificates its gateways and DestinationRules use may be read".to_owned()
+    };
+    if let Some(suppressed) = monitoring::throttle::allow("sds_denied") {
+        tracing::warn!(
+            suppressed,
             "SDS: proxy {} ({identity}) attempted to access unauthorized certificates {}: {why}",
             proxy.id,
             at_most_n(&names, 3)
         );
     }
-    served
 }
 
 /// A `kubernetes://[<namespace>/]<name>` reference, its namespace the identity's when it names
