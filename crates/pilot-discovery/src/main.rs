@@ -2,7 +2,9 @@
 //! `server`, HTTP endpoints in `http`.
 #![forbid(unsafe_code)]
 
+mod accept;
 mod args;
+mod ca_limits;
 mod ca_server;
 mod configz;
 mod http;

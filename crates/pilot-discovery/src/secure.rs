@@ -19,7 +19,6 @@ use model::MeshConfig;
 use rustls::pki_types::CertificateDer;
 use security::{AuthContext, Authenticator};
 use tokio::net::TcpListener;
-use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use xds_server::{AdsService, StreamAuthenticator};
 
 pub use crate::ca_server::CaSettings;
@@ -113,24 +112,26 @@ impl SecureGrpc {
     /// Serves the CA and `ads` over TLS on `listener` until the server fails.
     pub async fn serve(
         self,
-        builder: tonic::transport::Server,
+        mut builder: tonic::transport::Server,
         listener: TcpListener,
+        setup: crate::accept::Setup,
+        ca_limit: crate::ca_limits::RequestLimit,
         ads: AdsService<Environment>,
     ) -> anyhow::Result<()> {
-        let tls = ServerTlsConfig::new()
-            .identity(Identity::from_pem(&self.cert.cert_chain_pem, &self.cert.key_pem))
-            .client_ca_root(Certificate::from_pem(self.ca.ca.root_cert_pem()))
-            .client_auth_optional(true);
         let addr = listener.local_addr().unwrap_or(self.addr);
+        let tls = crate::accept::acceptor(
+            &self.cert.cert_chain_pem,
+            &self.cert.key_pem,
+            self.ca.ca.root_cert_pem(),
+        )
+        .with_context(|| format!("--secureGrpcAddr {addr}: TLS configuration"))?;
         let ads = ads.authenticated(Arc::new(XdsAuthenticator(Arc::new(self.ca.authenticators))));
         let server = builder
-            .tls_config(tls)
-            .with_context(|| format!("--secureGrpcAddr {addr}: TLS configuration"))?
-            .add_service(self.ca.service.into_server())
+            .add_service(crate::ca_limits::LimitedCa::new(self.ca.service, ca_limit))
             .add_service(ads);
         tracing::info!(%addr, "CA and xDS (TLS) listening");
         server
-            .serve_with_incoming(crate::server::incoming(listener))
+            .serve_with_incoming(crate::accept::tls(listener, tls, setup))
             .await
             .with_context(|| format!("--secureGrpcAddr {addr}: gRPC server"))
     }

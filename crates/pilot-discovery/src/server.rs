@@ -11,7 +11,6 @@ use environment::{Environment, ServiceEntries};
 use model::{ConfigKind, MeshConfig};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use xds_server::{DiscoveryServer, ServerOptions};
 
 use crate::args::{DiscoveryArgs, parse_listen_addr};
@@ -135,6 +134,11 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     }
 
     let process = monitoring::process::ProcessMetrics::register(&mut registry);
+    let setup = crate::accept::Setup {
+        timeout: crate::accept::CONNECTION_TIMEOUT,
+        metrics: crate::accept::SetupMetrics::register(&mut registry),
+    };
+    let ca_limit = crate::ca_limits::RequestLimit::register(settings.max_recv_msg_size, &mut registry);
     let (secure, plaintext_ca) = init_ca(grpc_addr, secure_grpc_addr, &mesh, &settings, &mut registry, &client)?;
     // With a cluster, every namespace gets the mesh root (Istio's `istio-ca-root-cert`).
     let root_pem = secure
@@ -158,13 +162,14 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     if let Some(addr) = grpc_addr {
         let listener = bind(addr, "grpcAddr").await?;
         let svc = server.ads_service();
-        let ca = plaintext_ca.map(|ca| ca.service.into_server());
+        let ca = plaintext_ca.map(|ca| crate::ca_limits::LimitedCa::new(ca.service, ca_limit.clone()));
         let mut builder = grpc_server(max_connection_age, settings.max_streams);
+        let setup = setup.clone();
         tasks.spawn(async move {
             builder
                 .add_service(svc)
                 .add_optional_service(ca)
-                .serve_with_incoming(incoming(listener))
+                .serve_with_incoming(crate::accept::plaintext(listener, setup))
                 .await
                 .context("gRPC server")
         });
@@ -175,6 +180,8 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         tasks.spawn(secure.serve(
             grpc_server(max_connection_age, settings.max_streams),
             listener,
+            setup,
+            ca_limit,
             server.ads_service(),
         ));
     }
@@ -406,22 +413,6 @@ fn grpc_server(max_connection_age: Duration, max_streams: u32) -> tonic::transpo
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .max_connection_age(max_connection_age)
         .max_connection_age_grace(Duration::from_secs(10))
-}
-
-/// Accepted connections with Nagle's algorithm off: tonic's `serve_with_incoming` does not apply
-/// its `tcp_nodelay` setting, and with Nagle on a 30 KiB response waits ~40 ms for delayed ACKs.
-pub(crate) fn incoming(
-    listener: TcpListener,
-) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> + Send + 'static {
-    use futures::StreamExt;
-    TcpListenerStream::new(listener).map(|conn| {
-        if let Ok(stream) = &conn
-            && let Err(e) = stream.set_nodelay(true)
-        {
-            tracing::debug!("set TCP_NODELAY: {e}");
-        }
-        conn
-    })
 }
 
 /// Listens as Go's `net.Listen` does for istiod: SO_REUSEADDR, and the kernel's `somaxconn` as the

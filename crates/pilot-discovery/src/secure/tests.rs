@@ -105,6 +105,14 @@ struct Started {
 }
 
 async fn start(ca_dir: &std::path::Path, issuer: &security::testing::TestIssuer) -> Started {
+    start_with_timeout(ca_dir, issuer, crate::accept::CONNECTION_TIMEOUT).await
+}
+
+async fn start_with_timeout(
+    ca_dir: &std::path::Path,
+    issuer: &security::testing::TestIssuer,
+    timeout: Duration,
+) -> Started {
     let mesh = Arc::new(MeshConfig::default());
     let mut registry = Registry::default();
     let environment = Arc::new(Environment::new(
@@ -133,7 +141,18 @@ async fn start(ca_dir: &std::path::Path, issuer: &security::testing::TestIssuer)
     .unwrap();
     // Clients trust what the CA directory distributes.
     let root = std::fs::read_to_string(ca_dir.join(ca::ROOT_CERT_FILE)).unwrap();
-    tokio::spawn(secure.serve(tonic::transport::Server::builder(), listener, server.ads_service()));
+    let setup = crate::accept::Setup {
+        timeout,
+        metrics: crate::accept::SetupMetrics::register(&mut registry),
+    };
+    let ca_limit = crate::ca_limits::RequestLimit::register(4 << 20, &mut registry);
+    tokio::spawn(secure.serve(
+        tonic::transport::Server::builder(),
+        listener,
+        setup,
+        ca_limit,
+        server.ads_service(),
+    ));
     server.wait_ready().await;
     Started {
         addr,
@@ -342,4 +361,98 @@ fn unusable_ca_dir_names_the_flag_and_the_file() {
         msg.contains("--secureGrpcAddr") && msg.contains(&dir) && msg.contains("ca-key.pem"),
         "{msg}"
     );
+}
+
+/// Reads until the server closes the connection; false if it is still open after `wait`.
+async fn closed_within<S: tokio::io::AsyncRead + Unpin>(conn: &mut S, wait: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    matches!(
+        tokio::time::timeout(wait, conn.read_to_end(&mut got)).await,
+        Ok(Ok(_)) | Ok(Err(_))
+    )
+}
+
+/// grpc-go's ConnectionTimeout: a connection that does not finish TLS, or finishes it and sends no
+/// HTTP/2 preface, is closed (here after 300 ms instead of 120 s); gRPC clients still get served.
+#[tokio::test]
+async fn connections_idle_before_or_after_the_handshake_are_closed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let issuer = issuer();
+    let s = start_with_timeout(tmp.path(), &issuer, Duration::from_millis(300)).await;
+
+    let mut before = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    {
+        use rustls::pki_types::pem::PemObject;
+        roots
+            .add(rustls::pki_types::CertificateDer::from_pem_slice(s.root.as_bytes()).unwrap())
+            .unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut after = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("the TLS handshake completes");
+
+    assert!(
+        closed_within(&mut before, Duration::from_secs(10)).await,
+        "a connection without a handshake stays open"
+    );
+    assert!(
+        closed_within(&mut after, Duration::from_secs(10)).await,
+        "a TLS connection without HTTP/2 stays open"
+    );
+    let text = {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &s.registry.lock().unwrap()).unwrap();
+        text
+    };
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("pilot_grpc_connection_setup_failures_total{")
+                && l.contains("reason=\"timeout\"")
+                && l.ends_with(" 2")),
+        "{text}"
+    );
+    // A gRPC client is served as before.
+    let channel = tls_channel(s.addr, &s.root, "localhost").await.unwrap();
+    let (_, csr) = csr("spiffe://cluster.local/ns/default/sa/default");
+    let token = issuer.token("default", "default", &["istio-ca"], 600);
+    let chain = create_certificate(channel, Some(&token), &csr, 3600).await.unwrap();
+    assert_eq!(uri_sans(&chain[0]), ["spiffe://cluster.local/ns/default/sa/default"]);
+}
+
+/// As istiod's grpc-go: a CSR over ISTIO_GPRC_MAXRECVMSGSIZE is RESOURCE_EXHAUSTED (tonic alone
+/// says OUT_OF_RANGE), counted, and the CA goes on serving.
+#[tokio::test]
+async fn an_oversized_csr_is_resource_exhausted_as_istiods() {
+    let tmp = tempfile::tempdir().unwrap();
+    let issuer = issuer();
+    let s = start(tmp.path(), &issuer).await;
+    let token = issuer.token("default", "default", &["istio-ca"], 600);
+    let channel = tls_channel(s.addr, &s.root, "localhost").await.unwrap();
+    let huge = "x".repeat(5 << 20);
+    let e = create_certificate(channel.clone(), Some(&token), &huge, 3600)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message().starts_with("grpc: received message larger than max ("),
+        "{}",
+        e.message()
+    );
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &s.registry.lock().unwrap()).unwrap();
+    assert!(text.contains("citadel_server_csr_too_large_count_total 1"), "{text}");
+    let (_, csr) = csr("spiffe://cluster.local/ns/default/sa/default");
+    assert!(create_certificate(channel, Some(&token), &csr, 3600).await.is_ok());
 }
