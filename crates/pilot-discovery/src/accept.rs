@@ -1,6 +1,6 @@
 //! Accepting connections on the gRPC ports (15010, 15012) as grpc-go's server does for istiod: a
 //! connection must finish its TLS handshake (15012) and send the HTTP/2 client preface within the
-//! connection timeout (grpc-go's `ConnectionTimeout`, 120 s by default, which istiod does not
+//! connection timeout (on the webhooks' HTTPS port 15017: the handshake and a first byte) (grpc-go's `ConnectionTimeout`, 120 s by default, which istiod does not
 //! change) or it is closed. tonic has no such deadline: a peer that opens a connection and sends
 //! nothing, or completes TLS and stops, held a file descriptor for ever.
 //!
@@ -74,21 +74,40 @@ pub(crate) struct Setup {
     pub metrics: SetupMetrics,
 }
 
+/// What a connection must send before it is handed over.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Ready {
+    /// gRPC: the HTTP/2 client preface.
+    Http2Preface,
+    /// HTTPS (HTTP/1.1 or HTTP/2, the webhooks' port): a first byte of the request.
+    FirstByte,
+}
+
+impl Ready {
+    fn bytes(self) -> usize {
+        match self {
+            Ready::Http2Preface => PREFACE.len(),
+            Ready::FirstByte => 1,
+        }
+    }
+}
+
 /// The plaintext port's connections, ready once the client sent the HTTP/2 preface.
 pub(crate) fn plaintext(
     listener: TcpListener,
     setup: Setup,
 ) -> impl futures::Stream<Item = io::Result<Prefaced<TcpStream>>> + Send + 'static {
-    serve_ready(listener, setup, |tcp| async move { Ok(tcp) })
+    serve_ready(listener, setup, Ready::Http2Preface, |tcp| async move { Ok(tcp) })
 }
 
-/// The TLS port's connections, ready once the handshake completed and the client sent the preface.
+/// A TLS port's connections, ready once the handshake completed and the client sent `ready`.
 pub(crate) fn tls(
     listener: TcpListener,
     acceptor: TlsAcceptor,
     setup: Setup,
+    ready: Ready,
 ) -> impl futures::Stream<Item = io::Result<Prefaced<TlsStream<TcpStream>>>> + Send + 'static {
-    serve_ready(listener, setup, move |tcp| {
+    serve_ready(listener, setup, ready, move |tcp| {
         let acceptor = acceptor.clone();
         async move { acceptor.accept(tcp).await.map_err(SetupError::Tls) }
     })
@@ -100,10 +119,11 @@ enum SetupError {
 }
 
 /// Accepts on `listener` until the receiving side is dropped; each connection is handshaken by
-/// `handshake` and must then send the preface, all within `setup.timeout`.
+/// `handshake` and must then send what `ready` wants, all within `setup.timeout`.
 fn serve_ready<S, H, F>(
     listener: TcpListener,
     setup: Setup,
+    ready: Ready,
     handshake: H,
 ) -> impl futures::Stream<Item = io::Result<Prefaced<S>>> + Send + 'static
 where
@@ -138,7 +158,7 @@ where
             tokio::spawn(async move {
                 let ready = tokio::time::timeout(setup.timeout, async move {
                     let mut io = set_up.await?;
-                    let mut got = [0u8; PREFACE.len()];
+                    let mut got = vec![0u8; ready.bytes()];
                     io.read_exact(&mut got).await.map_err(SetupError::Preface)?;
                     Ok::<_, SetupError>(Prefaced::new(io, got))
                 })
@@ -167,12 +187,18 @@ where
 /// A connection whose first bytes (the preface) were read ahead; they are read again first.
 pub(crate) struct Prefaced<S> {
     inner: S,
-    ahead: [u8; PREFACE.len()],
+    ahead: Vec<u8>,
     served: usize,
 }
 
 impl<S> Prefaced<S> {
-    fn new(inner: S, ahead: [u8; PREFACE.len()]) -> Prefaced<S> {
+    pub(crate) fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S> Prefaced<S> {
+    fn new(inner: S, ahead: Vec<u8>) -> Prefaced<S> {
         Prefaced {
             inner,
             ahead,
@@ -231,6 +257,24 @@ impl<S: Connected> Connected for Prefaced<S> {
 /// tonic's server TLS settings (`ServerTlsConfig` with `client_auth_optional`): istiod's
 /// certificate, client certificates of `client_roots` asked for but not required, ALPN `h2`.
 pub(crate) fn acceptor(cert_chain_pem: &str, key_pem: &str, client_roots_pem: &str) -> anyhow::Result<TlsAcceptor> {
+    let mut config = server_config(cert_chain_pem, key_pem, Some(client_roots_pem))?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// The webhooks' HTTPS port: istiod's certificate, no client certificate, HTTP/2 or HTTP/1.1 as
+/// the API server offers.
+pub(crate) fn https_acceptor(cert_chain_pem: &str, key_pem: &str) -> anyhow::Result<TlsAcceptor> {
+    let mut config = server_config(cert_chain_pem, key_pem, None)?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+fn server_config(
+    cert_chain_pem: &str,
+    key_pem: &str,
+    client_roots_pem: Option<&str>,
+) -> anyhow::Result<rustls::ServerConfig> {
     use anyhow::Context as _;
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -239,22 +283,26 @@ pub(crate) fn acceptor(cert_chain_pem: &str, key_pem: &str, client_roots_pem: &s
         .collect::<Result<Vec<_>, _>>()
         .context("istiod's certificate chain")?;
     let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).context("istiod's private key")?;
-    let mut roots = rustls::RootCertStore::empty();
-    for root in CertificateDer::pem_slice_iter(client_roots_pem.as_bytes()) {
-        roots.add(root.context("the mesh root")?).context("the mesh root")?;
-    }
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-        .allow_unauthenticated()
-        .build()
-        .context("client certificate verifier")?;
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .context("TLS versions")?
-        .with_client_cert_verifier(verifier)
+        .context("TLS versions")?;
+    let builder = match client_roots_pem {
+        Some(pem) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for root in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                roots.add(root.context("the mesh root")?).context("the mesh root")?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .allow_unauthenticated()
+                .build()
+                .context("client certificate verifier")?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    builder
         .with_single_cert(chain, key)
-        .context("istiod's certificate and key")?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(TlsAcceptor::from(Arc::new(config)))
+        .context("istiod's certificate and key")
 }
 
 #[cfg(test)]

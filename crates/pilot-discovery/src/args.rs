@@ -19,7 +19,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Start the xDS discovery service.
-    Discovery(DiscoveryArgs),
+    Discovery(Box<DiscoveryArgs>),
     /// Print build information.
     Version {
         /// Print only the version number.
@@ -66,6 +66,10 @@ pub struct DiscoveryArgs {
     /// Discovery service gRPC address, with TLS. An empty value disables it.
     #[arg(long = "secureGrpcAddr", default_value = ":15012")]
     pub secure_grpc_addr: String,
+    /// The webhooks' HTTPS address (validation), with istiod's serving certificate. An empty value
+    /// disables it; it is off without a secure gRPC port (no serving certificate).
+    #[arg(long = "httpsAddr", default_value = ":15017")]
+    pub https_addr: String,
     /// Discovery service HTTP address (debug endpoints, readiness).
     #[arg(long = "httpAddr", default_value = ":8080")]
     pub http_addr: String,

@@ -23,6 +23,7 @@ mod settings;
 mod token_review;
 mod validate;
 mod version;
+mod webhook;
 
 use std::process::ExitCode;
 
@@ -85,7 +86,7 @@ fn main() -> ExitCode {
                     ignored.join(", ")
                 );
             }
-            block_on(server::run(args, settings))
+            block_on(server::run(*args, settings))
         }
     }
 }

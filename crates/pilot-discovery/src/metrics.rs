@@ -30,6 +30,11 @@ pub struct ValidationLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabel {
+    pub status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceLabel {
     pub resource: String,
 }
@@ -43,6 +48,7 @@ pub struct PipelineMetrics {
     /// every Istio config read (files or the API server) is validated the same way.
     validation_passed: Family<ResourceLabel, Counter>,
     validation_failed: Family<ValidationLabels, Counter>,
+    validation_http_error: Family<StatusLabel, Counter>,
 }
 
 impl PipelineMetrics {
@@ -53,6 +59,7 @@ impl PipelineMetrics {
             invalid: Family::default(),
             validation_passed: Family::default(),
             validation_failed: Family::default(),
+            validation_http_error: Family::default(),
         };
         let build: Family<BuildLabels, Gauge> = Family::default();
         build
@@ -71,6 +78,11 @@ impl PipelineMetrics {
             "galley_validation_failed",
             "Resource validation failed.",
             m.validation_failed.clone(),
+        );
+        registry.register(
+            "galley_validation_http_error",
+            "Resource validation http serve errors",
+            m.validation_http_error.clone(),
         );
         registry.register("pilot_services", "Total services known to pilot.", m.services.clone());
         registry.register(
@@ -99,6 +111,34 @@ impl PipelineMetrics {
                     .inc();
             }
         }
+    }
+
+    /// A review the validation webhook allowed (Istio labels it by the request's resource).
+    pub fn webhook_passed(&self, resource: &str) {
+        self.validation_passed
+            .get_or_create(&ResourceLabel {
+                resource: resource.to_owned(),
+            })
+            .inc();
+    }
+
+    /// A review the validation webhook denied, or did not judge, with Istio's reason.
+    pub fn webhook_failed(&self, resource: &str, reason: &'static str) {
+        self.validation_failed
+            .get_or_create(&ValidationLabels {
+                resource: resource.to_owned(),
+                reason,
+            })
+            .inc();
+    }
+
+    /// `galley_validation_http_error{status}`: requests answered with an HTTP error, not a review.
+    pub fn webhook_http_error(&self, status: u16) {
+        self.validation_http_error
+            .get_or_create(&StatusLabel {
+                status: status.to_string(),
+            })
+            .inc();
     }
 
     pub fn observe(&self, stats: EnvironmentStats) {

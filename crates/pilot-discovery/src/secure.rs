@@ -109,6 +109,11 @@ impl SecureGrpc {
         self.ca.root_pem()
     }
 
+    /// istiod's serving certificate, for the webhooks' HTTPS port too.
+    pub fn https_acceptor(&self) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
+        crate::accept::https_acceptor(&self.cert.cert_chain_pem, &self.cert.key_pem)
+    }
+
     /// Serves the CA and `ads` over TLS on `listener` until the server fails.
     pub async fn serve(
         self,
@@ -131,7 +136,12 @@ impl SecureGrpc {
             .add_service(ads);
         tracing::info!(%addr, "CA and xDS (TLS) listening");
         server
-            .serve_with_incoming(crate::accept::tls(listener, tls, setup))
+            .serve_with_incoming(crate::accept::tls(
+                listener,
+                tls,
+                setup,
+                crate::accept::Ready::Http2Preface,
+            ))
             .await
             .with_context(|| format!("--secureGrpcAddr {addr}: gRPC server"))
     }

@@ -39,6 +39,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     let grpc_addr = parse_listen_addr("grpcAddr", &args.grpc_addr)?;
     let secure_grpc_addr = parse_listen_addr("secureGrpcAddr", &args.secure_grpc_addr)?;
     let http_addr = parse_listen_addr("httpAddr", &args.http_addr)?;
+    let https_addr = parse_listen_addr("httpsAddr", &args.https_addr)?;
     let monitoring_addr = parse_listen_addr("monitoringAddr", &args.monitoring_addr)?;
     let max_connection_age = model::duration::parse(&args.keepalive_max_server_connection_age)
         .filter(|d| !d.is_zero())
@@ -174,6 +175,21 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
                 .context("gRPC server")
         });
         tracing::info!(%addr, "xDS (plaintext) listening");
+    }
+    match (https_addr, &secure) {
+        (Some(addr), Some(secure)) => {
+            let acceptor = secure
+                .https_acceptor()
+                .with_context(|| format!("--httpsAddr {addr}: TLS configuration"))?;
+            let listener = bind(addr, "httpsAddr").await?;
+            let router = crate::webhook::router(pipeline_metrics.clone());
+            tasks.spawn(crate::webhook::serve(listener, acceptor, setup.clone(), router));
+        }
+        (Some(addr), None) => tracing::info!(
+            %addr,
+            "--httpsAddr: the webhooks are off: there is no serving certificate without --secureGrpcAddr"
+        ),
+        (None, _) => {}
     }
     if let (Some(addr), Some(secure)) = (secure_grpc_addr, secure) {
         let listener = bind(addr, "secureGrpcAddr").await?;

@@ -29,7 +29,16 @@ fn command(work: &Path, ca_dir: &Path, secure_addr: &str) -> Command {
     cmd.arg("discovery")
         .arg("--configDir")
         .arg(&config_dir)
-        .args(["--grpcAddr", "", "--httpAddr", "", "--monitoringAddr", ""])
+        .args([
+            "--grpcAddr",
+            "",
+            "--httpAddr",
+            "",
+            "--monitoringAddr",
+            "",
+            "--httpsAddr",
+            "",
+        ])
         .args(["--secureGrpcAddr", secure_addr])
         .env("ROOT_CA_DIR", ca_dir)
         .env(

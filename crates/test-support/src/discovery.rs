@@ -71,9 +71,13 @@ impl Discovery {
             .stdout(log.try_clone()?)
             .stderr(log)
             .kill_on_drop(true);
-        // No TLS port unless the test asks for one.
+        // No TLS port unless the test asks for one, and no webhook port (15017 is the same for
+        // every test) unless the test names one.
         if !opts.args.iter().any(|a| a.starts_with("--secureGrpcAddr")) {
             cmd.args(["--secureGrpcAddr", ""]);
+        }
+        if !opts.args.iter().any(|a| a.starts_with("--httpsAddr")) {
+            cmd.args(["--httpsAddr", ""]);
         }
         // The mesh CA (served on the plaintext port without a TLS one) keeps its root beside the
         // log, not in the test's working directory, unless the test names a directory.

@@ -1,0 +1,134 @@
+//! The validating webhook, `/validate` (Istio's `pkg/webhooks/validation/server`): an Istio
+//! object sent by the API server on CREATE or UPDATE is decoded and validated exactly as the same
+//! object read from a file or the API server (`model::config::parse_config`), and denied with the
+//! reason (naming the field) when it would be rejected there. Istio's answers and metric reasons:
+//!
+//! - another operation: allowed (`unsupported_operation`);
+//! - an object that is not JSON with apiVersion/kind/metadata: "cannot decode configuration"
+//!   (`yaml_decode_error`);
+//! - a kind of an Istio group (`*.istio.io`) that Istio does not know: "unrecognized type"
+//!   (`unknown_type`), as istiod; a kind of another group is not ours to judge and is allowed
+//!   (the webhook configuration sends only Istio groups);
+//! - a spec that does not decode: "error decoding configuration" (`crd_conversion_error`);
+//! - an invalid one: "configuration is invalid" (`invalid_resource`);
+//! - a top-level field other than apiVersion, kind, metadata, spec, status: "unknown field"
+//!   (`invalid_resource`).
+//!
+//! Dry runs are answered the same, with " (dry run)" in the log, and are not counted as failures.
+
+use model::ConfigKind;
+use model::config::{ConfigError, parse_config};
+use serde_json::Value;
+
+use super::admission::{AdmissionRequest, AdmissionResponse, bounded};
+use crate::metrics::PipelineMetrics;
+
+const VALID_FIELDS: &[&str] = &["apiVersion", "kind", "metadata", "spec", "status"];
+
+/// One review's verdict, counted in `galley_validation_passed` / `galley_validation_failed`.
+pub fn validate(request: &AdmissionRequest, metrics: &PipelineMetrics) -> AdmissionResponse {
+    let dry_run = request.dry_run == Some(true);
+    let resource = &request.resource.resource;
+    let fail = |reason: &'static str, message: String| {
+        tracing::info!(
+            "validation webhook: {} {}/{} denied: {message}{}",
+            bounded(&request.kind.kind),
+            bounded(&request.namespace),
+            bounded(&request.name),
+            if dry_run { " (dry run)" } else { "" }
+        );
+        if !dry_run {
+            metrics.webhook_failed(resource, reason);
+        }
+        AdmissionResponse::denied(message)
+    };
+    if !matches!(request.operation.as_str(), "CREATE" | "UPDATE") {
+        tracing::warn!(
+            "validation webhook: unsupported operation {:?}",
+            bounded(&request.operation)
+        );
+        if !dry_run {
+            metrics.webhook_failed(resource, "unsupported_operation");
+        }
+        return AdmissionResponse::allowed();
+    }
+    let Some(Value::Object(object)) = &request.object else {
+        return fail(
+            "yaml_decode_error",
+            "cannot decode configuration: the object is not a JSON object".into(),
+        );
+    };
+    let text = |f: &str| object.get(f).and_then(Value::as_str).unwrap_or_default();
+    let (api_version, kind) = (text("apiVersion"), text("kind"));
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    if api_version.is_empty() || kind.is_empty() {
+        return fail(
+            "yaml_decode_error",
+            "cannot decode configuration: Object 'Kind' is missing or apiVersion is empty".into(),
+        );
+    }
+    if ConfigKind::from_gvk(group, version, kind).is_none() && !group.ends_with(".istio.io") {
+        if !dry_run {
+            metrics.webhook_passed(resource);
+        }
+        return AdmissionResponse::allowed();
+    }
+    // The namespace of a namespaced object created without one is the request's.
+    let namespace = if request.namespace.is_empty() {
+        "default"
+    } else {
+        &request.namespace
+    };
+    let outcome = parse_config(Value::Object(object.clone()), namespace);
+    let gvk = || format!("{}/{}/{}", if group.is_empty() { "core" } else { group }, version, kind);
+    match outcome {
+        Ok(_) => {}
+        Err(ConfigError::UnknownKind { .. }) => {
+            return fail("unknown_type", format!("unrecognized type {}", bounded(&gvk())));
+        }
+        Err(ConfigError::NotAResource) => {
+            return fail(
+                "yaml_decode_error",
+                "cannot decode configuration: not an object with apiVersion and kind".into(),
+            );
+        }
+        Err(ConfigError::Decode { reason, .. }) => {
+            return fail(
+                "crd_conversion_error",
+                format!("error decoding configuration: {reason}"),
+            );
+        }
+        Err(ConfigError::Metadata { reason, .. }) => {
+            return fail("invalid_resource", format!("configuration is invalid: {reason}"));
+        }
+        Err(ConfigError::Invalid { errors, .. }) => {
+            return fail(
+                "invalid_resource",
+                format!("configuration is invalid: {}", errors.join("; ")),
+            );
+        }
+    }
+    if let Some(field) = object.keys().find(|k| !VALID_FIELDS.contains(&k.as_str())) {
+        let name = object
+            .get("metadata")
+            .and_then(|m| m.get("name"))
+            .and_then(Value::as_str)
+            .unwrap_or(&request.name);
+        return fail(
+            "invalid_resource",
+            format!(
+                "unknown field {:?} on {} resource {}/{}",
+                bounded(field),
+                bounded(kind),
+                bounded(&request.namespace),
+                bounded(name)
+            ),
+        );
+    }
+    metrics.webhook_passed(resource);
+    AdmissionResponse::allowed()
+}
+
+#[cfg(test)]
+#[path = "validation_tests.rs"]
+mod tests;
