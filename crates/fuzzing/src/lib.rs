@@ -5,6 +5,7 @@
 //! Each target takes arbitrary bytes and panics only on a bug: a panic anywhere (any thread), a
 //! stream that does not end when its client goes away, or an answer that breaks the protocol.
 
+mod admission;
 mod agent_proxy;
 mod config;
 mod input;
@@ -12,6 +13,7 @@ mod mesh;
 pub mod seeds;
 mod xds;
 
+pub use admission::admission_review;
 pub use agent_proxy::agent_xds_proxy;
 pub use config::config;
 pub use xds::xds_request;
@@ -24,6 +26,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("config", config),
     ("xds_request", xds_request),
     ("agent_xds_proxy", agent_xds_proxy),
+    ("admission_review", admission_review),
 ];
 
 /// Makes a panic on any thread (a spawned stream task included) abort the process, as libFuzzer

@@ -62,6 +62,7 @@ pub fn all() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         ("config", config()),
         ("xds_request", xds_request()),
         ("agent_xds_proxy", agent_xds_proxy()),
+        ("admission_review", crate::admission::seeds()),
     ]
 }
 

@@ -57,3 +57,8 @@ fn xds_request_corpus() {
 fn agent_xds_proxy_corpus() {
     replay("agent_xds_proxy");
 }
+
+#[test]
+fn admission_review_corpus() {
+    replay("admission_review");
+}

@@ -4,11 +4,7 @@
 //!
 //! Connections are set up as on the gRPC ports (`crate::accept`): the TLS handshake and a first
 //! byte of the request within the connection timeout, else closed and counted. Requests are read
-//! up to Istio's 6 MiB limit; answers and their metrics are Istio's (`admission.rs`,
-//! `validation.rs`).
-
-pub mod admission;
-mod validation;
+//! up to Istio's 6 MiB limit; answers and their metrics are Istio's (the `webhooks` crate).
 
 use std::io;
 use std::net::SocketAddr;
@@ -21,6 +17,8 @@ use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::server::TlsStream;
+use webhooks::admission;
+use webhooks::validation::{self, Count};
 
 use crate::accept::{Prefaced, Ready, Setup};
 use crate::metrics::PipelineMetrics;
@@ -57,7 +55,16 @@ async fn validate(State(metrics): State<PipelineMetrics>, headers: HeaderMap, bo
         }
     };
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
-    match admission::serve(content_type, &body, |request| validation::validate(request, &metrics)) {
+    let admit = |request: &admission::AdmissionRequest| {
+        let verdict = validation::validate(request);
+        match &verdict.count {
+            Some(Count::Passed { resource }) => metrics.webhook_passed(resource),
+            Some(Count::Failed { resource, reason }) => metrics.webhook_failed(resource, reason),
+            None => {}
+        }
+        verdict.response
+    };
+    match admission::serve(content_type, &body, admit) {
         Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
         Err(e) => http_error(e.status, e.message),
     }

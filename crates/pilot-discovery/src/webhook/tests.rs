@@ -3,9 +3,9 @@ use std::time::Duration;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 
-use super::admission::{MAX_REQUEST_BODY_BYTES, serve as serve_review};
 use super::*;
 use crate::accept::{SetupMetrics, https_acceptor};
+use webhooks::admission::{MAX_REQUEST_BODY_BYTES, serve as serve_review};
 
 fn review(api_version: &str, object: Value) -> Value {
     json!({
@@ -33,11 +33,7 @@ fn valid_vs() -> Value {
 }
 
 fn answer(body: &[u8]) -> Value {
-    let (m, _) = {
-        let mut r = Registry::default();
-        (PipelineMetrics::register(&mut r), r)
-    };
-    let out = serve_review(Some("application/json"), body, |r| validation::validate(r, &m)).unwrap();
+    let out = serve_review(Some("application/json"), body, |r| validation::validate(r).response).unwrap();
     serde_json::from_slice(&out).unwrap()
 }
 

@@ -20,15 +20,40 @@ use model::ConfigKind;
 use model::config::{ConfigError, parse_config};
 use serde_json::Value;
 
-use super::admission::{AdmissionRequest, AdmissionResponse, bounded};
-use crate::metrics::PipelineMetrics;
+use crate::admission::{AdmissionRequest, AdmissionResponse, bounded};
 
 const VALID_FIELDS: &[&str] = &["apiVersion", "kind", "metadata", "spec", "status"];
 
-/// One review's verdict, counted in `galley_validation_passed` / `galley_validation_failed`.
-pub fn validate(request: &AdmissionRequest, metrics: &PipelineMetrics) -> AdmissionResponse {
+/// What Istio counts of a review: `galley_validation_passed`, or `galley_validation_failed` with
+/// the reason, labelled with the request's resource (e.g. `virtualservices`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Count {
+    Passed { resource: String },
+    Failed { resource: String, reason: &'static str },
+}
+
+/// A review's answer and what to count of it (nothing for a failed dry run).
+#[derive(Debug)]
+pub struct Verdict {
+    pub response: AdmissionResponse,
+    pub count: Option<Count>,
+}
+
+/// One review's verdict.
+pub fn validate(request: &AdmissionRequest) -> Verdict {
     let dry_run = request.dry_run == Some(true);
     let resource = &request.resource.resource;
+    let failed = |reason: &'static str| {
+        (!dry_run).then(|| Count::Failed {
+            resource: resource.clone(),
+            reason,
+        })
+    };
+    let passed = || {
+        Some(Count::Passed {
+            resource: resource.clone(),
+        })
+    };
     let fail = |reason: &'static str, message: String| {
         tracing::info!(
             "validation webhook: {} {}/{} denied: {message}{}",
@@ -37,20 +62,20 @@ pub fn validate(request: &AdmissionRequest, metrics: &PipelineMetrics) -> Admiss
             bounded(&request.name),
             if dry_run { " (dry run)" } else { "" }
         );
-        if !dry_run {
-            metrics.webhook_failed(resource, reason);
+        Verdict {
+            response: AdmissionResponse::denied(message),
+            count: failed(reason),
         }
-        AdmissionResponse::denied(message)
     };
     if !matches!(request.operation.as_str(), "CREATE" | "UPDATE") {
         tracing::warn!(
             "validation webhook: unsupported operation {:?}",
             bounded(&request.operation)
         );
-        if !dry_run {
-            metrics.webhook_failed(resource, "unsupported_operation");
-        }
-        return AdmissionResponse::allowed();
+        return Verdict {
+            response: AdmissionResponse::allowed(),
+            count: failed("unsupported_operation"),
+        };
     }
     let Some(Value::Object(object)) = &request.object else {
         return fail(
@@ -68,10 +93,10 @@ pub fn validate(request: &AdmissionRequest, metrics: &PipelineMetrics) -> Admiss
         );
     }
     if ConfigKind::from_gvk(group, version, kind).is_none() && !group.ends_with(".istio.io") {
-        if !dry_run {
-            metrics.webhook_passed(resource);
-        }
-        return AdmissionResponse::allowed();
+        return Verdict {
+            response: AdmissionResponse::allowed(),
+            count: passed(),
+        };
     }
     // The namespace of a namespaced object created without one is the request's.
     let namespace = if request.namespace.is_empty() {
@@ -125,8 +150,10 @@ pub fn validate(request: &AdmissionRequest, metrics: &PipelineMetrics) -> Admiss
             ),
         );
     }
-    metrics.webhook_passed(resource);
-    AdmissionResponse::allowed()
+    Verdict {
+        response: AdmissionResponse::allowed(),
+        count: passed(),
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,7 @@
+//! istiod's admission webhooks, without the HTTPS server (pilot-discovery's `webhook` module):
+//! reading an AdmissionReview and answering it (`admission`, Istio's `pkg/kube/adapter.go` and the
+//! webhooks' `serve`), and the validating webhook's verdict (`validation`, Istio's
+//! `pkg/webhooks/validation/server`). Pure, so the fuzz targets drive it directly.
+
+pub mod admission;
+pub mod validation;
