@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
 
 /// Envoy's admin API at `127.0.0.1:<adminPort>`.
@@ -45,5 +46,26 @@ impl EnvoyAdmin {
             Ok((status, response.text().await?))
         };
         fetch.await.map_err(|source| AdminError { url, source })
+    }
+
+    /// GET `path_and_query` and return the response as soon as its headers arrive: the body is
+    /// read chunk by chunk with [`EnvoyAdmin::chunk`], all of it within `timeout`.
+    pub(crate) async fn get_streaming(
+        &self,
+        path_and_query: &str,
+        timeout: Duration,
+        headers: HeaderMap,
+    ) -> Result<reqwest::Response, AdminError> {
+        let url = format!("{}{path_and_query}", self.base);
+        let send = self.client.get(&url).headers(headers).timeout(timeout).send();
+        send.await.map_err(|source| AdminError { url, source })
+    }
+
+    /// The next chunk of a streamed body; `None` at its end.
+    pub(crate) async fn chunk(response: &mut reqwest::Response) -> Result<Option<Bytes>, AdminError> {
+        response.chunk().await.map_err(|source| AdminError {
+            url: response.url().to_string(),
+            source,
+        })
     }
 }

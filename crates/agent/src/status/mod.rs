@@ -1,19 +1,26 @@
 //! Istio's status server on the agent's status port (15020): `/healthz/ready` (the sidecar's
 //! readiness), `/stats/prometheus` and `/metrics` (the agent's metrics merged with Envoy's), the
 //! rewritten app probes under `/app-health/`, and `/quitquitquit` (shut the agent down).
+//!
+//! The port is open to the pod's network, unauthenticated as Istio's: a scrape streams Envoy's
+//! body (at most [`stats::MAX_CONCURRENT_SCRAPES`] at once), and a connection whose caller stops
+//! reading is closed after [`DEFAULT_WRITE_TIMEOUT`] (see `listener`).
 
 mod admin;
 mod app_probe;
 mod grpc_probe;
+mod listener;
 #[cfg(test)]
 mod probe_tests;
 mod ready;
 mod stats;
 #[cfg(test)]
+mod stream_tests;
+#[cfg(test)]
 mod tests;
 
 use std::future::Future;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -26,13 +33,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, post};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 
 pub use app_probe::{
     AppProbeError, GrpcAction, HttpGetAction, HttpHeader, KUBE_APP_PROBERS_ENV, KubeAppProbers, Prober, TcpSocketAction,
 };
 pub use ready::NotReady;
-pub use stats::{ScrapeMetrics, TEXT_CONTENT_TYPE};
+pub use stats::{MAX_CONCURRENT_SCRAPES, ScrapeMetrics, TEXT_CONTENT_TYPE};
 
 use crate::readiness::XdsStatus;
 
@@ -42,6 +49,8 @@ pub const DEFAULT_STATUS_PORT: u16 = 15020;
 pub const READY_PATH: &str = "/healthz/ready";
 /// The shutdown path, as Istio's `quitPath`.
 pub const QUIT_PATH: &str = "/quitquitquit";
+/// How long a write to a caller may make no progress before its connection is closed.
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How the status server runs.
 #[derive(Debug, Clone)]
@@ -62,6 +71,8 @@ pub struct StatusServerOptions {
     pub scrape_metrics: ScrapeMetrics,
     /// The SDS server: not ready while Envoy waits for its workload certificate.
     pub sds: Option<crate::sds::SdsStatus>,
+    /// A connection whose writes make no progress this long (its caller stopped reading) is closed.
+    pub write_timeout: Duration,
 }
 
 impl Default for StatusServerOptions {
@@ -75,6 +86,7 @@ impl Default for StatusServerOptions {
             probe_source: None,
             scrape_metrics: ScrapeMetrics::default(),
             sds: None,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
         }
     }
 }
@@ -99,6 +111,7 @@ pub enum StatusError {
 #[derive(Clone)]
 pub struct StatusServer {
     port: u16,
+    write_timeout: Duration,
     state: Arc<ServerState>,
 }
 
@@ -107,6 +120,8 @@ struct ServerState {
     admin: admin::EnvoyAdmin,
     registry: Arc<Registry>,
     scrape_metrics: ScrapeMetrics,
+    /// Scrape slots: a streaming scrape holds one until its body is done.
+    scrapes: Arc<Semaphore>,
     app: app_probe::AppProbers,
     shutdown: watch::Sender<bool>,
     last_probe_successful: AtomicBool,
@@ -130,12 +145,14 @@ impl StatusServer {
             admin,
             registry,
             scrape_metrics: options.scrape_metrics,
+            scrapes: Arc::new(Semaphore::new(MAX_CONCURRENT_SCRAPES)),
             app,
             shutdown,
             last_probe_successful: AtomicBool::new(false),
         };
         Ok(Self {
             port: options.status_port,
+            write_timeout: options.write_timeout,
             state: Arc::new(state),
         })
     }
@@ -166,7 +183,11 @@ impl StatusServer {
         listener: TcpListener,
         stop: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), StatusError> {
-        let app = self.router().into_make_service_with_connect_info::<SocketAddr>();
+        let app = self.router().into_make_service_with_connect_info::<listener::Peer>();
+        let listener = listener::StallGuardListener {
+            inner: listener,
+            write_timeout: self.write_timeout,
+        };
         axum::serve(listener, app)
             .with_graceful_shutdown(stop)
             .await
@@ -198,11 +219,24 @@ async fn handle_ready_probe(State(state): State<Arc<ServerState>>) -> Response {
 }
 
 async fn handle_stats(State(state): State<Arc<ServerState>>, headers: HeaderMap) -> Response {
-    let body = stats::merged_scrape(&state.admin, &state.registry, &state.scrape_metrics, &headers).await;
+    state.scrape_metrics.scraped();
+    let Ok(permit) = state.scrapes.clone().try_acquire_owned() else {
+        tracing::warn!("refused a scrape: {MAX_CONCURRENT_SCRAPES} scrapes are already in progress");
+        state.scrape_metrics.failed("limit");
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("too many concurrent scrapes (at most {MAX_CONCURRENT_SCRAPES})"),
+        )
+            .into_response();
+    };
+    let body = stats::merged_scrape(&state.admin, &state.registry, &state.scrape_metrics, &headers, permit).await;
     ([(CONTENT_TYPE, TEXT_CONTENT_TYPE)], body).into_response()
 }
 
-async fn handle_quit(State(state): State<Arc<ServerState>>, ConnectInfo(peer): ConnectInfo<SocketAddr>) -> Response {
+async fn handle_quit(
+    State(state): State<Arc<ServerState>>,
+    ConnectInfo(listener::Peer(peer)): ConnectInfo<listener::Peer>,
+) -> Response {
     if !peer.ip().is_loopback() {
         return (StatusCode::FORBIDDEN, "Only requests from localhost are allowed").into_response();
     }

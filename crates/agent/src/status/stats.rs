@@ -7,12 +7,15 @@
 
 use std::time::Duration;
 
+use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
-use super::admin::EnvoyAdmin;
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::admin::{AdminError, EnvoyAdmin};
 
 /// Prometheus' text exposition format, as Istio's `expfmt.FmtText`.
 pub use monitoring::TEXT_CONTENT_TYPE;
@@ -48,24 +51,34 @@ impl ScrapeMetrics {
         metrics
     }
 
-    fn failed(&self, kind: &'static str) {
+    pub(crate) fn scraped(&self) {
+        self.scrapes.inc();
+    }
+
+    pub(crate) fn failed(&self, kind: &'static str) {
         self.failures.get_or_create(&vec![("type", kind)]).inc();
     }
 }
 
-/// Serves one scrape: the agent's metrics, then Envoy's.
+/// How many scrapes stream at once; past it a scrape is answered 503 at once (and counted as
+/// `istio_agent_scrape_failures_total{type="limit"}`). Prometheus scrapes a target once per interval.
+pub const MAX_CONCURRENT_SCRAPES: usize = 4;
+
+/// Serves one scrape: the agent's metrics, then Envoy's, streamed as Envoy sends them (Istio's
+/// `io.Copy`): the agent holds a chunk at a time, never the whole body. `permit` (a scrape slot)
+/// is held until the body is done or dropped.
 pub(crate) async fn merged_scrape(
     admin: &EnvoyAdmin,
     registry: &Registry,
     metrics: &ScrapeMetrics,
     request_headers: &HeaderMap,
-) -> String {
-    metrics.scrapes.inc();
+    permit: OwnedSemaphorePermit,
+) -> Body {
     let (headers, timeout) = scrape_request(request_headers);
-    let envoy = match admin.get("/stats/prometheus", timeout, headers).await {
-        Ok((status, body)) if status.is_success() => Some(body),
-        Ok((status, _)) => {
-            tracing::error!(%status, "failed scraping envoy metrics");
+    let envoy = match admin.get_streaming("/stats/prometheus", timeout, headers).await {
+        Ok(response) if response.status().is_success() => Some(response),
+        Ok(response) => {
+            tracing::error!(status = %response.status(), "failed scraping envoy metrics");
             metrics.failed("envoy");
             None
         }
@@ -80,14 +93,68 @@ pub(crate) async fn merged_scrape(
         tracing::error!(error = %err, "failed scraping and writing agent metrics");
         metrics.failed("agent");
     }
-    let mut out = monitoring::istio_text(&openmetrics);
-    if let Some(envoy) = envoy {
-        out.push_str(&envoy);
-        if !out.ends_with('\n') {
-            out.push('\n');
+    let agent = Bytes::from(monitoring::istio_text(&openmetrics));
+    let Some(envoy) = envoy else {
+        return Body::from(agent);
+    };
+    let state = Streaming {
+        agent: Some(agent),
+        envoy: Some(envoy),
+        last: b'\n',
+        metrics: metrics.clone(),
+        permit: Some(permit),
+    };
+    Body::from_stream(futures::stream::unfold(state, Streaming::next))
+}
+
+/// The merged body being streamed: the agent's text, Envoy's chunks, a final newline if Envoy's
+/// text lacks one.
+struct Streaming {
+    agent: Option<Bytes>,
+    envoy: Option<reqwest::Response>,
+    last: u8,
+    metrics: ScrapeMetrics,
+    /// The scrape slot, given back as soon as Envoy's body ends or fails.
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Streaming {
+    async fn next(mut self) -> Option<(Result<Bytes, AdminError>, Self)> {
+        if let Some(agent) = self.agent.take() {
+            if let Some(&last) = agent.last() {
+                self.last = last;
+            }
+            return Some((Ok(agent), self));
+        }
+        let envoy = self.envoy.as_mut()?;
+        loop {
+            match EnvoyAdmin::chunk(envoy).await {
+                Ok(Some(chunk)) if chunk.is_empty() => continue,
+                Ok(Some(chunk)) => {
+                    self.last = chunk[chunk.len() - 1];
+                    return Some((Ok(chunk), self));
+                }
+                Ok(None) => {
+                    self.envoy = None;
+                    self.permit = None;
+                    if self.last == b'\n' {
+                        return None;
+                    }
+                    self.last = b'\n';
+                    return Some((Ok(Bytes::from_static(b"\n")), self));
+                }
+                Err(err) => {
+                    // Envoy stopped or the scrape timed out (a caller reading too slowly): the
+                    // body is cut off, which the caller sees as a failed scrape.
+                    tracing::error!(error = %err, "failed to scraping and writing envoy metrics");
+                    self.metrics.failed("envoy");
+                    self.envoy = None;
+                    self.permit = None;
+                    return Some((Err(err), self));
+                }
+            }
         }
     }
-    out
 }
 
 /// Istio passes Prometheus' `Accept`, `User-Agent` and scrape-timeout headers to Envoy, and bounds
