@@ -144,6 +144,7 @@ pub async fn run(cfg: AgentConfig, runtime: ProxyRuntime) -> anyhow::Result<Opti
         cfg.secrets.clone(),
         PathBuf::from(CERT_WATCH_DIR),
     );
+    secrets.register_metrics(&mut registry);
     tokio::spawn(secrets.clone().run());
     let sds = crate::sds::SdsServer::start(&cfg.paths.sds_uds, secrets)
         .with_context(|| format!("SDS server on {}", cfg.paths.sds_uds.display()))?;

@@ -13,7 +13,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+
 use super::ca_client::{CaClient, CaClientError, Signed};
+use super::files::{self, FileSecretError};
 use super::problem::{Problem, describe};
 use crate::config::SecretConfig;
 
@@ -55,12 +59,10 @@ impl std::fmt::Debug for SecretItem {
 pub enum SecretError {
     #[error("unknown secret {0:?} (served: default, ROOTCA, file-cert:<cert>~<key>, file-root:<root>)")]
     Unknown(String),
-    #[error("reading {path}: {source}")]
-    File {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// A secret file that cannot be read or is not PEM certificates/keys; counted in
+    /// `istio_agent_num_file_secret_failures_total`.
+    #[error(transparent)]
+    File(#[from] FileSecretError),
     #[error(transparent)]
     Ca(#[from] CaClientError),
     #[error("no CA to sign the workload certificate and no certificate files in {0}")]
@@ -87,6 +89,8 @@ struct Inner {
     files: Mutex<BTreeMap<PathBuf, Option<SystemTime>>>,
     /// Why the last attempt to get the workload certificate failed, for the log and readiness.
     problem: Problem,
+    /// Istio's `num_file_secret_failures_total`.
+    file_failures: Counter,
 }
 
 /// Shared by the SDS server and the renewal task.
@@ -109,8 +113,24 @@ impl SecretManager {
                 generation: watch::channel(0).0,
                 files: Mutex::new(BTreeMap::new()),
                 problem: Problem::default(),
+                file_failures: Counter::default(),
             }),
         }
+    }
+
+    /// Registers Istio's `istio_agent_num_file_secret_failures_total`.
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        // OpenMetrics adds `_total` again; the merged scrape strips it.
+        registry.register(
+            "istio_agent_num_file_secret_failures_total",
+            "Number of times secret generation failed for files",
+            self.inner.file_failures.clone(),
+        );
+    }
+
+    /// How many times a secret file could not be served.
+    pub fn file_secret_failures(&self) -> u64 {
+        self.inner.file_failures.get()
     }
 
     pub fn identity(&self) -> &str {
@@ -137,13 +157,10 @@ impl SecretManager {
     pub async fn generate(&self, name: &str) -> Result<SecretItem, SecretError> {
         let dir = self.inner.cert_dir.clone();
         match name {
-            WORKLOAD if self.uses_mounted_files() => Ok(SecretItem::Certificate {
-                cert_chain_pem: self.read(&dir.join(CERT_CHAIN_FILE))?,
-                key_pem: self.read(&dir.join(KEY_FILE))?,
-            }),
-            ROOT if self.uses_mounted_files() && dir.join(ROOT_CERT_FILE).is_file() => Ok(SecretItem::Root {
-                root_pem: self.read(&dir.join(ROOT_CERT_FILE))?,
-            }),
+            WORKLOAD if self.uses_mounted_files() => self.key_pair(dir.join(CERT_CHAIN_FILE), dir.join(KEY_FILE)).await,
+            ROOT if self.uses_mounted_files() && dir.join(ROOT_CERT_FILE).is_file() => {
+                self.root(dir.join(ROOT_CERT_FILE)).await
+            }
             WORKLOAD => {
                 let w = self.workload().await?;
                 Ok(SecretItem::Certificate {
@@ -159,14 +176,9 @@ impl SecretManager {
                     let (cert, key) = paths
                         .split_once('~')
                         .ok_or_else(|| SecretError::Unknown(name.to_owned()))?;
-                    Ok(SecretItem::Certificate {
-                        cert_chain_pem: self.read(Path::new(cert))?,
-                        key_pem: self.read(Path::new(key))?,
-                    })
+                    self.key_pair(PathBuf::from(cert), PathBuf::from(key)).await
                 } else if let Some(path) = name.strip_prefix(FILE_ROOT_PREFIX) {
-                    Ok(SecretItem::Root {
-                        root_pem: self.read(Path::new(path))?,
-                    })
+                    self.root(PathBuf::from(path)).await
                 } else {
                     Err(SecretError::Unknown(name.to_owned()))
                 }
@@ -174,14 +186,37 @@ impl SecretManager {
         }
     }
 
-    /// Reads a served file and remembers it for the watcher.
-    fn read(&self, path: &Path) -> Result<String, SecretError> {
-        let text = std::fs::read_to_string(path).map_err(|source| SecretError::File {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        lock(&self.inner.files).insert(path.to_path_buf(), modified(path));
-        Ok(text)
+    /// Reads a root certificate file (see [`files::read_root`]) and remembers it for the watcher.
+    async fn root(&self, path: PathBuf) -> Result<SecretItem, SecretError> {
+        let stamp = modified(&path);
+        match files::read_root(path.clone()).await {
+            Ok(root_pem) => {
+                lock(&self.inner.files).insert(path, stamp);
+                Ok(SecretItem::Root { root_pem })
+            }
+            Err(e) => Err(self.file_failed(e)),
+        }
+    }
+
+    /// Reads a certificate chain and its key (see [`files::read_key_pair`]) and remembers the
+    /// chain for the watcher (as Istio: the key does not change without the certificate).
+    async fn key_pair(&self, cert: PathBuf, key: PathBuf) -> Result<SecretItem, SecretError> {
+        let stamp = modified(&cert);
+        match files::read_key_pair(cert.clone(), key).await {
+            Ok((cert_chain_pem, key_pem)) => {
+                lock(&self.inner.files).insert(cert, stamp);
+                Ok(SecretItem::Certificate {
+                    cert_chain_pem,
+                    key_pem,
+                })
+            }
+            Err(e) => Err(self.file_failed(e)),
+        }
+    }
+
+    fn file_failed(&self, error: FileSecretError) -> SecretError {
+        self.inner.file_failures.inc();
+        SecretError::File(error)
     }
 
     /// The current workload certificate, signed now if there is none or it expired.

@@ -3,13 +3,17 @@
 
 mod ca_client;
 mod cache;
+mod files;
 mod problem;
 mod server;
 
 pub use ca_client::{CaClient, CaClientError, CaTls, Signed};
 pub use cache::{ROOT, SecretError, SecretItem, SecretManager, WORKLOAD};
+pub use files::{FileSecretError, MAX_SECRET_FILE};
 pub use problem::Problem;
 pub use server::{SdsServer, SdsStatus};
 
+#[cfg(test)]
+mod file_tests;
 #[cfg(test)]
 mod tests;

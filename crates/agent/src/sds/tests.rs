@@ -19,7 +19,7 @@ use crate::config::SecretConfig;
 
 const ID: &str = "spiffe://cluster.local/ns/default/sa/reviews";
 
-fn config() -> SecretConfig {
+pub(super) fn config() -> SecretConfig {
     SecretConfig {
         ttl: Duration::from_secs(3600),
         grace_period_ratio: 0.5,
@@ -30,7 +30,7 @@ fn config() -> SecretConfig {
 
 /// Writes a self-signed workload certificate, its key and a root into `dir` (Istio's
 /// `./etc/certs` layout); returns the certificate PEM.
-fn write_certs(dir: &Path) -> String {
+pub(super) fn write_certs(dir: &Path) -> String {
     let key = KeyPair::generate().unwrap();
     let mut params = CertificateParams::default();
     params.subject_alt_names = vec![SanType::URI(ID.to_owned().try_into().unwrap())];
