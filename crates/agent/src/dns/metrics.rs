@@ -1,5 +1,5 @@
 //! The DNS proxy's metrics, as Istio's agent names them (`pkg/dns/client/monitoring.go`), plus a
-//! count of the packets dropped as malformed.
+//! count of the packets dropped as malformed and of the queries refused past the forward limit.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
@@ -12,6 +12,8 @@ pub struct DnsMetrics {
     pub upstream_failures: Counter,
     pub upstream_duration: Histogram,
     pub malformed: Counter,
+    /// Queries answered SERVFAIL because `MAX_FORWARDS_IN_FLIGHT` were forwarded already.
+    pub forward_limit: Counter,
 }
 
 impl Default for DnsMetrics {
@@ -22,6 +24,7 @@ impl Default for DnsMetrics {
             upstream_failures: Counter::default(),
             upstream_duration: Histogram::new([0.001, 0.005, 0.01, 0.1, 1.0, 5.0]),
             malformed: Counter::default(),
+            forward_limit: Counter::default(),
         }
     }
 }
@@ -55,6 +58,11 @@ impl DnsMetrics {
             "istio_agent_dns_malformed_requests_total",
             "DNS packets dropped because they did not parse.",
             m.malformed.clone(),
+        );
+        registry.register(
+            "istio_agent_dns_forward_limit_total",
+            "DNS queries answered SERVFAIL because too many queries were forwarded already.",
+            m.forward_limit.clone(),
         );
         m
     }

@@ -6,11 +6,20 @@
 //! resolv.conf (`upstream`). Before the first name table every query is forwarded. Answers larger
 //! than the UDP size (512, or the query's EDNS size) are truncated and flagged TC. Packets that do
 //! not parse are dropped and counted. Messages are hickory-proto's; sockets tokio's.
+//!
+//! Bounds (issue 28): at most [`MAX_FORWARDS_IN_FLIGHT`] queries are forwarded at once (each holds
+//! a socket until its resolver answers or times out); past it a query is answered SERVFAIL at once
+//! and counted, as a resolver's forward limit (dnsmasq's `dns-forward-max`). Over TCP, as Istio's
+//! miekg/dns server (`dns.Server{}` defaults): a message must arrive whole within
+//! [`TCP_READ_TIMEOUT`], a connection waits [`TCP_IDLE_TIMEOUT`] for the next one and serves at
+//! most [`MAX_TCP_QUERIES`], and an answer must be written within [`TCP_WRITE_TIMEOUT`].
 
 mod metrics;
 pub mod table;
 mod upstream;
 
+#[cfg(test)]
+mod limit_tests;
 #[cfg(test)]
 mod tests;
 
@@ -24,6 +33,7 @@ use hickory_proto::rr::{RData, Record, RecordType};
 use istio_api::nds::NameTable;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, UdpSocket};
+use tokio::sync::Semaphore;
 
 pub use metrics::DnsMetrics;
 pub use table::{LookupTable, ProxyDomain};
@@ -32,6 +42,15 @@ pub use table::{LookupTable, ProxyDomain};
 const TTL: u32 = 30;
 /// The classic DNS UDP limit, below any EDNS size.
 const UDP_SIZE: usize = 512;
+/// Queries forwarded at once, at most (dnsmasq's `dns-forward-max` default).
+pub const MAX_FORWARDS_IN_FLIGHT: usize = 150;
+/// miekg/dns's `dnsTimeout`: the server's read (per message) and write timeout.
+pub const TCP_READ_TIMEOUT: Duration = Duration::from_secs(2);
+pub const TCP_WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+/// miekg/dns's `tcpIdleTimeout`: how long a TCP connection waits for its next query.
+pub const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(8);
+/// miekg/dns's `maxTCPQueries`: queries served on one TCP connection.
+pub const MAX_TCP_QUERIES: usize = 128;
 
 /// The resolvers and search list of a resolv.conf (port 53).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -66,6 +85,8 @@ pub struct LocalDnsServer {
     resolv: ResolvConf,
     parallel: bool,
     timeout: Duration,
+    /// Slots for forwarded queries ([`MAX_FORWARDS_IN_FLIGHT`]).
+    forwards: Arc<Semaphore>,
     metrics: DnsMetrics,
 }
 
@@ -77,6 +98,7 @@ impl LocalDnsServer {
             resolv,
             parallel,
             timeout: upstream::UPSTREAM_TIMEOUT,
+            forwards: Arc::new(Semaphore::new(MAX_FORWARDS_IN_FLIGHT)),
             metrics,
         }
     }
@@ -156,8 +178,16 @@ impl LocalDnsServer {
         Some(response)
     }
 
-    /// The upstream resolvers' answer, as they gave it, or SERVFAIL.
+    /// The upstream resolvers' answer, as they gave it, or SERVFAIL (also when
+    /// [`MAX_FORWARDS_IN_FLIGHT`] queries are already forwarded).
     async fn forward(&self, request: &Message, query: &[u8]) -> Message {
+        let Ok(_slot) = self.forwards.try_acquire() else {
+            self.metrics.forward_limit.inc();
+            tracing::debug!("DNS: {MAX_FORWARDS_IN_FLIGHT} queries already forwarded; SERVFAIL");
+            let mut r = reply_to(request);
+            r.metadata.response_code = ResponseCode::ServFail;
+            return r;
+        };
         self.metrics.upstream_requests.inc();
         let started = Instant::now();
         let answer = if self.parallel {
@@ -249,24 +279,51 @@ impl LocalDnsServer {
                 continue;
             };
             let server = self.clone();
-            tokio::spawn(async move {
-                // several queries per connection, each length-prefixed; idle connections close
-                while let Ok(Ok(len)) = tokio::time::timeout(Duration::from_secs(10), stream.read_u16()).await {
-                    let mut query = vec![0u8; usize::from(len)];
-                    if stream.read_exact(&mut query).await.is_err() {
-                        return;
-                    }
-                    let Some(answer) = server.answer(&query, false).await else {
-                        return;
-                    };
-                    let Ok(n) = u16::try_from(answer.len()) else { return };
-                    let mut framed = n.to_be_bytes().to_vec();
-                    framed.extend_from_slice(&answer);
-                    if stream.write_all(&framed).await.is_err() {
-                        return;
-                    }
+            tokio::spawn(async move { server.serve_tcp_connection(&mut stream).await });
+        }
+    }
+}
+
+impl LocalDnsServer {
+    /// Several length-prefixed queries on one connection, as miekg/dns's `serveTCPConn`: the first
+    /// within the read timeout, each next within the idle timeout, each message whole within the
+    /// read timeout once it started; the connection closes otherwise, or after `MAX_TCP_QUERIES`.
+    async fn serve_tcp_connection(&self, stream: &mut tokio::net::TcpStream) {
+        let mut wait = TCP_READ_TIMEOUT;
+        for _ in 0..MAX_TCP_QUERIES {
+            // the first byte within the wait, the rest of the message within the read timeout
+            let mut first = [0u8; 1];
+            match tokio::time::timeout(wait, stream.read(&mut first)).await {
+                Ok(Ok(1)) => {}
+                _ => return,
+            }
+            let message = async {
+                let low = stream.read_u8().await?;
+                let mut query = vec![0u8; usize::from(u16::from_be_bytes([first[0], low]))];
+                stream.read_exact(&mut query).await?;
+                Ok::<_, std::io::Error>(query)
+            };
+            let query = match tokio::time::timeout(TCP_READ_TIMEOUT, message).await {
+                Ok(Ok(q)) => q,
+                Ok(Err(_)) => return,
+                Err(_) => {
+                    tracing::debug!("DNS over TCP: message not received whole within {TCP_READ_TIMEOUT:?}; closing");
+                    return;
                 }
-            });
+            };
+            let Some(answer) = self.answer(&query, false).await else {
+                return;
+            };
+            let Ok(n) = u16::try_from(answer.len()) else { return };
+            let mut framed = n.to_be_bytes().to_vec();
+            framed.extend_from_slice(&answer);
+            if !matches!(
+                tokio::time::timeout(TCP_WRITE_TIMEOUT, stream.write_all(&framed)).await,
+                Ok(Ok(()))
+            ) {
+                return;
+            }
+            wait = TCP_IDLE_TIMEOUT;
         }
     }
 }
