@@ -35,7 +35,7 @@ use crate::readiness::XdsStatus;
 use ack::StatusPublisher;
 use flavour::{Delta, Flavour, Sotw};
 pub use metrics::{TerminationLabel, XdsProxyMetrics};
-use upstream::{MAX_RECEIVE_MESSAGE_SIZE, Upstream};
+use upstream::{MAX_DOWNSTREAM_MESSAGE_SIZE, Upstream};
 
 /// Istio's default SAN and authority of istiod (`istiod.istio-system.svc`).
 pub const DEFAULT_SERVER_NAME: &str = "istiod.istio-system.svc";
@@ -224,8 +224,11 @@ impl XdsProxy {
             next_id: AtomicU64::new(0),
             closed: AtomicBool::new(false),
         });
+        // Envoy's requests are bounded as pilot-discovery bounds them; the responses it gets are
+        // pilot-discovery's, as large as they come.
         let service = AggregatedDiscoveryServiceServer::new(AdsService(shared.clone()))
-            .max_decoding_message_size(MAX_RECEIVE_MESSAGE_SIZE);
+            .max_decoding_message_size(MAX_DOWNSTREAM_MESSAGE_SIZE)
+            .max_encoding_message_size(usize::MAX);
         let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
         let server = tonic::transport::Server::builder()
             .add_service(service)

@@ -77,6 +77,12 @@ pub(crate) async fn run<F: Flavour>(
             let kind = if expected(&status) { CANCELLED } else { ERROR };
             tracing::debug!(id, %status, "Envoy's xDS stream ended");
             metrics.envoy_terminated(kind);
+            // A request the proxy refused (over the size limit: RESOURCE_EXHAUSTED, as gRPC's
+            // server answers) ends the stream with that status, as Istio's agent does.
+            if kind == ERROR {
+                tracing::warn!(id, %status, "refused a request from Envoy");
+                let _ = tokio::time::timeout(STATUS_SEND_TIMEOUT, down_tx.send(Err(status))).await;
+            }
         }
         Outcome::Upstream(UpstreamEnd::Closed) => {
             tracing::info!(id, upstream = shared.upstream.addr(), "upstream closed the xDS stream");

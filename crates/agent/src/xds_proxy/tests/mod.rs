@@ -7,6 +7,7 @@ mod envoy;
 mod failures;
 mod fake;
 mod lifecycle;
+mod limits;
 mod sotw;
 mod tls;
 
