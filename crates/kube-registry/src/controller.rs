@@ -13,9 +13,11 @@ use model::{Config, Endpoint, Service, ServiceKey};
 use registry::{RegistryDiff, RegistrySnapshot};
 
 use crate::conversion::{
-    Context, PodInfo, convert_endpoints, convert_service, external_name_endpoints, workload_instance,
+    Context, PodInfo, convert_endpoints, convert_service, external_name_endpoints, service_defects, slice_defects,
+    workload_instance,
 };
 use crate::objects::{Affected, NsName, Objects};
+use crate::problems::{Defect, ObjectErrorLabels, Problems, Source};
 
 /// A change to objects of one kind.
 #[derive(Debug, Clone)]
@@ -51,6 +53,7 @@ struct Inner {
 pub struct KubeRegistry {
     ctx: Context,
     inner: Mutex<Inner>,
+    problems: Arc<Problems>,
 }
 
 impl KubeRegistry {
@@ -58,7 +61,25 @@ impl KubeRegistry {
         KubeRegistry {
             ctx,
             inner: Mutex::default(),
+            problems: Arc::default(),
         }
+    }
+
+    /// The registry, counting its objects' problems in `counter` (`pilot_k8s_object_errors`).
+    pub fn counting_problems(
+        mut self,
+        counter: prometheus_client::metrics::family::Family<
+            ObjectErrorLabels,
+            prometheus_client::metrics::counter::Counter,
+        >,
+    ) -> KubeRegistry {
+        self.problems = Arc::new(Problems::new(counter));
+        self
+    }
+
+    /// Its objects that do not decode or convert whole (see `problems`).
+    pub fn problems(&self) -> Arc<Problems> {
+        self.problems.clone()
     }
 
     pub fn context(&self) -> &Context {
@@ -101,6 +122,11 @@ impl KubeRegistry {
         let inner = &mut *inner;
         let mut affected = Affected::default();
         for e in events {
+            match &e {
+                KubeEvent::Service(c) => self.check(c, "Service", service_defects),
+                KubeEvent::EndpointSlice(c) => self.check(c, "EndpointSlice", slice_defects),
+                _ => {}
+            }
             inner.objects.apply(e, &mut affected);
         }
         let services: Vec<NsName> = if affected.all {
@@ -154,6 +180,39 @@ impl KubeRegistry {
             inner.snapshot = Arc::new(next);
         }
         diff
+    }
+}
+
+impl KubeRegistry {
+    /// Records what the conversion drops of the changed objects (logged and counted once).
+    fn check<K: kube::Resource>(&self, change: &Change<K>, kind: &'static str, defects: fn(&K) -> Vec<Defect>) {
+        let id = |o: &K| {
+            (
+                o.meta().namespace.clone().unwrap_or_default(),
+                o.meta().name.clone().unwrap_or_default(),
+            )
+        };
+        match change {
+            Change::Apply(o) => {
+                let (ns, name) = id(o);
+                self.problems.set(kind, &ns, &name, Source::Convert, defects(o));
+            }
+            Change::Delete(o) => {
+                let (ns, name) = id(o);
+                self.problems.set(kind, &ns, &name, Source::Convert, Vec::new());
+            }
+            Change::Replace(all) => {
+                let now = all
+                    .iter()
+                    .map(|o| {
+                        let (ns, name) = id(o);
+                        (ns, name, defects(o))
+                    })
+                    .filter(|(_, _, d)| !d.is_empty())
+                    .collect();
+                self.problems.replace(kind, Source::Convert, now);
+            }
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 //! with the labels, service account and locality of their Pods and Nodes.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Node, Pod, Service as KubeService, ServicePort};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -54,6 +55,69 @@ pub fn convert_protocol(port: &ServicePort) -> Protocol {
     Protocol::parse(name.split('-').next().unwrap_or(""))
 }
 
+/// Whether `address` is an IP address (of the EndpointSlice `addressType` `family`, when given).
+pub fn is_ip(address: &str, family: Option<&str>) -> bool {
+    match address.parse::<IpAddr>() {
+        Ok(IpAddr::V4(_)) => family != Some("IPv6"),
+        Ok(IpAddr::V6(_)) => family != Some("IPv4"),
+        Err(_) => false,
+    }
+}
+
+/// A Service port's number, when it is one (1-65535; a missing `port` reads as 0).
+fn port_number(p: &ServicePort) -> Option<u16> {
+    u16::try_from(p.port).ok().filter(|n| *n != 0)
+}
+
+/// What [`convert_service`] drops of `svc`: cluster IPs that are not IPs, ports without a valid
+/// number (the API server refuses both; a Service from elsewhere may have them).
+pub fn service_defects(svc: &KubeService) -> Vec<crate::problems::Defect> {
+    let Some(spec) = svc.spec.as_ref() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let ips = spec.cluster_ip.iter().chain(spec.cluster_ips.iter().flatten());
+    let mut bad: Vec<&String> = ips
+        .filter(|ip| !ip.is_empty() && *ip != "None" && !is_ip(ip, None))
+        .collect();
+    bad.dedup();
+    for ip in bad {
+        out.push(("invalid_ip", format!("cluster IP {ip:?} is not an IP address: dropped")));
+    }
+    for p in spec.ports.iter().flatten().filter(|p| port_number(p).is_none()) {
+        out.push((
+            "invalid_port",
+            format!(
+                "port {:?} has no valid port number ({}; 1-65535 wanted, a missing `port` reads as 0): the port is ignored",
+                p.name.as_deref().unwrap_or(""),
+                p.port
+            ),
+        ));
+    }
+    out
+}
+
+/// What [`convert_endpoints`] drops of `slice`: endpoint addresses that are not IPs of the
+/// slice's `addressType`.
+pub fn slice_defects(slice: &EndpointSlice) -> Vec<crate::problems::Defect> {
+    let family = slice.address_type.as_str();
+    if !matches!(family, "IPv4" | "IPv6") {
+        return Vec::new();
+    }
+    slice
+        .endpoints
+        .iter()
+        .flat_map(|ep| &ep.addresses)
+        .filter(|a| !is_ip(a, Some(family)))
+        .map(|a| {
+            (
+                "invalid_ip",
+                format!("endpoint address {a:?} is not an {family} address: dropped"),
+            )
+        })
+        .collect()
+}
+
 /// Istio's `ConvertService`.
 pub fn convert_service(svc: &KubeService, ctx: &Context) -> Option<Service> {
     let name = svc.metadata.name.as_deref()?;
@@ -74,6 +138,8 @@ pub fn convert_service(svc: &KubeService, ctx: &Context) -> Option<Service> {
         if !ips.iter().any(|ip| ip == cluster_ip) {
             ips.insert(0, cluster_ip.to_owned());
         }
+        // not IPs: dropped (see `service_defects`)
+        ips.retain(|ip| is_ip(ip, None));
         (ips, Resolution::ClientSideLb)
     };
     let ports = spec
@@ -83,7 +149,8 @@ pub fn convert_service(svc: &KubeService, ctx: &Context) -> Option<Service> {
         .filter_map(|p| {
             Some(Port {
                 name: p.name.clone().unwrap_or_default(),
-                port: u16::try_from(p.port).ok()?,
+                // without a valid number: ignored (see `service_defects`)
+                port: port_number(p)?,
                 protocol: convert_protocol(p),
             })
         })
@@ -199,7 +266,8 @@ pub fn convert_endpoints<'a>(
                 let Some(port) = slice_port.port.and_then(|p| u16::try_from(p).ok()) else {
                     continue;
                 };
-                for address in &ep.addresses {
+                // not IPs of the slice's family: dropped (see `slice_defects`)
+                for address in ep.addresses.iter().filter(|a| is_ip(a, Some(&slice.address_type))) {
                     out.push(Endpoint {
                         address: address.clone(),
                         endpoint_port: port,

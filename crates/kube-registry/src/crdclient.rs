@@ -3,8 +3,10 @@
 //! API server serves. Each object goes through the same parsing and validation as files: an
 //! invalid one is dropped with an error naming it (log, `/debug/config_errors`, counted), an
 //! invalid update keeps the last valid version, and a kind not yet supported (EnvoyFilter,
-//! Telemetry, ...) is kept and reported in `/debug/config_errors`, as `--configDir` does. A CRD
-//! that is not installed is reported once and skipped.
+//! Telemetry, ...) is kept and reported in `/debug/config_errors`, as `--configDir` does; so is
+//! an object that does not even decode as a Kubernetes object (the shared
+//! [`informer`](crate::informer) names it; the kind's other objects are served). A CRD that is
+//! not installed is reported once and skipped.
 //!
 //! It hands out what the file source does: the initial configs, a channel of `ConfigChange`s, and
 //! a `StoreSnapshot` for `/debug/configz` and `/debug/config_errors`.
@@ -17,6 +19,7 @@ use config_sources::{ConfigChange, ConfigEvent, Level, SourceErrorEntry, StoreSn
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use kube::core::Request;
 use kube::{Api, Client};
 use model::{Config, ConfigKey, ConfigKind};
 use tokio::sync::{mpsc, watch};
@@ -24,7 +27,8 @@ use tokio::sync::{mpsc, watch};
 use crate::Change;
 use crate::config_kinds::default_api_version;
 pub use crate::config_kinds::{CONFIG_KINDS, ConfigResource};
-use crate::watch::{WatchMetrics, changes};
+use crate::informer::{Undecodable, Watched, excerpt, watched};
+use crate::watch::WatchMetrics;
 
 /// The config source: as `config_sources::ConfigDirWatch`.
 pub struct KubeConfigSource {
@@ -45,6 +49,8 @@ struct State {
     namespaces: BTreeMap<String, BTreeMap<String, String>>,
     /// Per object (`Kind namespace/name`), its current problem.
     errors: BTreeMap<String, SourceErrorEntry>,
+    /// During a re-list, the kind's problems before it: one found again is not reported again.
+    relisting: BTreeMap<String, SourceErrorEntry>,
     invalid_counts: BTreeMap<String, u64>,
     scans: u64,
     /// Told the kind of each invalid object (pilot's metrics), as the file source tells it.
@@ -173,10 +179,17 @@ async fn served(client: &Client, r: &ConfigResource) -> Option<Api<DynamicObject
         let gvk = GroupVersionKind::gvk(r.group, v, kind);
         let ar = ApiResource::from_gvk_with_plural(&gvk, r.plural);
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-        match api.list(&ListParams::default().limit(1)).await {
-            Ok(_) => return Some(api),
+        // Whether the server lists the kind at this version; what it lists is not decoded here
+        // (an object that does not decode is the informer's to report, once).
+        let listed = match Request::new(api.resource_url()).list(&ListParams::default().limit(1)) {
+            Ok(req) => client.request_text(req).await.map(|_| ()),
+            Err(e) => Err(kube::Error::BuildRequest(e)),
+        };
+        match listed {
+            Ok(()) => return Some(api),
             Err(kube::Error::Api(e)) if e.code == 404 => continue,
             Err(e) => {
+                let e = excerpt(&e.to_string());
                 tracing::debug!(kind, version = v, "listing {kind}: {e}; trying the next version");
                 failed = Some(e);
             }
@@ -206,9 +219,27 @@ async fn follow(
     first: tokio::sync::oneshot::Sender<ConfigChange>,
 ) {
     let mut first = Some(first);
-    let stream = changes(api, kind.as_str());
+    let stream = watched(api, kind.as_str(), metrics.clone());
     futures::pin_mut!(stream);
-    while let Some(change) = stream.next().await {
+    // Objects of the list being read that do not decode, recorded with its `Replace`.
+    let mut undecodable = Vec::new();
+    while let Some(w) = stream.next().await {
+        let change = match w {
+            Watched::Undecodable(u) if u.listed => {
+                undecodable.push(u);
+                continue;
+            }
+            Watched::Undecodable(u) => {
+                // In a watch: the last valid version stays in effect, as for an invalid one.
+                let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
+                record_undecodable(&mut st, kind, &u);
+                let snapshot = st.snapshot();
+                drop(st);
+                state_tx.send_replace(snapshot);
+                continue;
+            }
+            Watched::Change(c) => c,
+        };
         let change = {
             let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
             match change {
@@ -216,9 +247,15 @@ async fn follow(
                     tracing::info!(
                         kind = kind.as_str(),
                         objects = objects.len(),
+                        undecodable = undecodable.len(),
                         "Kubernetes: Istio config listed"
                     );
-                    replace(&mut st, kind, objects, &metrics)
+                    let change = replace(&mut st, kind, objects, &metrics);
+                    for u in undecodable.drain(..) {
+                        record_undecodable(&mut st, kind, &u);
+                    }
+                    st.relisting.clear();
+                    change
                 }
                 Change::Apply(o) => apply(&mut st, kind, &o, &metrics),
                 Change::Delete(o) => delete(&mut st, kind, &o, &metrics),
@@ -287,7 +324,36 @@ fn unsupported(c: &Config) -> SourceErrorEntry {
 }
 
 fn record_error(st: &mut State, kind: ConfigKind, o: &DynamicObject, reason: String) {
-    let name = name_of(kind, o);
+    record(st, name_of(kind, o), kind, reason);
+}
+
+/// An object that does not decode as a Kubernetes object, recorded as an invalid config.
+fn record_undecodable(st: &mut State, kind: ConfigKind, u: &Undecodable) {
+    let name = if u.name.is_empty() {
+        "(no readable name)"
+    } else {
+        &u.name
+    };
+    let name = format!("{kind} {}/{name}", u.namespace);
+    let reason = format!("{name}: does not decode as a Kubernetes object: {}", u.reason);
+    record(st, name, kind, reason);
+}
+
+fn record(st: &mut State, name: String, kind: ConfigKind, reason: String) {
+    let known = |e: Option<&SourceErrorEntry>| e.is_some_and(|e| e.reason == reason);
+    if known(st.errors.get(&name)) || known(st.relisting.get(&name)) {
+        // already reported (a re-list finds it again)
+        st.errors.insert(
+            name.clone(),
+            SourceErrorEntry {
+                file: PathBuf::from(format!("kubernetes://{name}")),
+                resource: Some(name),
+                reason,
+                level: Level::Error,
+            },
+        );
+        return;
+    }
     tracing::warn!(
         resource = name,
         "invalid Istio config from the API server dropped: {reason}"
@@ -328,7 +394,12 @@ fn delete(st: &mut State, kind: ConfigKind, o: &DynamicObject, m: &WatchMetrics)
 /// A (re-)list: the kind's configs become exactly the listed valid ones.
 fn replace(st: &mut State, kind: ConfigKind, objects: Vec<DynamicObject>, m: &WatchMetrics) -> ConfigChange {
     st.scans += 1;
-    st.errors.retain(|name, _| !name.starts_with(&format!("{kind} ")));
+    let prefix = format!("{kind} ");
+    let (before, others) = std::mem::take(&mut st.errors)
+        .into_iter()
+        .partition(|(name, _)| name.starts_with(&prefix));
+    st.errors = others;
+    st.relisting = before;
     st.all.retain(|k, _| k.kind != kind);
     for o in &objects {
         if let Some(c) = parse(st, kind, o) {
@@ -348,10 +419,26 @@ async fn follow_namespaces(
     first: tokio::sync::oneshot::Sender<()>,
 ) {
     let mut first = Some(first);
-    let stream = changes(api, "Namespace");
+    let stream = watched(api, "Namespace", metrics.clone());
     futures::pin_mut!(stream);
     let labels = |n: &Namespace| n.metadata.labels.clone().unwrap_or_default();
-    while let Some(change) = stream.next().await {
+    while let Some(w) = stream.next().await {
+        let change = match w {
+            Watched::Change(c) => c,
+            Watched::Undecodable(u) => {
+                // The registry's watcher of Namespaces (when Kubernetes is a registry) lists it
+                // in /debug/config_errors; here it selects nothing.
+                if let Some(suppressed) = monitoring::throttle::allow("kube_undecodable_namespace") {
+                    tracing::warn!(
+                        suppressed,
+                        "Kubernetes: Namespace {} does not decode ({}): its labels select no config",
+                        u.name,
+                        u.reason
+                    );
+                }
+                continue;
+            }
+        };
         let change = {
             let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
             match change {

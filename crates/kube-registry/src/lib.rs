@@ -8,8 +8,10 @@ mod config_kinds;
 mod controller;
 pub mod conversion;
 pub mod crdclient;
+pub mod informer;
 pub mod manifests;
 mod objects;
+pub mod problems;
 pub mod watch;
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
-//! Watching the API server with kube-rs, as Istio's informers: a reflector-style list + watch per
-//! kind (resourceVersion, bookmarks, re-list on 410 Gone, re-watch with backoff on a dropped
-//! stream, all kube-rs's `watcher`), each change applied to the registry and its diff sent on.
+//! Watching the API server, as Istio's informers: a list + watch per kind (the shared
+//! [`informer`](crate::informer): resourceVersion, bookmarks, re-list on 410 Gone, re-watch with
+//! backoff, each object decoded on its own), each change applied to the registry and its diff
+//! sent on; objects that do not decode are the registry's problems (named, counted, listed).
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -9,14 +10,22 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service as KubeService};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Api, Client, Resource};
 use registry::RegistryDiff;
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
+use crate::informer::{Watched, watched};
+use crate::problems::{ObjectErrorLabels, Source};
 use crate::{Change, KubeEvent, KubeRegistry};
+
+/// Labels of `pilot_k8s_watch_errors`: the kind and what failed (`list_failed`, `watch_failed`,
+/// `line_too_long`, `not_json`, `error_event`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct WatchErrorLabels {
+    pub r#type: String,
+    pub reason: String,
+}
 
 /// Labels of `pilot_k8s_reg_events`, as Istio's: the kind (`Services`, `EndpointSlice`, `Pods`,
 /// `Nodes`, `Namespaces`) and the event (`add`, `update`, `delete`).
@@ -26,13 +35,19 @@ pub struct EventLabels {
     pub event: String,
 }
 
+type Counters<L> = prometheus_client::metrics::family::Family<L, prometheus_client::metrics::counter::Counter>;
+
 /// Istio's `pilot_k8s_reg_events` (registry events by kind and event) and `pilot_k8s_cfg_events`
-/// (Istio config events from the API server).
+/// (Istio config events from the API server); pilot-discovery's own `pilot_k8s_watch_errors`
+/// (lists and watches that failed, by kind and why) and `pilot_k8s_object_errors` (registry
+/// objects that do not decode or convert whole, by kind and why). Istio config that does not
+/// decode is invalid config: `pilot_config_invalid` and `galley_validation_failed`, as from files.
 #[derive(Clone, Debug, Default)]
 pub struct WatchMetrics {
-    pub events: prometheus_client::metrics::family::Family<EventLabels, prometheus_client::metrics::counter::Counter>,
-    pub config_events:
-        prometheus_client::metrics::family::Family<EventLabels, prometheus_client::metrics::counter::Counter>,
+    pub events: Counters<EventLabels>,
+    pub config_events: Counters<EventLabels>,
+    pub watch_errors: Counters<WatchErrorLabels>,
+    pub object_errors: Counters<ObjectErrorLabels>,
 }
 
 impl WatchMetrics {
@@ -48,7 +63,26 @@ impl WatchMetrics {
             "Events from the Kubernetes config source.",
             m.config_events.clone(),
         );
+        registry.register(
+            "pilot_k8s_watch_errors",
+            "Lists and watches of the Kubernetes API server that failed, by kind and reason.",
+            m.watch_errors.clone(),
+        );
+        registry.register(
+            "pilot_k8s_object_errors",
+            "Kubernetes registry objects that do not decode or convert, by kind and reason.",
+            m.object_errors.clone(),
+        );
         m
+    }
+
+    pub(crate) fn watch_error(&self, kind: &str, reason: &str) {
+        self.watch_errors
+            .get_or_create(&WatchErrorLabels {
+                r#type: kind.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc();
     }
 
     pub(crate) fn count_config(&self, kind: &str, event: &str) {
@@ -140,15 +174,15 @@ pub async fn connect(cfg: kube::Config, timeout: Duration) -> Result<Client, Err
 /// The kinds watched.
 pub const KINDS: &[&str] = &["Service", "EndpointSlice", "Pod", "Node", "Namespace"];
 
-/// Starts one watcher per kind. Diffs go to `diffs`; `synced` counts the kinds whose initial list
+/// Starts one watcher per kind. Diffs go to `diffs`; `synced` holds the kinds whose initial list
 /// is in (all of [`KINDS`] when start-up may go on).
 pub fn watch_all(
     client: Client,
     registry: Arc<KubeRegistry>,
     diffs: mpsc::UnboundedSender<RegistryDiff>,
     metrics: WatchMetrics,
-) -> watch::Receiver<usize> {
-    let (synced_tx, synced) = watch::channel(0usize);
+) -> watch::Receiver<std::collections::BTreeSet<&'static str>> {
+    let (synced_tx, synced) = watch::channel(std::collections::BTreeSet::new());
     let s = Sink {
         registry,
         diffs,
@@ -178,42 +212,8 @@ pub fn watch_all(
 struct Sink {
     registry: Arc<KubeRegistry>,
     diffs: mpsc::UnboundedSender<RegistryDiff>,
-    synced: Arc<watch::Sender<usize>>,
+    synced: Arc<watch::Sender<std::collections::BTreeSet<&'static str>>>,
     metrics: WatchMetrics,
-}
-
-/// A kube-rs watcher (list + watch, re-list on 410, re-watch with backoff) as [`Change`]s: each
-/// (re-)list buffered into one `Replace`, then `Apply` and `Delete`. Watch errors are logged,
-/// rate limited; the watcher retries by itself.
-pub(crate) fn changes<K>(api: Api<K>, kind: &'static str) -> impl futures::Stream<Item = Change<K>> + Send
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
-{
-    let mut listed = Vec::new();
-    watcher(api, watcher::Config::default())
-        .default_backoff()
-        .filter_map(move |event| {
-            let change = match event {
-                Ok(Event::Init) => {
-                    listed.clear();
-                    None
-                }
-                Ok(Event::InitApply(o)) => {
-                    listed.push(o);
-                    None
-                }
-                Ok(Event::InitDone) => Some(Change::Replace(std::mem::take(&mut listed))),
-                Ok(Event::Apply(o)) => Some(Change::Apply(o)),
-                Ok(Event::Delete(o)) => Some(Change::Delete(o)),
-                Err(e) => {
-                    if let Some(suppressed) = monitoring::throttle::allow("kube_watch_error") {
-                        tracing::warn!(kind, suppressed, "Kubernetes: watch failed, retrying with backoff: {e}");
-                    }
-                    None
-                }
-            };
-            futures::future::ready(change)
-        })
 }
 
 /// `(kind, metric type label)`.
@@ -223,13 +223,29 @@ where
     K::DynamicType: Default,
 {
     tokio::spawn(async move {
-        let stream = changes(api, kind);
+        let stream = watched(api, kind, sink.metrics.clone());
         futures::pin_mut!(stream);
         let mut first = true;
         // What this watcher has seen, to tell an add from an update.
         let mut known = std::collections::HashSet::new();
         let id = |o: &K| (o.meta().namespace.clone(), o.meta().name.clone());
-        while let Some(change) = stream.next().await {
+        // Objects of the list being read that do not decode.
+        let mut undecodable = Vec::new();
+        let problems = sink.registry.problems();
+        while let Some(w) = stream.next().await {
+            let change = match w {
+                Watched::Undecodable(u) => {
+                    let defect = vec![("undecodable", format!("does not decode as a {kind}: {}", u.reason))];
+                    if u.listed {
+                        undecodable.push((u.namespace, u.name, defect));
+                    } else {
+                        // In a watch: the last good version stays in effect.
+                        problems.set(kind, &u.namespace, &u.name, Source::Decode, defect);
+                    }
+                    continue;
+                }
+                Watched::Change(c) => c,
+            };
             match &change {
                 Change::Replace(listed) => {
                     let n = listed.len();
@@ -238,6 +254,7 @@ where
                     } else {
                         tracing::info!(kind, objects = n, "Kubernetes: re-listed");
                     }
+                    problems.replace(kind, Source::Decode, std::mem::take(&mut undecodable));
                     let now: std::collections::HashSet<_> = listed.iter().map(id).collect();
                     sink.metrics.count(label, "add", now.difference(&known).count() as u64);
                     sink.metrics
@@ -245,10 +262,26 @@ where
                     known = now;
                 }
                 Change::Apply(o) => {
+                    let (ns, name) = id(o);
+                    problems.set(
+                        kind,
+                        &ns.unwrap_or_default(),
+                        &name.unwrap_or_default(),
+                        Source::Decode,
+                        Vec::new(),
+                    );
                     let event = if known.insert(id(o)) { "add" } else { "update" };
                     sink.metrics.count(label, event, 1);
                 }
                 Change::Delete(o) => {
+                    let (ns, name) = id(o);
+                    problems.set(
+                        kind,
+                        &ns.unwrap_or_default(),
+                        &name.unwrap_or_default(),
+                        Source::Decode,
+                        Vec::new(),
+                    );
                     known.remove(&id(o));
                     sink.metrics.count(label, "delete", 1);
                 }
@@ -260,7 +293,9 @@ where
             }
             if initial {
                 first = false;
-                sink.synced.send_modify(|n| *n += 1);
+                sink.synced.send_modify(|s| {
+                    s.insert(kind);
+                });
             }
         }
     });

@@ -206,12 +206,15 @@ struct Rejected<'a> {
 }
 
 /// What istiod's validation webhook would have refused and what proxies NACKed: every config
-/// problem (invalid, unsupported, unknown kinds, unreadable files; Ingress paths, TLS entries and
+/// problem (invalid, unsupported, unknown kinds, unreadable files; cluster objects that do not
+/// decode or whose IPs or ports are dropped; Ingress paths, TLS entries and
 /// backends not served, as warnings) and each rejection traced to the configs behind it.
 /// pilot-discovery's own; istiod has no such view.
 pub async fn config_errors(State(s): State<AppState>) -> Response {
     let store = s.store.borrow().clone();
     let mut errors = store.errors.to_vec();
+    // the cluster registry's objects that do not decode or convert whole
+    errors.extend(crate::kubernetes::problems());
     errors.extend(s.environment.ingress_output().problems.iter().map(|p| {
         SourceErrorEntry {
             file: store

@@ -46,22 +46,27 @@ pub async fn start(
     mesh: &MeshConfig,
     metrics: WatchMetrics,
 ) -> anyhow::Result<Kubernetes> {
-    let registry = Arc::new(KubeRegistry::new(context(args, mesh)));
+    let registry = Arc::new(KubeRegistry::new(context(args, mesh)).counting_problems(metrics.object_errors.clone()));
+    let _ = PROBLEMS.set(registry.problems());
     let (tx, diffs) = mpsc::unbounded_channel();
     let mut synced = watch_all(client, registry.clone(), tx, metrics);
     let t0 = std::time::Instant::now();
     loop {
-        let waited = tokio::time::timeout(Duration::from_secs(5), synced.wait_for(|n| *n == KINDS.len()))
+        let waited = tokio::time::timeout(Duration::from_secs(5), synced.wait_for(|s| s.len() == KINDS.len()))
             .await
             .map(|r| r.is_ok());
         match waited {
             Ok(true) => break,
             Ok(false) => anyhow::bail!("Kubernetes watchers stopped before their initial lists"),
-            Err(_) => tracing::info!(
-                synced = *synced.borrow(),
-                of = KINDS.len(),
-                "waiting for the initial lists of the Kubernetes API server"
-            ),
+            Err(_) => {
+                let pending = pending(&synced.borrow());
+                tracing::info!(
+                    synced = KINDS.len() - pending.len(),
+                    of = KINDS.len(),
+                    "waiting for the initial lists of the Kubernetes API server: {}",
+                    pending.join(", ")
+                );
+            }
         }
     }
     let snapshot = registry.snapshot();
@@ -73,6 +78,20 @@ pub async fn start(
         "Kubernetes registry synced"
     );
     Ok(Kubernetes { registry, diffs })
+}
+
+/// The kinds of [`KINDS`] not in `synced`.
+fn pending(synced: &std::collections::BTreeSet<&'static str>) -> Vec<&'static str> {
+    KINDS.iter().copied().filter(|k| !synced.contains(k)).collect()
+}
+
+/// The cluster registry's problems (objects that do not decode or convert), for
+/// `/debug/config_errors`; set when the registry starts (there is one per process).
+static PROBLEMS: std::sync::OnceLock<Arc<kube_registry::problems::Problems>> = std::sync::OnceLock::new();
+
+/// What [`PROBLEMS`] lists now (nothing without a cluster registry).
+pub fn problems() -> Vec<config_sources::SourceErrorEntry> {
+    PROBLEMS.get().map(|p| p.entries()).unwrap_or_default()
 }
 
 /// The conversion context of this cluster's objects (watched, or manifests in --configDir).
@@ -126,6 +145,12 @@ mod tests {
     use std::collections::BTreeSet;
 
     use serde_json::Value;
+
+    #[test]
+    fn the_start_up_line_names_the_kinds_not_yet_listed() {
+        let synced = ["Service", "Pod"].into_iter().collect();
+        assert_eq!(super::pending(&synced), ["EndpointSlice", "Node", "Namespace"]);
+    }
 
     /// `(api group, resource, verb)` of every rule of the README's ClusterRole.
     fn readme_cluster_role() -> BTreeSet<(String, String, String)> {

@@ -16,7 +16,7 @@ use tokio::sync::broadcast::error::RecvError;
 use super::resources::{RESOURCES, ResourceType, find};
 use super::selector::Selector;
 use super::store::{ApiError, Event, EventType, merge_patch, res_index};
-use super::{Shared, lock, rbac};
+use super::{RawWatch, Shared, lock, rbac};
 
 /// What a path names.
 enum Target<'a> {
@@ -653,6 +653,7 @@ fn list(s: &Shared, f: &Filter, q: &BTreeMap<String, String>) -> Response {
 /// asked for is gone; ends at `timeoutSeconds`, or abruptly when the test drops watches.
 fn watch(s: Arc<Shared>, f: Filter, q: &BTreeMap<String, String>) -> Response {
     let mut events = s.events.subscribe();
+    let mut raw = s.raw.subscribe();
     let mut drops = s.drops.subscribe();
     let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
     let initial_events = q.get("sendInitialEvents").is_some_and(|v| v == "true");
@@ -720,6 +721,24 @@ fn watch(s: Arc<Shared>, f: Filter, q: &BTreeMap<String, String>) -> Response {
                         yield Ok(line("ERROR", &ApiError::expired("watch fell behind").status()));
                         break;
                     }
+                    Err(RecvError::Closed) => break,
+                },
+                r = raw.recv() => match r {
+                    Ok((res, RawWatch::Line(text))) if res == res_index(f.rt) => {
+                        yield Ok(Bytes::from(format!("{text}\n")));
+                    }
+                    Ok((res, RawWatch::Endless { bytes })) if res == res_index(f.rt) => {
+                        let head = r#"{"type":"ADDED","object":{"metadata":{"name":""#;
+                        yield Ok(Bytes::from_static(head.as_bytes()));
+                        let chunk = Bytes::from(vec![b'x'; 64 << 10]);
+                        let mut sent = head.len();
+                        while sent < bytes {
+                            let n = chunk.len().min(bytes - sent);
+                            sent += n;
+                            yield Ok(chunk.slice(..n));
+                        }
+                    }
+                    Ok(_) | Err(RecvError::Lagged(_)) => {}
                     Err(RecvError::Closed) => break,
                 },
                 _ = tick.tick(), if bookmarks => yield Ok(bookmark(f.rt, &f.version, seen, false)),

@@ -11,7 +11,11 @@
 //! ([`FakeApiServer::apply`]), expires the history ([`FakeApiServer::compact`]), drops every open
 //! watch ([`FakeApiServer::drop_watches`]), uninstalls CRD groups
 //! ([`FakeApiServer::uninstall_group`]) and restricts a bearer token to a ClusterRole, as RBAC
-//! does ([`FakeApiServer::bind_cluster_role`]).
+//! does ([`FakeApiServer::bind_cluster_role`]). To test a client against what no API server
+//! should send, a test applies objects that do not decode as their kind (the store takes any
+//! JSON object with a name, as etcd behind a lax CRD schema would) and sends raw lines on open
+//! watches ([`FakeApiServer::send_raw`]: a truncated event, an event of an unknown type, a line
+//! that never ends).
 
 mod http;
 mod rbac;
@@ -35,9 +39,21 @@ use tokio::task::JoinHandle;
 pub use store::ApiError;
 use store::{Event, Store};
 
+/// What a watch sends that no API server should ([`FakeApiServer::send_raw`]).
+#[derive(Debug, Clone)]
+pub enum RawWatch {
+    /// This text and a newline: a truncated JSON event, an event of an unknown type...
+    Line(String),
+    /// The start of an ADDED event whose object's name never ends: `bytes` bytes in all, sent
+    /// in 64 KiB chunks, without a newline (what follows on the watch is part of that line).
+    Endless { bytes: usize },
+}
+
 pub(crate) struct Shared {
     store: Mutex<Store>,
     events: broadcast::Sender<Arc<Event>>,
+    /// Raw watch lines, by resource type (index into `RESOURCES`).
+    raw: broadcast::Sender<(usize, RawWatch)>,
     drops: watch::Sender<u64>,
     requests: Mutex<Vec<String>>,
     addr: SocketAddr,
@@ -117,6 +133,7 @@ impl FakeApiServer {
         let shared = Arc::new(Shared {
             store: Mutex::default(),
             events: broadcast::channel(65_536).0,
+            raw: broadcast::channel(64).0,
             drops: watch::Sender::new(0),
             requests: Mutex::default(),
             addr,
@@ -197,6 +214,14 @@ impl FakeApiServer {
         let (stored, event) = done.map_err(|e| anyhow!("{}", e.message))?;
         let _ = self.shared.events.send(event);
         Ok(stored)
+    }
+
+    /// Sends `raw` on every open watch of `kind` (`api_version` names its group); returns how
+    /// many watches (of any kind) were open.
+    pub fn send_raw(&self, api_version: &str, kind: &str, raw: RawWatch) -> anyhow::Result<usize> {
+        let rt = resources::of_kind(api_version, kind)
+            .ok_or_else(|| anyhow!("the fake API server has no {api_version} {kind}"))?;
+        Ok(self.shared.raw.send((store::res_index(rt), raw)).unwrap_or(0))
     }
 
     /// Deletes the object of `obj`'s kind, namespace and name.
