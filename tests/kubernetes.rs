@@ -3,6 +3,8 @@
 //! Ingresses: the same objects as API objects and as manifests give the same xDS), and a real
 //! Envoy gateway routes by them (Istio Gateway and VirtualService from --configDir); scaling the
 //! EndpointSlices moves the traffic, and a dropped watch followed by 410 Gone loses no update.
+//! Objects that do not decode as their kind do not stop start-up: they are named and counted,
+//! and the others are served (issue 28).
 
 mod common;
 
@@ -420,6 +422,83 @@ async fn without_config_dir_istio_config_comes_from_the_api_server() -> anyhow::
         metrics.contains(r#"pilot_k8s_reg_events{type="Services",event="add"} 1"#),
         "{metrics}"
     );
+    Ok(())
+}
+
+/// Issue 28: a VirtualService that does not decode as a Kubernetes object (labels a list) among
+/// good ones, and a Service whose ports are a map: pilot-discovery becomes ready, serves the good
+/// ones, names the bad ones in /debug/config_errors and counts them; Envoy NACKs nothing.
+#[tokio::test]
+async fn undecodable_objects_are_named_and_the_others_served() -> anyhow::Result<()> {
+    let v1 = Backend::start("reviews-v1").await?;
+    let gateway = free_port();
+    let api = FakeApiServer::start().await?;
+    let mut broken_vs = istio(
+        "VirtualService",
+        "a-broken",
+        json!({"hosts": ["other.example.com"], "gateways": ["bookinfo-gateway"],
+               "http": [{"route": [{"destination": {"host": "reviews.default.svc.cluster.local"}}]}]}),
+    );
+    broken_vs["metadata"]["labels"] = json!(["app", "reviews"]);
+    for o in [
+        pod("reviews-v1", "v1"),
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "reviews", "namespace": "default"},
+            "spec": {"clusterIP": "10.96.0.10", "selector": {"app": "reviews"}, "ports": [{"name": "http", "port": 9080}]}}),
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a-broken", "namespace": "default"},
+            "spec": {"clusterIP": "10.96.0.11", "ports": {"http": 9080}}}),
+        slice("v1", v1.addr().port(), true),
+        istio(
+            "Gateway",
+            "bookinfo-gateway",
+            json!({"selector": {"istio": "ingressgateway"},
+            "servers": [{"port": {"number": gateway, "name": "http", "protocol": "HTTP"}, "hosts": [HOST]}]}),
+        ),
+        broken_vs,
+        reviews_to("v1"),
+        istio(
+            "DestinationRule",
+            "reviews",
+            json!({"host": "reviews.default.svc.cluster.local", "subsets": [{"name": "v1", "labels": {"version": "v1"}}]}),
+        ),
+    ] {
+        api.apply(o)?;
+    }
+    let (_dir, discovery) = discovery_on_the_api_server(&api).await?;
+    let envoy = start_gateway_envoy(&discovery, Ads::Sotw).await?;
+    answered_by(gateway, "reviews-v1", &discovery).await?;
+    let (_, errors) = discovery.get("/debug/config_errors", false).await?;
+    let errors: Value = serde_json::from_str(&errors)?;
+    let reasons: Vec<&str> = errors["errors"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["reason"].as_str())
+        .collect();
+    assert!(
+        reasons.iter().any(|r| r.starts_with(
+            "VirtualService default/a-broken: does not decode as a Kubernetes object: invalid type: sequence"
+        )),
+        "{errors:#}"
+    );
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.starts_with("Service default/a-broken: does not decode as a Service: invalid type: map")),
+        "{errors:#}"
+    );
+    let (_, metrics) = discovery.get("/metrics", true).await?;
+    assert!(
+        metrics.contains(r#"pilot_config_invalid{type="VirtualService"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"pilot_k8s_object_errors{type="Service",reason="undecodable"} 1"#),
+        "{metrics}"
+    );
+    // No list body dumped to the log.
+    let logs = discovery.logs();
+    assert!(!logs.contains(r#""items":["#), "{logs}");
+    assert_eq!(envoy.update_rejected_total().await?, 0, "Envoy NACKed");
     Ok(())
 }
 
