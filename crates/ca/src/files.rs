@@ -6,7 +6,8 @@
 //!   some but not all is an error ("incomplete signing CA bundle");
 //! - otherwise a self-signed root. With Kubernetes, istiod keeps it in the `istio-ca-secret`
 //!   Secret, or (`USE_CACERTS_FOR_SELF_SIGNED_CA`) in the `cacerts` Secret itself, marked by an
-//!   `istio-generated` key. Without Kubernetes Istio keeps it in memory only
+//!   `istio-generated` key; pilot-discovery keeps it in `istio-ca-secret` too (`shared.rs` and
+//!   pilot-discovery's `ca_secret.rs`). Without Kubernetes Istio keeps it in memory only
 //!   (`NewSelfSignedDebugIstioCAOptions`), so each restart makes a new root that every agent must
 //!   fetch again. We do the file equivalent of `USE_CACERTS_FOR_SELF_SIGNED_CA` instead, with no
 //!   new setting: the generated root goes into the CA directory as `ca-cert.pem`, `ca-key.pem`,
@@ -100,14 +101,7 @@ fn load_self_signed(dir: &Path) -> Result<SigningBundle, CaError> {
 fn create_self_signed(dir: &Path, trust_domain: &str, ttl: Duration) -> Result<SigningBundle, CaError> {
     let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
     let cert = certs::self_signed_root(trust_domain, ttl)?.self_signed(&key)?;
-    create_dir(dir)?;
-    let cert_pem = cert.pem();
-    // The marker goes last: a directory left half-written fails to load instead of being taken
-    // for a plugged-in CA.
-    write_file(&dir.join(CA_PRIVATE_KEY_FILE), key.serialize_pem().as_bytes(), 0o600)?;
-    write_file(&dir.join(CA_CERT_FILE), cert_pem.as_bytes(), 0o644)?;
-    write_file(&dir.join(ROOT_CERT_FILE), cert_pem.as_bytes(), 0o644)?;
-    write_file(&dir.join(ISTIO_GENERATED), b"", 0o644)?;
+    save_self_signed(dir, cert.pem().as_bytes(), key.serialize_pem().as_bytes())?;
     tracing::info!(dir = %dir.display(), trust_domain, "generated a self-signed root and saved it for later starts");
     Ok(SigningBundle {
         source: CaSource::SelfSignedCreated,
@@ -116,6 +110,17 @@ fn create_self_signed(dir: &Path, trust_domain: &str, ttl: Duration) -> Result<S
         cert_chain: Vec::new(),
         roots: vec![cert.der().clone()],
     })
+}
+
+/// Writes a self-signed root and its key into `dir`, the root as `root-cert.pem` too. The marker
+/// goes last: a directory left half-written fails to load instead of being taken for a
+/// plugged-in CA.
+pub(crate) fn save_self_signed(dir: &Path, cert_pem: &[u8], key_pem: &[u8]) -> Result<(), CaError> {
+    create_dir(dir)?;
+    write_file(&dir.join(CA_PRIVATE_KEY_FILE), key_pem, 0o600)?;
+    write_file(&dir.join(CA_CERT_FILE), cert_pem, 0o644)?;
+    write_file(&dir.join(ROOT_CERT_FILE), cert_pem, 0o644)?;
+    write_file(&dir.join(ISTIO_GENERATED), b"", 0o644)
 }
 
 /// Certificates as PEM, one after another.

@@ -13,6 +13,7 @@ mod csr;
 mod error;
 mod files;
 mod key;
+mod shared;
 #[cfg(test)]
 mod tests;
 
@@ -31,6 +32,7 @@ pub use certs::CLOCK_SKEW_GRACE_PERIOD;
 pub use csr::{SignError, WorkloadTtl};
 pub use error::CaError;
 pub use files::{CA_CERT_FILE, CA_PRIVATE_KEY_FILE, CERT_CHAIN_FILE, ISTIO_GENERATED, ROOT_CERT_FILE};
+pub use shared::{DirBundle, SelfSignedPem, dir_bundle, mirror};
 
 /// Istio's `DefaultSelfSignedCACertTTL` (`CITADEL_SELF_SIGNED_CA_CERT_TTL`): 10 years.
 pub const DEFAULT_SELF_SIGNED_CA_CERT_TTL: Duration = Duration::from_secs(3650 * 24 * 3600);
@@ -47,6 +49,8 @@ pub enum CaSource {
     SelfSignedLoaded,
     /// A self-signed root generated now and saved to the CA directory.
     SelfSignedCreated,
+    /// The self-signed root of the `istio-ca-secret` Secret, made by this or another replica.
+    SharedSecret,
 }
 
 /// A signed certificate and its new private key, both PEM (Istio's `GenKeyCert`).
@@ -101,6 +105,12 @@ impl CertificateAuthority {
         root_ttl: Duration,
     ) -> Result<CertificateAuthority, CaError> {
         let bundle = files::load_or_create(dir, trust_domain, root_ttl)?;
+        Self::from_bundle(dir, bundle)
+    }
+
+    /// The CA of a signing bundle, checked: a CA certificate, its key, not expired, a chain that
+    /// verifies. Errors name `dir`'s files.
+    pub(crate) fn from_bundle(dir: &Path, bundle: files::SigningBundle) -> Result<CertificateAuthority, CaError> {
         let cert_path = dir.join(CA_CERT_FILE);
         let (_, x509) = x509_parser::parse_x509_certificate(&bundle.signing_cert)
             .map_err(|e| CaError::invalid(&cert_path, format!("not an X.509 certificate: {e}")))?;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ca::{CertificateAuthority, WorkloadTtl};
+use ca::{CertificateAuthority, DirBundle, WorkloadTtl};
 use model::MeshConfig;
 use security::{Authenticator, CaMetrics, CaService, ClientCertAuthenticator, JwtAuthenticator, JwtRule};
 
@@ -126,20 +126,39 @@ pub struct MeshCaServer {
 }
 
 impl MeshCaServer {
-    /// Loads (or creates) the mesh CA of `ROOT_CA_DIR` and the authenticators of its callers.
-    /// `served_on` names the flag and address it is served on, for errors and logs.
-    pub fn init(
+    /// Loads (or creates) the mesh CA and the authenticators of its callers: the plugged-in CA
+    /// of `ROOT_CA_DIR` when there is one; else, with a cluster, the self-signed root every
+    /// replica shares in the `istio-ca-secret` Secret of `namespace` (`crate::ca_secret`); else
+    /// the self-signed root kept in `ROOT_CA_DIR`. `served_on` names the flag and address it is
+    /// served on, for errors and logs.
+    pub async fn init(
         transport: CaTransport,
         served_on: &str,
         mesh: &MeshConfig,
+        namespace: &str,
         get: impl Fn(&str) -> Option<String>,
         registry: &mut prometheus_client::registry::Registry,
         kube: Option<kube::Client>,
     ) -> anyhow::Result<MeshCaServer> {
         let settings = CaSettings::from_env(get)?;
         let dir = &settings.root_ca_dir;
-        let ca = CertificateAuthority::load_or_create(dir, &mesh.trust_domain)
-            .with_context(|| format!("{served_on}: the mesh CA in ROOT_CA_DIR={}", dir.display()))?;
+        let in_dir = || format!("{served_on}: the mesh CA in ROOT_CA_DIR={}", dir.display());
+        let local = ca::dir_bundle(dir).with_context(in_dir)?;
+        let ca = match (&kube, &local) {
+            (Some(client), DirBundle::SelfSigned(_) | DirBundle::Empty) => {
+                let ttl = settings.self_signed_ca_cert_ttl;
+                let (root, _) =
+                    crate::ca_secret::shared_root(client.clone(), namespace, &mesh.trust_domain, &local, ttl)
+                        .await
+                        .with_context(|| {
+                            format!("{served_on}: the mesh CA's root in Secret {namespace}/istio-ca-secret")
+                        })?;
+                crate::ca_secret::mirror(dir, &local, &root);
+                CertificateAuthority::from_self_signed_pem(dir, &root, ca::CaSource::SharedSecret)
+                    .with_context(|| format!("{served_on}: the mesh CA's root in Secret {namespace}/istio-ca-secret"))?
+            }
+            _ => CertificateAuthority::load_or_create(dir, &mesh.trust_domain).with_context(in_dir)?,
+        };
         let ca = Arc::new(ca);
         let mut authenticators: Vec<Arc<dyn Authenticator>> = Vec::new();
         if transport == CaTransport::Secure {
@@ -206,7 +225,7 @@ mod tests {
 
     use super::*;
 
-    fn init(transport: CaTransport, dir: &std::path::Path, rule: Option<String>) -> MeshCaServer {
+    async fn init(transport: CaTransport, dir: &std::path::Path, rule: Option<String>) -> MeshCaServer {
         let dir = dir.display().to_string();
         let get = move |k: &str| match k {
             "ROOT_CA_DIR" => Some(dir.clone()),
@@ -217,10 +236,12 @@ mod tests {
             transport,
             "test",
             &MeshConfig::default(),
+            "istio-system",
             get,
             &mut Registry::default(),
             None,
         )
+        .await
         .unwrap()
     }
 
@@ -236,13 +257,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let issuer = security::testing::TestIssuer::new("https://issuer.example.com", "k1");
         let rule = serde_json::json!({"issuer": issuer.issuer, "jwks": issuer.jwks()}).to_string();
-        let secure = init(CaTransport::Secure, dir.path(), Some(rule.clone()));
+        let secure = init(CaTransport::Secure, dir.path(), Some(rule.clone())).await;
         assert_eq!(kinds(&secure), ["ClientCertAuthenticator", "IDTokenAuthenticator"]);
-        let plain = init(CaTransport::Plaintext, dir.path(), Some(rule));
+        let plain = init(CaTransport::Plaintext, dir.path(), Some(rule)).await;
         assert_eq!(kinds(&plain), ["IDTokenAuthenticator"]);
         assert_eq!(plain.root_pem(), secure.root_pem(), "one CA in ROOT_CA_DIR");
 
-        let none = init(CaTransport::Plaintext, dir.path(), None);
+        let none = init(CaTransport::Plaintext, dir.path(), None).await;
         assert!(kinds(&none).is_empty());
         let mut request = tonic::Request::new(IstioCertificateRequest {
             csr: "-----BEGIN CERTIFICATE REQUEST-----".into(),

@@ -5,6 +5,7 @@
 mod accept;
 mod args;
 mod ca_limits;
+mod ca_secret;
 mod ca_server;
 mod configz;
 mod http;

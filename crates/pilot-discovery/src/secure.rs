@@ -80,7 +80,7 @@ pub struct SecureGrpc {
 impl SecureGrpc {
     /// Loads (or creates) the mesh CA of `ROOT_CA_DIR` and signs istiod's certificate for
     /// serving on `addr`.
-    pub fn init(
+    pub async fn init(
         addr: SocketAddr,
         mesh: &MeshConfig,
         namespace: &str,
@@ -89,7 +89,7 @@ impl SecureGrpc {
         kube: Option<kube::Client>,
     ) -> anyhow::Result<SecureGrpc> {
         let served_on = format!("--secureGrpcAddr {addr}");
-        let ca = MeshCaServer::init(CaTransport::Secure, &served_on, mesh, get, registry, kube)?;
+        let ca = MeshCaServer::init(CaTransport::Secure, &served_on, mesh, namespace, get, registry, kube).await?;
         let (dns, ips) = istiod_names(&ca.settings, mesh, namespace, addr);
         let cert = ca
             .ca

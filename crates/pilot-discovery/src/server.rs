@@ -140,7 +140,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         metrics: crate::accept::SetupMetrics::register(&mut registry),
     };
     let ca_limit = crate::ca_limits::RequestLimit::register(settings.max_recv_msg_size, &mut registry);
-    let (secure, plaintext_ca) = init_ca(grpc_addr, secure_grpc_addr, &mesh, &settings, &mut registry, &client)?;
+    let (secure, plaintext_ca) = init_ca(grpc_addr, secure_grpc_addr, &mesh, &settings, &mut registry, &client).await?;
     // With a cluster, every namespace gets the mesh root (Istio's `istio-ca-root-cert`).
     let root_pem = secure
         .as_ref()
@@ -248,7 +248,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
 /// The mesh CA, where istiod's `startCA` puts it: on the secure gRPC server when there is one
 /// (with istiod's serving certificate), else on the plaintext one (the second value), where only
 /// bearer tokens authenticate callers. Neither when no gRPC port is served.
-fn init_ca(
+async fn init_ca(
     grpc_addr: Option<SocketAddr>,
     secure_grpc_addr: Option<SocketAddr>,
     mesh: &MeshConfig,
@@ -259,19 +259,24 @@ fn init_ca(
     let env = |k: &str| std::env::var(k).ok();
     match (secure_grpc_addr, grpc_addr) {
         (Some(addr), _) => Ok((
-            Some(crate::secure::SecureGrpc::init(
-                addr,
+            Some(
+                crate::secure::SecureGrpc::init(addr, mesh, &settings.pod_namespace, env, registry, client.clone())
+                    .await?,
+            ),
+            None,
+        )),
+        (None, Some(addr)) => {
+            let served_on = format!("--grpcAddr {addr} (plaintext: --secureGrpcAddr is empty)");
+            let ca = MeshCaServer::init(
+                CaTransport::Plaintext,
+                &served_on,
                 mesh,
                 &settings.pod_namespace,
                 env,
                 registry,
                 client.clone(),
-            )?),
-            None,
-        )),
-        (None, Some(addr)) => {
-            let served_on = format!("--grpcAddr {addr} (plaintext: --secureGrpcAddr is empty)");
-            let ca = MeshCaServer::init(CaTransport::Plaintext, &served_on, mesh, env, registry, client.clone())?;
+            )
+            .await?;
             Ok((None, Some(ca)))
         }
         (None, None) => Ok((None, None)),

@@ -138,6 +138,7 @@ async fn start_with_timeout(
         &mut registry,
         None,
     )
+    .await
     .unwrap();
     // Clients trust what the CA directory distributes.
     let root = std::fs::read_to_string(ca_dir.join(ca::ROOT_CERT_FILE)).unwrap();
@@ -341,8 +342,8 @@ async fn handshake_fails_with_another_root_or_a_name_not_in_the_certificate() {
     assert!(tls_channel(addr, &root, "localhost").await.is_ok());
 }
 
-#[test]
-fn unusable_ca_dir_names_the_flag_and_the_file() {
+#[tokio::test]
+async fn unusable_ca_dir_names_the_flag_and_the_file() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join(ca::CA_CERT_FILE), "garbage").unwrap();
     let dir = tmp.path().display().to_string();
@@ -354,6 +355,7 @@ fn unusable_ca_dir_names_the_flag_and_the_file() {
         &mut Registry::default(),
         None,
     )
+    .await
     .err()
     .expect("an incomplete CA bundle is an error");
     let msg = format!("{err:#}");
