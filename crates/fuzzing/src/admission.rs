@@ -18,7 +18,7 @@ pub fn admission_review(data: &[u8]) {
                 .as_ref()
                 .and_then(|a| a.pointer("/request/uid"))
                 .and_then(Value::as_str)
-                && answer["response"]["result"]["message"]
+                && answer["response"]["status"]["message"]
                     .as_str()
                     .is_none_or(|m| !m.starts_with("could not decode body"))
             {

@@ -109,6 +109,14 @@ impl SecureGrpc {
         self.ca.root_pem()
     }
 
+    /// `REVISION` (istiod's revision), `default` when unset, as the `istio.io/rev` label says it.
+    pub fn revision(&self) -> String {
+        match self.ca.settings.revision.as_str() {
+            "" => "default".to_owned(),
+            r => r.to_owned(),
+        }
+    }
+
     /// istiod's serving certificate, for the webhooks' HTTPS port too.
     pub fn https_acceptor(&self) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
         crate::accept::https_acceptor(&self.cert.cert_chain_pem, &self.cert.key_pem)

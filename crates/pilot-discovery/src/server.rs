@@ -140,6 +140,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         metrics: crate::accept::SetupMetrics::register(&mut registry),
     };
     let ca_limit = crate::ca_limits::RequestLimit::register(settings.max_recv_msg_size, &mut registry);
+    let webhook_patch_metrics = crate::webhook::patch::PatchMetrics::register(&mut registry);
     let (secure, plaintext_ca) = init_ca(grpc_addr, secure_grpc_addr, &mesh, &settings, &mut registry, &client).await?;
     // With a cluster, every namespace gets the mesh root (Istio's `istio-ca-root-cert`).
     let root_pem = secure
@@ -184,6 +185,16 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
             let listener = bind(addr, "httpsAddr").await?;
             let router = crate::webhook::router(pipeline_metrics.clone());
             tasks.spawn(crate::webhook::serve(listener, acceptor, setup.clone(), router));
+            if let Some(client) = &client {
+                let controller = crate::webhook::patch::Controller {
+                    client: client.clone(),
+                    revision: secure.revision(),
+                    namespace: settings.pod_namespace.clone(),
+                    ca_bundle: secure.root_pem(),
+                    metrics: webhook_patch_metrics.clone(),
+                };
+                tokio::spawn(controller.run());
+            }
         }
         (Some(addr), None) => tracing::info!(
             %addr,

@@ -115,7 +115,7 @@ async fn the_validating_webhook_answers_the_api_servers_reviews() {
     assert_eq!(code, "200", "{body}");
     let answer: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(answer["response"]["allowed"], false, "{answer}");
-    let message = answer["response"]["result"]["message"].as_str().unwrap();
+    let message = answer["response"]["status"]["message"].as_str().unwrap();
     assert!(
         message.contains("SOMETIMES"),
         "the denial names what is wrong: {message}"

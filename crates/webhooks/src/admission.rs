@@ -62,7 +62,8 @@ pub struct GroupVersionResource {
 pub struct AdmissionResponse {
     pub uid: String,
     pub allowed: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Go's `Result *metav1.Status` is `status` on the wire.
+    #[serde(rename = "status", skip_serializing_if = "Option::is_none")]
     pub result: Option<Status>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,

@@ -24,6 +24,10 @@ use crate::admission::{AdmissionRequest, AdmissionResponse, bounded};
 
 const VALID_FIELDS: &[&str] = &["apiVersion", "kind", "metadata", "spec", "status"];
 
+/// Istio's `constants.AlwaysReject`: an object carrying it is always denied. The validation
+/// controller dry-runs one to learn that the webhook answers before it makes it fail closed.
+pub const ALWAYS_REJECT: &str = "internal.istio.io/webhook-always-reject";
+
 /// What Istio counts of a review: `galley_validation_passed`, or `galley_validation_failed` with
 /// the reason, labelled with the request's resource (e.g. `virtualservices`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,6 +100,20 @@ pub fn validate(request: &AdmissionRequest) -> Verdict {
         return Verdict {
             response: AdmissionResponse::allowed(),
             count: passed(),
+        };
+    }
+    // Istio's internal annotation: always rejected (istiod's readiness check sends it).
+    if object
+        .get("metadata")
+        .and_then(|m| m.get("annotations"))
+        .and_then(|a| a.get(ALWAYS_REJECT))
+        .is_some()
+    {
+        return Verdict {
+            response: AdmissionResponse::denied(format!(
+                "configuration is invalid: {ALWAYS_REJECT:?} annotation found, rejecting"
+            )),
+            count: failed("invalid_resource"),
         };
     }
     // The namespace of a namespaced object created without one is the request's.

@@ -184,3 +184,13 @@ fn istio_validation_testdata_through_the_webhook() {
         "too few documents: {allowed} allowed, {denied} denied"
     );
 }
+
+#[test]
+fn istios_always_reject_annotation_is_denied() {
+    let mut vs =
+        virtual_service(json!({"hosts": ["reviews"], "http": [{"route": [{"destination": {"host": "reviews"}}]}]}));
+    vs["metadata"]["annotations"] = json!({ALWAYS_REJECT: "true"});
+    let v = validate(&request("CREATE", vs));
+    assert!(!v.response.allowed);
+    assert!(message(&v.response).contains("annotation found, rejecting"), "{v:?}");
+}

@@ -6,6 +6,8 @@
 //! byte of the request within the connection timeout, else closed and counted. Requests are read
 //! up to Istio's 6 MiB limit; answers and their metrics are Istio's (the `webhooks` crate).
 
+pub mod patch;
+
 use std::io;
 use std::net::SocketAddr;
 

@@ -1,6 +1,7 @@
 //! The fake API server's HTTP protocol: discovery, list (resourceVersion, labelSelector,
 //! fieldSelector, limit/continue), watch (ADDED/MODIFIED/DELETED/BOOKMARK, 410 as an ERROR event,
-//! sendInitialEvents), get, create, replace, merge patch, delete.
+//! sendInitialEvents), get, create, replace, merge patch, delete; creates and updates go through
+//! validating admission (`admission.rs`) first, and `dryRun=All` ones stop there.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -316,8 +317,15 @@ pub(crate) async fn handle(
                 Ok(v) => v,
                 Err(e) => return error(&e),
             };
+            let namespace = ns.unwrap_or("");
+            if let Err(e) = admit(&s, rt, version, namespace, "CREATE", &obj, None, &q).await {
+                return error(&e);
+            }
+            if dry_run(&q) {
+                return json_response(StatusCode::CREATED, &obj);
+            }
             let now = s.now();
-            let created = lock(&s.store).create(rt, ns.unwrap_or(""), obj, &now);
+            let created = lock(&s.store).create(rt, namespace, obj, &now);
             respond(&s, created, rt, version, StatusCode::CREATED)
         }
         (Target::Object { rt, version, ns, name }, Method::GET) => match lock(&s.store).get(res_index(rt), ns, name) {
@@ -329,6 +337,13 @@ pub(crate) async fn handle(
                 Ok(v) => v,
                 Err(e) => return error(&e),
             };
+            let old = lock(&s.store).get(res_index(rt), ns, name);
+            if let Err(e) = admit(&s, rt, version, ns, "UPDATE", &obj, old.as_deref(), &q).await {
+                return error(&e);
+            }
+            if dry_run(&q) {
+                return json_response(StatusCode::OK, &obj);
+            }
             let replaced = lock(&s.store).replace(rt, ns, name, obj);
             respond(&s, replaced, rt, version, StatusCode::OK)
         }
@@ -350,17 +365,18 @@ pub(crate) async fn handle(
                 Ok(v) => v,
                 Err(e) => return error(&ApiError::new(400, "BadRequest", format!("invalid patch: {e}"))),
             };
-            let patched = {
-                let mut store = lock(&s.store);
-                match store.get(res_index(rt), ns, name) {
-                    None => Err(ApiError::not_found(rt, name)),
-                    Some(old) => {
-                        let mut obj = (*old).clone();
-                        merge_patch(&mut obj, &patch);
-                        store.replace(rt, ns, name, obj)
-                    }
-                }
+            let Some(old) = lock(&s.store).get(res_index(rt), ns, name) else {
+                return error(&ApiError::not_found(rt, name));
             };
+            let mut obj = (*old).clone();
+            merge_patch(&mut obj, &patch);
+            if let Err(e) = admit(&s, rt, version, ns, "UPDATE", &obj, Some(&old), &q).await {
+                return error(&e);
+            }
+            if dry_run(&q) {
+                return json_response(StatusCode::OK, &obj);
+            }
+            let patched = lock(&s.store).replace(rt, ns, name, obj);
             respond(&s, patched, rt, version, StatusCode::OK)
         }
         (Target::Object { rt, version, ns, name }, Method::DELETE) => {
@@ -442,6 +458,35 @@ fn token_review(s: &Shared, mut review: Value) -> Value {
     };
     review["status"] = status;
     review
+}
+
+/// `dryRun=All`: admitted, not stored.
+fn dry_run(q: &BTreeMap<String, String>) -> bool {
+    q.get("dryRun").is_some_and(|v| v == "All")
+}
+
+/// Validating admission of a create or update (`admission.rs`).
+#[allow(clippy::too_many_arguments)]
+async fn admit(
+    s: &Shared,
+    rt: &'static ResourceType,
+    version: &str,
+    namespace: &str,
+    operation: &'static str,
+    object: &Value,
+    old: Option<&Value>,
+    q: &BTreeMap<String, String>,
+) -> Result<(), ApiError> {
+    let request = super::admission::Request {
+        rt,
+        version,
+        namespace,
+        operation,
+        object,
+        old,
+        dry_run: dry_run(q),
+    };
+    super::admission::validate(s, &request).await
 }
 
 fn body_json(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {

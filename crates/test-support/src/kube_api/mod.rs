@@ -7,7 +7,8 @@
 //! ADDED/MODIFIED/DELETED events with BOOKMARKs (`allowWatchBookmarks`), the streaming initial
 //! list (`sendInitialEvents`), `timeoutSeconds`, and 410 Gone (an ERROR event on a watch, a
 //! `Status` on a list) for a resourceVersion older than the history kept; get, create, replace,
-//! merge patch and delete. A test changes objects through the API or directly
+//! merge patch and delete, with validating admission (ValidatingWebhookConfigurations' webhooks
+//! called over HTTPS as a cluster calls them, `dryRun=All`; `admission.rs`). A test changes objects through the API or directly
 //! ([`FakeApiServer::apply`]), expires the history ([`FakeApiServer::compact`]), drops every open
 //! watch ([`FakeApiServer::drop_watches`]), uninstalls CRD groups
 //! ([`FakeApiServer::uninstall_group`]) and restricts a bearer token to a ClusterRole, as RBAC
@@ -17,6 +18,7 @@
 //! watches ([`FakeApiServer::send_raw`]: a truncated event, an event of an unknown type, a line
 //! that never ends).
 
+mod admission;
 mod http;
 mod rbac;
 pub mod resources;
@@ -64,6 +66,8 @@ pub(crate) struct Shared {
     roles: Mutex<std::collections::BTreeMap<String, Vec<rbac::Rule>>>,
     /// Requests refused by those roles, as `METHOD path?query (verb resource.group)`.
     forbidden: Mutex<Vec<String>>,
+    /// Where webhooks' `clientConfig.service` (name, namespace) are called.
+    services: Mutex<std::collections::BTreeMap<(String, String), SocketAddr>>,
 }
 
 impl Shared {
@@ -141,6 +145,7 @@ impl FakeApiServer {
             tokens: Mutex::default(),
             roles: Mutex::default(),
             forbidden: Mutex::default(),
+            services: Mutex::default(),
         });
         let app = axum::Router::new().fallback(http::handle).with_state(shared.clone());
         let task = tokio::spawn(async move {
@@ -253,6 +258,12 @@ impl FakeApiServer {
     /// Makes a CRD group (e.g. `security.istio.io`) not installed: absent from discovery, 404.
     pub fn uninstall_group(&self, group: &'static str) {
         lock(&self.shared.store).uninstalled.insert(group);
+    }
+
+    /// Routes calls to the Service `name` in `namespace` (a webhook's `clientConfig.service`)
+    /// to `addr`, as `https://<name>.<namespace>.svc:<port>` resolving there.
+    pub fn route_service(&self, name: &str, namespace: &str, addr: SocketAddr) {
+        lock(&self.shared.services).insert((name.to_owned(), namespace.to_owned()), addr);
     }
 
     /// Every request so far, as `METHOD path?query`.

@@ -43,6 +43,45 @@ impl Selector {
         Ok(Selector(out))
     }
 
+    /// A `metav1.LabelSelector` object (`matchLabels`, `matchExpressions` with In, NotIn,
+    /// Exists, DoesNotExist); absent or `{}` matches everything.
+    pub fn from_label_selector(v: &serde_json::Value) -> Result<Selector, String> {
+        let mut out = Vec::new();
+        if let Some(m) = v.get("matchLabels").and_then(serde_json::Value::as_object) {
+            for (k, v) in m {
+                let v = v.as_str().ok_or_else(|| format!("matchLabels.{k} is not a string"))?;
+                out.push(Requirement::Equals(k.clone(), v.to_owned()));
+            }
+        }
+        for e in v
+            .get("matchExpressions")
+            .and_then(serde_json::Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let key = e
+                .get("key")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            let values: Vec<String> = e
+                .get("values")
+                .and_then(serde_json::Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect();
+            out.push(match e.get("operator").and_then(serde_json::Value::as_str) {
+                Some("In") => Requirement::In(key, values),
+                Some("NotIn") => Requirement::NotIn(key, values),
+                Some("Exists") => Requirement::Exists(key),
+                Some("DoesNotExist") => Requirement::NotExists(key),
+                other => return Err(format!("matchExpressions operator {other:?}")),
+            });
+        }
+        Ok(Selector(out))
+    }
+
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         self.0.iter().all(|r| match r {
             Requirement::Equals(k, v) => labels.get(k) == Some(v),

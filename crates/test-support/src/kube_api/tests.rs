@@ -345,3 +345,59 @@ async fn kubectl_token_reviews_are_answered_as_the_api_server_does() {
         "{answer}"
     );
 }
+
+/// Validating admission: a webhook that cannot be called fails a matching create under
+/// `failurePolicy: Fail` (500, naming the webhook) and is skipped under `Ignore`; objects the
+/// `objectSelector` or the rules do not match never reach it; `dryRun=All` stores nothing.
+#[tokio::test]
+async fn validating_webhooks_are_called_for_matching_creates_only() {
+    let api = FakeApiServer::start().await.unwrap();
+    let config = |policy: &str| {
+        json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": "v"},
+            "webhooks": [{"name": "v.example.com", "failurePolicy": policy, "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "clientConfig": {"service": {"name": "nowhere", "namespace": "default", "path": "/validate"}},
+                "objectSelector": {"matchLabels": {"checked": "yes"}},
+                "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["configmaps"]}]}]})
+    };
+    api.apply(config("Fail")).unwrap();
+    let url = format!("{}/api/v1/namespaces/default/configmaps", api.url());
+    let post = |labels: Value, dry_run: bool| {
+        let url = if dry_run {
+            format!("{url}?dryRun=All")
+        } else {
+            url.clone()
+        };
+        async move {
+            let r = reqwest::Client::new()
+                .post(url)
+                .json(&json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": format!("cm-{}", labels.to_string().len()), "labels": labels}}))
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let (code, status) = post(json!({"checked": "yes"}), false).await;
+    assert_eq!(code, 500, "{status}");
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Internal error occurred: failed calling webhook \"v.example.com\""),
+        "{status}"
+    );
+    let (code, _) = post(json!({"checked": "no"}), false).await;
+    assert_eq!(code, 201, "not selected: not called");
+    api.apply(config("Ignore")).unwrap();
+    let (code, _) = post(json!({"checked": "yes"}), true).await;
+    assert_eq!(code, 201, "Ignore: skipped");
+    let (_, list) = get(&url).await;
+    assert_eq!(
+        list["items"].as_array().unwrap().len(),
+        1,
+        "the dry run stored nothing: {list}"
+    );
+}
