@@ -116,3 +116,36 @@ async fn two_replicas_share_one_root_and_write_the_root_configmaps_once() -> any
     }
     Ok(())
 }
+
+/// As istiod's Deployment, which mounts no mesh config file: the `istio` ConfigMap's `mesh` is the
+/// mesh config (here its trust domain names the CA's new root), and a later change is named in a
+/// warning and counted, not silently dropped.
+#[tokio::test]
+async fn the_mesh_config_comes_from_the_istio_configmap() -> anyhow::Result<()> {
+    let api = FakeApiServer::start().await?;
+    api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}}))?;
+    let configmap = |mesh: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "istio", "namespace": "istio-system"},
+            "data": {"mesh": mesh, "meshNetworks": "networks: {}"}})
+    };
+    api.apply(configmap("trustDomain: example.org\n"))?;
+    let work = tempfile::tempdir()?;
+    let (d, ca_dir, _) = replica(&api, work.path(), "a").await?;
+    let out = tokio::process::Command::new("openssl")
+        .args(["x509", "-noout", "-subject", "-in"])
+        .arg(ca_dir.join("root-cert.pem"))
+        .output()
+        .await
+        .expect("openssl is needed for this test");
+    let subject = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(subject.contains("O = example.org"), "the root is for the ConfigMap's trust domain: {subject}");
+
+    api.apply(configmap("trustDomain: example.com\n"))?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while d.metric("pilot_mesh_config_changes_ignored").await? < 1.0 {
+        assert!(std::time::Instant::now() < deadline, "the change not seen: {}", d.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(d.logs().contains("the mesh config changed; pilot-discovery applies it when restarted"));
+    Ok(())
+}

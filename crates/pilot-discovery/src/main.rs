@@ -13,6 +13,7 @@ mod istio_flags;
 mod jwks;
 mod kubernetes;
 mod logging;
+mod mesh_configmap;
 mod metrics;
 mod nacks;
 mod registryz;

@@ -49,10 +49,17 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
                 args.keepalive_max_server_connection_age
             )
         })?;
-    let mesh = Arc::new(load_mesh_config(&args.mesh_config)?);
+    let mesh_file = !args.mesh_config.is_empty() && Path::new(&args.mesh_config).exists();
+    let mut mesh = load_mesh_config(&args.mesh_config)?;
     tracing::info!(?settings, domain = %args.domain, cluster_id = %args.cluster_id, "starting pilot-discovery");
 
     let mut registry = Registry::default();
+    let mesh_changes_ignored = prometheus_client::metrics::counter::Counter::default();
+    registry.register(
+        "pilot_mesh_config_changes_ignored",
+        "Changes of the istio ConfigMap's mesh config not applied (they are when pilot-discovery restarts)",
+        mesh_changes_ignored.clone(),
+    );
     let pipeline_metrics = PipelineMetrics::register(&mut registry);
     let watch_metrics = kube_registry::watch::WatchMetrics::register(&mut registry);
     let kube_is_registry = args.registries.iter().any(|r| r == "Kubernetes");
@@ -62,6 +69,25 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         tracing::info!(registries = ?args.registries, "Kubernetes is not a registry");
         None
     };
+    // As istiod without a mounted mesh config file: the `istio` ConfigMap's.
+    if let (false, Some(client)) = (mesh_file, &client) {
+        let revision = std::env::var("REVISION").unwrap_or_default();
+        let running = match crate::mesh_configmap::load(client, &settings.pod_namespace, &revision).await? {
+            Some((from_cluster, text)) => {
+                mesh = from_cluster;
+                text
+            }
+            None => String::new(),
+        };
+        tokio::spawn(crate::mesh_configmap::follow(
+            client.clone(),
+            settings.pod_namespace.clone(),
+            revision,
+            running,
+            mesh_changes_ignored.clone(),
+        ));
+    }
+    let mesh = Arc::new(mesh);
 
     let ConfigSources {
         initial: initial_change,
