@@ -118,6 +118,9 @@ pub struct AgentConfig {
     pub xds_headers: BTreeMap<String, String>,
     /// `ISTIO_DELTA_XDS` (Istio's default: true): Envoy speaks delta ADS to the agent.
     pub delta_xds: bool,
+    /// `ISTIO_GPRC_MAXRECVMSGSIZE` (Istio's default: 4 MiB): the largest message Envoy may send the
+    /// xDS proxy, as Istio's agent serves Envoy with `istiogrpc.ServerOptions`.
+    pub xds_max_recv_msg_size: usize,
     pub paths: AgentPaths,
     pub log: LogConfig,
     /// Envoy's `--concurrency`; `None` lets Envoy use one worker per CPU.

@@ -121,6 +121,7 @@ pub async fn run(cfg: AgentConfig, runtime: ProxyRuntime) -> anyhow::Result<Opti
         xds_cfg.cluster_id = cfg.cluster_id.clone();
     }
     xds_cfg.headers = cfg.xds_headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    xds_cfg.max_recv_msg_size = cfg.xds_max_recv_msg_size;
     let xds = XdsProxy::start(xds_cfg, &mut registry)
         .await
         .context("starting the xDS proxy")?;

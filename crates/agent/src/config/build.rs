@@ -196,6 +196,8 @@ pub(super) fn build(args: &ProxyArgs, env: &dyn Env, files: &dyn Files) -> Resul
         xds_root_ca: vars.get("XDS_ROOT_CA"),
         xds_headers: xds_headers(&vars)?,
         delta_xds: vars.bool("ISTIO_DELTA_XDS", true)?,
+        xds_max_recv_msg_size: vars
+            .positive("ISTIO_GPRC_MAXRECVMSGSIZE", crate::xds_proxy::DEFAULT_MAX_RECV_MSG_SIZE)?,
         paths,
         log: LogConfig {
             proxy_log_level: args.proxy_log_level.clone(),

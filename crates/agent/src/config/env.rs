@@ -139,6 +139,17 @@ impl<'a> Vars<'a> {
             .map_err(|_| ConfigError::env(name, &v, "not a non-negative integer"))
     }
 
+    /// A size or count that must be at least 1 (as pilot-discovery reads `ISTIO_GPRC_MAXRECVMSGSIZE`).
+    pub(crate) fn positive(&self, name: &'static str, default: usize) -> Result<usize, ConfigError> {
+        let Some(v) = self.get(name) else {
+            return Ok(default);
+        };
+        match v.trim().parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(ConfigError::env(name, &v, "not a positive integer")),
+        }
+    }
+
     pub(crate) fn duration(&self, name: &'static str, default: Duration) -> Result<Duration, ConfigError> {
         let Some(v) = self.get(name) else {
             return Ok(default);
@@ -243,6 +254,18 @@ mod tests {
         assert!(vars.ip("IP").unwrap_err().to_string().contains("not an IP address"));
         assert!(vars.bool("OK", false).unwrap());
         assert_eq!(vars.port("UNSET", 15021).unwrap(), 15021);
+        for bad in ["0", "-1", "4MiB"] {
+            let e = env(&[("N", bad)]);
+            let err = Vars::new(&e).positive("N", 1).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("N={bad:?}")) && err.contains("positive integer"),
+                "{err}"
+            );
+        }
+        assert_eq!(
+            Vars::new(&env(&[("N", "33554432")])).positive("N", 1).unwrap(),
+            32 << 20
+        );
     }
 
     #[test]

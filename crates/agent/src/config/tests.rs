@@ -57,6 +57,11 @@ fn sidecar_identity_and_defaults() {
     assert_eq!((cfg.proxy_admin_port, cfg.status_port), (15000, 15020));
     assert_eq!((cfg.envoy_status_port, cfg.envoy_prometheus_port), (15021, 15090));
     assert!(cfg.delta_xds, "Istio's ISTIO_DELTA_XDS default is true");
+    assert_eq!(
+        cfg.xds_max_recv_msg_size,
+        4 << 20,
+        "Istio's ISTIO_GPRC_MAXRECVMSGSIZE default"
+    );
     assert_eq!(cfg.concurrency, None);
     assert_eq!(cfg.paths.config_path, PathBuf::from("./etc/istio/proxy"));
     assert_eq!(cfg.paths.bootstrap, PathBuf::from("./etc/istio/proxy/envoy-rev.json"));
@@ -392,4 +397,21 @@ fn ca_is_plaintext_exactly_on_port_15010() {
         })
     );
     assert_eq!(ca(&[("CA_ADDR", "10.0.0.1:15010")]).tls, None);
+}
+
+#[test]
+fn istio_gprc_maxrecvmsgsize_bounds_envoys_messages() {
+    let cfg = build(
+        &ProxyArgs::default(),
+        &env(&[("ISTIO_GPRC_MAXRECVMSGSIZE", "33554432")]),
+        &files(&[]),
+    );
+    assert_eq!(cfg.xds_max_recv_msg_size, 32 << 20);
+    for bad in ["0", "-5", "4Mi"] {
+        let err = error(&env(&[("ISTIO_GPRC_MAXRECVMSGSIZE", bad)]), &files(&[]));
+        assert!(
+            err.contains(&format!("ISTIO_GPRC_MAXRECVMSGSIZE={bad:?}")) && err.contains("positive integer"),
+            "{bad}: {err}"
+        );
+    }
 }

@@ -35,7 +35,13 @@ use crate::readiness::XdsStatus;
 use ack::StatusPublisher;
 use flavour::{Delta, Flavour, Sotw};
 pub use metrics::{TerminationLabel, XdsProxyMetrics};
-use upstream::{MAX_DOWNSTREAM_MESSAGE_SIZE, Upstream};
+use upstream::Upstream;
+
+/// The default largest message Envoy may send the agent. Istio's agent serves Envoy with
+/// `istiogrpc.ServerOptions` (pilot/pkg/grpc), whose `MaxRecvMsgSize` is `ISTIO_GPRC_MAXRECVMSGSIZE`
+/// (default 4 MiB, as pilot-discovery's); a larger message ends Envoy's stream with tonic's status
+/// and is never forwarded.
+pub const DEFAULT_MAX_RECV_MSG_SIZE: usize = 4 * 1024 * 1024;
 
 /// Istio's default SAN and authority of istiod (`istiod.istio-system.svc`).
 pub const DEFAULT_SERVER_NAME: &str = "istiod.istio-system.svc";
@@ -96,6 +102,9 @@ pub struct XdsProxyConfig {
     /// `XDS_HEADERS`: extra gRPC metadata on every upstream stream.
     pub headers: Vec<(String, String)>,
     pub backoff: Backoff,
+    /// `ISTIO_GPRC_MAXRECVMSGSIZE`: the largest message Envoy may send (default
+    /// [`DEFAULT_MAX_RECV_MSG_SIZE`]).
+    pub max_recv_msg_size: usize,
 }
 
 impl XdsProxyConfig {
@@ -108,6 +117,7 @@ impl XdsProxyConfig {
             cluster_id: "Kubernetes".to_owned(),
             headers: Vec::new(),
             backoff: Backoff::default(),
+            max_recv_msg_size: DEFAULT_MAX_RECV_MSG_SIZE,
         }
     }
 }
@@ -227,7 +237,7 @@ impl XdsProxy {
         // Envoy's requests are bounded as pilot-discovery bounds them; the responses it gets are
         // pilot-discovery's, as large as they come.
         let service = AggregatedDiscoveryServiceServer::new(AdsService(shared.clone()))
-            .max_decoding_message_size(MAX_DOWNSTREAM_MESSAGE_SIZE)
+            .max_decoding_message_size(cfg.max_recv_msg_size)
             .max_encoding_message_size(usize::MAX);
         let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
         let server = tonic::transport::Server::builder()

@@ -17,11 +17,6 @@ use super::{Backoff, XdsProxyConfig, XdsProxyError};
 /// Istio's `defaultClientMaxReceiveMessageSize` (math.MaxInt32): a full push for a large mesh is
 /// far over tonic's 4 MiB default.
 pub(crate) const MAX_RECEIVE_MESSAGE_SIZE: usize = i32::MAX as usize;
-/// The largest message Envoy may send the agent: Istio's agent serves Envoy with
-/// `istiogrpc.ServerOptions` (pilot/pkg/grpc), whose `MaxRecvMsgSize` is `ISTIO_GPRC_MAXRECVMSGSIZE`
-/// (4 MiB), as pilot-discovery's `DEFAULT_MAX_RECV_MSG_SIZE`; a larger one ends Envoy's stream
-/// with tonic's status, and is never forwarded.
-pub(crate) const MAX_DOWNSTREAM_MESSAGE_SIZE: usize = 4 * 1024 * 1024;
 /// Istio's dial timeout for the upstream connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Istio's client keepalive (`pkg/keepalive`): ping every 30s, give up after 10s without an answer.
