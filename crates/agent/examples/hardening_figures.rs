@@ -5,12 +5,19 @@
 //! ```sh
 //! cargo run -p agent --example hardening_figures -- status [callers] [body_kib]
 //! cargo run -p agent --example hardening_figures -- dns [queries] [per_second]
+//! cargo run -p agent --example hardening_figures -- xds [megabytes]
 //! ```
 //!
 //! `status`: a fake Envoy admin serves a `/stats/prometheus` body of `body_kib` KiB (4096); that
 //! many callers (300) open the status port, send a scrape and never read.
 //! `dns`: `queries` (20000) UDP queries at `per_second` (4000) to the DNS proxy, whose only
 //! resolver never answers.
+//! `xds`: a child process, on the xDS proxy's Unix socket as Envoy, sends one `DiscoveryRequest`
+//! of `megabytes` MB (200); the same child is pilot-discovery, counting what reaches it (see
+//! `hardening/xds.rs`).
+
+#[path = "hardening/xds.rs"]
+mod xds;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -169,6 +176,13 @@ async fn main() {
     match std::env::args().nth(1).as_deref() {
         Some("status") => status(arg(2, 300), arg(3, 4096)).await,
         Some("dns") => dns(arg(2, 20_000), arg(3, 4_000)).await,
-        _ => eprintln!("usage: hardening_figures status [callers] [body_kib] | dns [queries] [per_second]"),
+        Some("xds") => xds::run(arg(2, 200)).await,
+        Some("xds-peer") => {
+            let uds = std::env::args().nth(2).unwrap_or_default();
+            xds::peer(uds.into(), arg(3, 0) as u16, arg(4, 200)).await
+        }
+        _ => eprintln!(
+            "usage: hardening_figures status [callers] [body_kib] | dns [queries] [per_second] | xds [megabytes]"
+        ),
     }
 }
