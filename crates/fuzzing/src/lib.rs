@@ -8,14 +8,18 @@
 mod admission;
 mod agent_proxy;
 mod config;
+mod dns;
 mod input;
 mod mesh;
+mod sds;
 pub mod seeds;
 mod xds;
 
 pub use admission::admission_review;
 pub use agent_proxy::agent_xds_proxy;
 pub use config::config;
+pub use dns::dns_message;
+pub use sds::sds_request;
 pub use xds::xds_request;
 
 /// A target's body: any bytes in, a panic only on a bug.
@@ -27,6 +31,8 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("xds_request", xds_request),
     ("agent_xds_proxy", agent_xds_proxy),
     ("admission_review", admission_review),
+    ("dns_message", dns_message),
+    ("sds_request", sds_request),
 ];
 
 /// Makes a panic on any thread (a spawned stream task included) abort the process, as libFuzzer

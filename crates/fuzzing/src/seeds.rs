@@ -63,6 +63,8 @@ pub fn all() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         ("xds_request", xds_request()),
         ("agent_xds_proxy", agent_xds_proxy()),
         ("admission_review", crate::admission::seeds()),
+        ("dns_message", crate::dns::seeds()),
+        ("sds_request", crate::sds::seeds()),
     ]
 }
 
@@ -216,5 +218,11 @@ mod tests {
             // CDS reaches Envoy; NDS stays in the agent.
             assert_eq!(n, 1, "agent_xds_proxy seed: {n} responses reached Envoy");
         }
+        // every query that parses is answered (from the table, or by the stub resolver)
+        let answered: Vec<usize> = crate::dns::seeds().iter().map(|s| crate::dns::exchange(s)).collect();
+        assert_eq!(answered, [1, 3, 2, 1, 3, 1], "dns_message seeds answered");
+        // an ACK, a NACK, a missing file and DeltaSecrets get nothing; the rest a response each
+        let responses: Vec<usize> = crate::sds::seeds().iter().map(|s| crate::sds::exchange(s)).collect();
+        assert_eq!(responses, [1, 2, 2, 1, 0, 0], "sds_request seeds' responses");
     }
 }

@@ -62,3 +62,13 @@ fn agent_xds_proxy_corpus() {
 fn admission_review_corpus() {
     replay("admission_review");
 }
+
+#[test]
+fn dns_message_corpus() {
+    replay("dns_message");
+}
+
+#[test]
+fn sds_request_corpus() {
+    replay("sds_request");
+}

@@ -1,0 +1,268 @@
+//! Target `sds_request`: pilot-agent's SDS server (`agent::sds::SdsServer`, Istio's
+//! `security/pkg/nodeagent/sds`) on its real Unix socket, with certificates mounted in
+//! `./etc/certs` (no CA): one `StreamSecrets`, `FetchSecrets` or `DeltaSecrets` call whose body
+//! is the input's, as Envoy (or anything that reaches the socket) sends it. The call must end
+//! once its client's side has ended, and every secret sent must be one that was asked for.
+//!
+//! Input: `[mode]` then chunks (`input::chunks`). Mode bits 0-1: 0 or 3 `StreamSecrets`, 1
+//! `FetchSecrets`, 2 `DeltaSecrets`; bit 2: the chunks are the raw request body (each a data
+//! frame), not `DiscoveryRequest`s to frame. In requests, `{certs}` in a resource name stands for
+//! the mounted certificate directory (so `file-root:{certs}/root-cert.pem` names a real file).
+
+use std::convert::Infallible;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use futures::StreamExt;
+use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
+use prost::Message;
+use tonic::body::Body;
+use tonic::codegen::{Service, http};
+use tonic::transport::{Channel, Endpoint};
+use xds_api::envoy::extensions::transport_sockets::tls::v3::Secret;
+use xds_api::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+
+use agent::config::{SecretConfig, WorkloadKey};
+use agent::sds::{SdsServer, SecretManager};
+
+use crate::input::chunks;
+use crate::xds::grpc_frame;
+
+const STREAM: &str = "/envoy.service.secret.v3.SecretDiscoveryService/StreamSecrets";
+const FETCH: &str = "/envoy.service.secret.v3.SecretDiscoveryService/FetchSecrets";
+const DELTA: &str = "/envoy.service.secret.v3.SecretDiscoveryService/DeltaSecrets";
+const SECRET_TYPE: &str = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
+const IDENTITY: &str = "spiffe://cluster.local/ns/default/sa/reviews";
+
+/// Longest a call may take to end once its client has sent everything.
+const END_WITHIN: Duration = Duration::from_secs(10);
+
+struct Harness {
+    rt: tokio::runtime::Runtime,
+    channel: Channel,
+    certs: PathBuf,
+    _server: SdsServer,
+    _dir: tempfile::TempDir,
+}
+
+/// A self-signed workload certificate for [`IDENTITY`], its key and the same as root, in Istio's
+/// `./etc/certs` layout.
+fn write_certs(dir: &std::path::Path) {
+    let key = rcgen::KeyPair::generate().unwrap_or_else(|e| panic!("key: {e}"));
+    let mut params = rcgen::CertificateParams::default();
+    let uri = IDENTITY.to_owned().try_into().unwrap_or_else(|e| panic!("{e}"));
+    params.subject_alt_names = vec![rcgen::SanType::URI(uri)];
+    let cert = params
+        .self_signed(&key)
+        .unwrap_or_else(|e| panic!("certificate: {e}"))
+        .pem();
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{e}"));
+    for (file, pem) in [
+        ("cert-chain.pem", cert.clone()),
+        ("key.pem", key.serialize_pem()),
+        ("root-cert.pem", cert),
+    ] {
+        std::fs::write(dir.join(file), pem).unwrap_or_else(|e| panic!("{file}: {e}"));
+    }
+}
+
+fn harness() -> &'static Harness {
+    static H: OnceLock<Harness> = OnceLock::new();
+    H.get_or_init(|| {
+        let rt = crate::harness_runtime();
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let certs = dir.path().join("etc/certs");
+        write_certs(&certs);
+        let (server, channel) = rt.block_on(async {
+            let config = SecretConfig {
+                ttl: Duration::from_secs(3600),
+                grace_period_ratio: 0.5,
+                grace_period_ratio_jitter: 0.01,
+                key: WorkloadKey::EcdsaP256,
+            };
+            let secrets = SecretManager::new(IDENTITY.into(), None, config, certs.clone());
+            let socket = dir.path().join("SDS");
+            let server = SdsServer::start(&socket, secrets).unwrap_or_else(|e| panic!("SDS server: {e}"));
+            let channel = Endpoint::from_shared(format!("unix://{}", socket.display()))
+                .unwrap_or_else(|e| panic!("{e}"))
+                .connect()
+                .await
+                .unwrap_or_else(|e| panic!("connecting to the SDS socket: {e}"));
+            (server, channel)
+        });
+        Harness {
+            rt,
+            channel,
+            certs,
+            _server: server,
+            _dir: dir,
+        }
+    })
+}
+
+pub fn sds_request(data: &[u8]) {
+    exchange(data);
+}
+
+/// Runs the call; returns how many responses came back.
+pub(crate) fn exchange(data: &[u8]) -> usize {
+    let Some((&mode, rest)) = data.split_first() else {
+        return 0;
+    };
+    let h = harness();
+    let raw = mode & 4 != 0;
+    let certs = h.certs.display().to_string();
+    // the names asked, when the body is requests (a secret sent must be one of them)
+    let mut asked: Vec<String> = Vec::new();
+    let frames: Vec<Bytes> = chunks(rest)
+        .iter()
+        .map(|c| {
+            if raw {
+                return Bytes::copy_from_slice(c.bytes);
+            }
+            match DiscoveryRequest::decode(c.bytes) {
+                Ok(mut req) => {
+                    for name in &mut req.resource_names {
+                        *name = name.replace("{certs}", &certs);
+                    }
+                    asked.extend(req.resource_names.iter().cloned());
+                    grpc_frame(&req.encode_to_vec())
+                }
+                // tonic, not the server, refuses what does not decode: sent as it is
+                Err(_) => grpc_frame(c.bytes),
+            }
+        })
+        .collect();
+    let path = match mode & 3 {
+        1 => FETCH,
+        2 => DELTA,
+        _ => STREAM,
+    };
+    let body = Body::new(StreamBody::new(futures::stream::iter(
+        frames.into_iter().map(|b| Ok::<_, Infallible>(Frame::data(b))),
+    )));
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://sds{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(body)
+        .unwrap_or_else(|e| panic!("request: {e}"));
+    h.rt.block_on(async {
+        let mut channel = h.channel.clone();
+        let body = tokio::time::timeout(END_WITHIN, async {
+            futures::future::poll_fn(|cx| channel.poll_ready(cx))
+                .await
+                .unwrap_or_else(|e| panic!("the SDS socket: {e}"));
+            let resp = channel
+                .call(req)
+                .await
+                .unwrap_or_else(|e| panic!("the SDS server dropped the connection: {e}"));
+            let mut body = resp.into_body().into_data_stream();
+            let mut bytes = BytesMut::new();
+            while let Some(chunk) = body.next().await {
+                match chunk {
+                    Ok(c) => bytes.extend_from_slice(&c),
+                    Err(_) => break,
+                }
+            }
+            bytes
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the call did not end within {END_WITHIN:?} of its client's last request"));
+        responses(body, path, &asked, raw)
+    })
+}
+
+/// Checks the response messages of the body; returns how many there were.
+fn responses(mut body: BytesMut, path: &str, asked: &[String], raw: bool) -> usize {
+    let mut n = 0;
+    while body.len() >= 5 {
+        let compressed = body.get_u8();
+        let len = body.get_u32() as usize;
+        assert_eq!(compressed, 0, "the server compresses nothing");
+        assert!(body.len() >= len, "a response frame cut short");
+        let message = body.split_to(len);
+        if path == DELTA {
+            panic!("DeltaSecrets is refused, yet sent a message");
+        }
+        let resp = DiscoveryResponse::decode(message.freeze())
+            .unwrap_or_else(|e| panic!("a response that does not decode: {e}"));
+        assert_eq!(resp.type_url, SECRET_TYPE, "{resp:?}");
+        for any in &resp.resources {
+            assert_eq!(any.type_url, SECRET_TYPE);
+            let secret = Secret::decode(any.value.as_slice()).unwrap_or_else(|e| panic!("a Secret: {e}"));
+            assert!(secret.r#type.is_some(), "{secret:?}");
+            if !raw {
+                assert!(asked.contains(&secret.name), "{:?} was not asked for", secret.name);
+            }
+        }
+        n += 1;
+    }
+    assert!(body.is_empty(), "{} bytes after the last response frame", body.len());
+    n
+}
+
+/// What Envoy asks: the workload certificate and root, ACKs and NACKs, file secrets, a name not
+/// served, the unary and delta calls.
+pub fn seeds() -> Vec<Vec<u8>> {
+    use crate::input::join;
+    use xds_api::envoy_types::pb::google::rpc::Status as RpcStatus;
+    let req = |names: &[&str], version: &str, nonce: &str, nack: Option<&str>| -> Vec<u8> {
+        DiscoveryRequest {
+            type_url: SECRET_TYPE.into(),
+            resource_names: names.iter().map(|s| s.to_string()).collect(),
+            version_info: version.into(),
+            response_nonce: nonce.into(),
+            error_detail: nack.map(|m| RpcStatus {
+                code: 3,
+                message: m.into(),
+                details: vec![],
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    };
+    vec![
+        // Envoy's workload certificate, then its ACK
+        [
+            vec![0],
+            join(&[
+                (0, req(&["default"], "", "", None)),
+                (0, req(&["default"], "1", "1", None)),
+            ]),
+        ]
+        .concat(),
+        // the root, a NACK, then both
+        [
+            vec![0],
+            join(&[
+                (0, req(&["ROOTCA"], "", "", None)),
+                (0, req(&["ROOTCA"], "", "1", Some("bad root"))),
+                (0, req(&["default", "ROOTCA"], "1", "1", None)),
+            ]),
+        ]
+        .concat(),
+        // file secrets, a missing file and a name not served
+        [
+            vec![0],
+            join(&[
+                (0, req(&["file-root:{certs}/root-cert.pem"], "", "", None)),
+                (
+                    0,
+                    req(&["file-cert:{certs}/cert-chain.pem~{certs}/key.pem"], "", "", None),
+                ),
+                (0, req(&["file-root:{certs}/missing.pem", "other"], "", "", None)),
+            ]),
+        ]
+        .concat(),
+        // FetchSecrets and DeltaSecrets
+        [vec![1], join(&[(0, req(&["default", "ROOTCA"], "", "", None))])].concat(),
+        [vec![2], join(&[(0, req(&["default"], "", "", None))])].concat(),
+        // a raw body: a frame cut short
+        [vec![4], join(&[(0, vec![0, 0, 0, 0, 9, 10, 7])])].concat(),
+    ]
+}
