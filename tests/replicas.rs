@@ -138,14 +138,24 @@ async fn the_mesh_config_comes_from_the_istio_configmap() -> anyhow::Result<()> 
         .await
         .expect("openssl is needed for this test");
     let subject = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(subject.contains("O = example.org"), "the root is for the ConfigMap's trust domain: {subject}");
+    assert!(
+        subject.contains("O = example.org"),
+        "the root is for the ConfigMap's trust domain: {subject}"
+    );
 
     api.apply(configmap("trustDomain: example.com\n"))?;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while d.metric("pilot_mesh_config_changes_ignored").await? < 1.0 {
-        assert!(std::time::Instant::now() < deadline, "the change not seen: {}", d.logs());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the change not seen: {}",
+            d.logs()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(d.logs().contains("the mesh config changed; pilot-discovery applies it when restarted"));
+    assert!(
+        d.logs()
+            .contains("the mesh config changed; pilot-discovery applies it when restarted")
+    );
     Ok(())
 }
