@@ -19,7 +19,6 @@ use config_sources::{ConfigChange, ConfigEvent, Level, SourceErrorEntry, StoreSn
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
-use kube::core::Request;
 use kube::{Api, Client};
 use model::{Config, ConfigKey, ConfigKind};
 use tokio::sync::{mpsc, watch};
@@ -27,7 +26,7 @@ use tokio::sync::{mpsc, watch};
 use crate::Change;
 use crate::config_kinds::default_api_version;
 pub use crate::config_kinds::{CONFIG_KINDS, ConfigResource};
-use crate::informer::{Undecodable, Watched, excerpt, watched};
+use crate::informer::{FetchError, MAX_PAGE, Undecodable, Watched, get_list, watched};
 use crate::watch::WatchMetrics;
 
 /// The config source: as `config_sources::ConfigDirWatch`.
@@ -181,15 +180,12 @@ async fn served(client: &Client, r: &ConfigResource) -> Option<Api<DynamicObject
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
         // Whether the server lists the kind at this version; what it lists is not decoded here
         // (an object that does not decode is the informer's to report, once).
-        let listed = match Request::new(api.resource_url()).list(&ListParams::default().limit(1)) {
-            Ok(req) => client.request_text(req).await.map(|_| ()),
-            Err(e) => Err(kube::Error::BuildRequest(e)),
-        };
+        let listed = get_list(client, api.resource_url(), &ListParams::default().limit(1), MAX_PAGE).await;
         match listed {
-            Ok(()) => return Some(api),
-            Err(kube::Error::Api(e)) if e.code == 404 => continue,
+            Ok(_) => return Some(api),
+            Err(FetchError::Status { code: 404, .. }) => continue,
             Err(e) => {
-                let e = excerpt(&e.to_string());
+                let e = e.to_string();
                 tracing::debug!(kind, version = v, "listing {kind}: {e}; trying the next version");
                 failed = Some(e);
             }
@@ -224,45 +220,24 @@ async fn follow(
     // Objects of the list being read that do not decode, recorded with its `Replace`.
     let mut undecodable = Vec::new();
     while let Some(w) = stream.next().await {
-        let change = match w {
-            Watched::Undecodable(u) if u.listed => {
-                undecodable.push(u);
-                continue;
-            }
-            Watched::Undecodable(u) => {
-                // In a watch: the last valid version stays in effect, as for an invalid one.
-                let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
-                record_undecodable(&mut st, kind, &u);
-                let snapshot = st.snapshot();
-                drop(st);
+        let step = step(
+            &mut state.lock().unwrap_or_else(PoisonError::into_inner),
+            kind,
+            w,
+            &mut undecodable,
+            &metrics,
+        );
+        let change = match step {
+            Step::Pending => continue,
+            Step::Recorded(snapshot) => {
                 state_tx.send_replace(snapshot);
                 continue;
             }
-            Watched::Change(c) => c,
-        };
-        let change = {
-            let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
-            match change {
-                Change::Replace(objects) => {
-                    tracing::info!(
-                        kind = kind.as_str(),
-                        objects = objects.len(),
-                        undecodable = undecodable.len(),
-                        "Kubernetes: Istio config listed"
-                    );
-                    let change = replace(&mut st, kind, objects, &metrics);
-                    for u in undecodable.drain(..) {
-                        record_undecodable(&mut st, kind, &u);
-                    }
-                    st.relisting.clear();
-                    change
-                }
-                Change::Apply(o) => apply(&mut st, kind, &o, &metrics),
-                Change::Delete(o) => delete(&mut st, kind, &o, &metrics),
+            Step::Changed(change, snapshot) => {
+                state_tx.send_replace(snapshot);
+                change
             }
         };
-        let snapshot = state.lock().unwrap_or_else(PoisonError::into_inner).snapshot();
-        state_tx.send_replace(snapshot);
         if let Some(f) = first.take() {
             let _ = f.send(change);
             continue;
@@ -270,6 +245,82 @@ async fn follow(
         if !change.is_empty() && tx.send(change).is_err() {
             return;
         }
+    }
+}
+
+/// What one item of a kind's list+watch did to the config source.
+enum Step {
+    /// An undecodable item of a list, recorded with the list's `Replace`.
+    Pending,
+    /// An undecodable object of a watch, recorded (the last valid version stays in effect).
+    Recorded(StoreSnapshot),
+    /// A change of what is served (maybe empty), and the state after it.
+    Changed(ConfigChange, StoreSnapshot),
+}
+
+/// One item of `kind`'s list+watch applied to the state; `undecodable` holds the list's
+/// undecodable objects until its `Replace`.
+fn step(
+    st: &mut State,
+    kind: ConfigKind,
+    w: Watched<DynamicObject>,
+    undecodable: &mut Vec<Undecodable>,
+    metrics: &WatchMetrics,
+) -> Step {
+    let change = match w {
+        Watched::Undecodable(u) if u.listed => {
+            undecodable.push(u);
+            return Step::Pending;
+        }
+        Watched::Undecodable(u) => {
+            // In a watch: the last valid version stays in effect, as for an invalid one.
+            record_undecodable(st, kind, &u);
+            return Step::Recorded(st.snapshot());
+        }
+        Watched::Change(c) => c,
+    };
+    let change = match change {
+        Change::Replace(objects) => {
+            tracing::info!(
+                kind = kind.as_str(),
+                objects = objects.len(),
+                undecodable = undecodable.len(),
+                "Kubernetes: Istio config listed"
+            );
+            let change = replace(st, kind, objects, metrics);
+            for u in undecodable.drain(..) {
+                record_undecodable(st, kind, &u);
+            }
+            st.relisting.clear();
+            change
+        }
+        Change::Apply(o) => apply(st, kind, &o, metrics),
+        Change::Delete(o) => delete(st, kind, &o, metrics),
+    };
+    Step::Changed(change, st.snapshot())
+}
+
+/// The config source's state driven by hand, item by item, as a kind's list+watch drives it
+/// (the `kube_object` fuzz target's way in): the same parsing, validation and error records.
+#[derive(Default)]
+pub struct ConfigReader {
+    state: State,
+    undecodable: Vec<Undecodable>,
+    metrics: WatchMetrics,
+}
+
+impl ConfigReader {
+    /// Applies one item of `kind`'s list+watch; the change of what is served, if any.
+    pub fn read(&mut self, kind: ConfigKind, w: Watched<DynamicObject>) -> Option<ConfigChange> {
+        match step(&mut self.state, kind, w, &mut self.undecodable, &self.metrics) {
+            Step::Changed(change, _) => Some(change),
+            Step::Pending | Step::Recorded(_) => None,
+        }
+    }
+
+    /// What is served and the config errors, as `/debug/configz` and `/debug/config_errors`.
+    pub fn snapshot(&self) -> StoreSnapshot {
+        self.state.snapshot()
     }
 }
 

@@ -7,64 +7,52 @@
 //! Unlike kube-rs's `watcher` (whose list decodes as a whole, so that one undecodable object
 //! stops the kind from ever syncing), each object is decoded on its own: a list with one bad
 //! item serves the others, and the bad one is handed on as [`Undecodable`], named with its
-//! defect. A watch line is bounded ([`MAX_LINE`]); a line that is not JSON, an event of a type
-//! Kubernetes does not send, an ERROR event and a failed list are each reported with a bounded
-//! excerpt of what the server sent (never a whole body) and counted in
-//! `pilot_k8s_watch_errors`.
+//! defect (the decoding itself is [`crate::decode`]'s). A watch line is bounded ([`MAX_LINE`]),
+//! and so is a list page ([`MAX_PAGE`]; a page over it is refused and the list retried with
+//! backoff); a line that is not JSON, an event of a type Kubernetes does not send, an ERROR event
+//! and a failed list are each reported with a bounded excerpt of what the server sent (never a
+//! whole body) and counted in `pilot_k8s_watch_errors`; the warnings are rate limited
+//! (`monitoring::throttle`), the counts are not.
 
 use std::fmt::Debug;
 use std::time::Duration;
 
 use futures::{AsyncBufRead, AsyncBufReadExt};
+use http_body_util::BodyExt;
 use kube::core::Request;
 use kube::core::params::{ListParams, WatchParams};
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::DefaultBackoff;
 use kube::{Api, Client, Resource};
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 
 use crate::Change;
+pub use crate::decode::{EXCERPT, Undecodable, excerpt};
+use crate::decode::{Event, decode_event, decode_page};
 use crate::watch::WatchMetrics;
 
 /// The longest watch line read: Kubernetes objects are at most ~1.5 MB in etcd, so 16 MiB is
 /// generous; a longer line is refused (and the watch restarted) rather than buffered.
 pub const MAX_LINE: usize = 16 << 20;
+/// The largest list page read: [`PAGE`] objects of 256 KiB each (Pods with their managedFields
+/// are tens of KiB); a larger page is refused (and the list retried with backoff) rather than
+/// buffered without limit.
+pub const MAX_PAGE: usize = 128 << 20;
+/// The most of an error answer read (its Status message is what is reported).
+const MAX_ERROR_BODY: usize = 64 << 10;
 /// Objects per list page (kube-rs's and client-go's default).
 const PAGE: u32 = 500;
 /// The server ends each watch after this long (kube-rs's 290 s), and it is started again.
 const WATCH_TIMEOUT: u32 = 290;
-/// The most of a text from the API server that goes to a log line or an error.
-pub const EXCERPT: usize = 300;
 
 /// What a watched kind reports: changes, and objects that do not decode.
 #[derive(Debug)]
-pub(crate) enum Watched<K> {
+pub enum Watched<K> {
     Change(Change<K>),
     /// An object of the kind that does not decode as one. In a (re-)list, these come before its
     /// `Replace`; in a watch, the object's last good version (if any) stays in effect.
     Undecodable(Undecodable),
-}
-
-/// An object of the cluster that does not decode as its kind.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Undecodable {
-    pub namespace: String,
-    /// Empty when the object has no readable name.
-    pub name: String,
-    pub reason: String,
-    /// Whether it was an item of a (re-)list (then its `Replace` follows) or a watch event.
-    pub listed: bool,
-}
-
-/// At most [`EXCERPT`] characters of `text`, saying how long it was when cut.
-pub fn excerpt(text: &str) -> String {
-    match text.char_indices().nth(EXCERPT) {
-        None => text.to_owned(),
-        Some((i, _)) => format!("{}... ({} bytes in all)", &text[..i], text.len()),
-    }
 }
 
 /// The list + watch of `api`'s kind, as a stream (see the module doc). It runs until the stream
@@ -77,9 +65,22 @@ pub(crate) fn watched<K>(
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
+    watched_bounded(api, kind, metrics, MAX_PAGE)
+}
+
+/// [`watched`], with list pages bounded at `max_page` bytes.
+fn watched_bounded<K>(
+    api: Api<K>,
+    kind: &'static str,
+    metrics: WatchMetrics,
+    max_page: usize,
+) -> impl futures::Stream<Item = Watched<K>> + Send
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
     let (tx, rx) = mpsc::channel(16);
     let url = api.resource_url().to_owned();
-    tokio::spawn(run(api.into_client(), url, kind, metrics, tx));
+    tokio::spawn(run(api.into_client(), url, kind, metrics, max_page, tx));
     futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|w| (w, rx)) })
 }
 
@@ -93,8 +94,14 @@ struct Ended {
     healthy: bool,
 }
 
-async fn run<K>(client: Client, url: String, kind: &'static str, metrics: WatchMetrics, tx: mpsc::Sender<Watched<K>>)
-where
+async fn run<K>(
+    client: Client,
+    url: String,
+    kind: &'static str,
+    metrics: WatchMetrics,
+    max_page: usize,
+    tx: mpsc::Sender<Watched<K>>,
+) where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     let mut backoff = DefaultBackoff::default();
@@ -102,7 +109,7 @@ where
     loop {
         let version = match from.take() {
             Some(v) => v,
-            None => match list::<K>(&client, &url).await {
+            None => match list::<K>(&client, &url, max_page).await {
                 Ok((objects, undecodable, version)) => {
                     for u in undecodable {
                         if tx.send(Watched::Undecodable(u)).await.is_err() {
@@ -114,9 +121,9 @@ where
                     }
                     version
                 }
-                Err(e) => {
+                Err((reason, e)) => {
                     let delay = backoff.next().unwrap_or(Duration::from_secs(30));
-                    metrics.watch_error(kind, "list_failed");
+                    metrics.watch_error(kind, reason);
                     if let Some(suppressed) = monitoring::throttle::allow("kube_list_failed") {
                         tracing::warn!(kind, suppressed, retry_in = ?delay, "Kubernetes: listing {kind} failed: {e}");
                     }
@@ -127,7 +134,7 @@ where
                 }
             },
         };
-        let ended = watch(&client, &url, kind, version, &tx).await;
+        let ended = watch(&client, &url, kind, &metrics, version, &tx).await;
         if tx.is_closed() {
             return;
         }
@@ -156,24 +163,89 @@ async fn wait<T>(tx: &mpsc::Sender<T>, delay: Duration) -> bool {
     }
 }
 
-#[derive(Deserialize, Default)]
-struct ListMeta {
-    #[serde(default, rename = "resourceVersion")]
-    resource_version: Option<String>,
-    #[serde(default, rename = "continue")]
-    continue_: Option<String>,
+/// Why a list request failed.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum FetchError {
+    /// The answer was longer than the bound (what was read of it is dropped).
+    TooLarge { max: usize },
+    /// The API server answered with an error: the HTTP code and its Status message (an excerpt).
+    Status { code: u16, message: String },
+    /// The request failed, or the answer is not text.
+    Failed(String),
 }
 
-#[derive(Deserialize)]
-struct RawList<'a> {
-    #[serde(default)]
-    metadata: ListMeta,
-    #[serde(borrow, default)]
-    items: Option<Vec<&'a RawValue>>,
+impl std::fmt::Display for FetchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FetchError::TooLarge { max } => {
+                let bound = if *max >= 1 << 20 {
+                    format!("{} MiB", max >> 20)
+                } else {
+                    format!("{max} bytes")
+                };
+                write!(
+                    f,
+                    "refused a list page larger than {bound} (the API server sent more; at most {PAGE} \
+                     objects were asked for): the list is retried"
+                )
+            }
+            FetchError::Status { code, message } => write!(f, "the API server answered {code}: {message}"),
+            FetchError::Failed(e) => f.write_str(e),
+        }
+    }
 }
 
-/// Every object of the kind (paged), each decoded on its own, and the list's resourceVersion.
-async fn list<K: DeserializeOwned>(client: &Client, url: &str) -> Result<(Vec<K>, Vec<Undecodable>, String), String> {
+/// One page of a list of `url` (a GET with `lp`), read up to `max` bytes.
+pub(crate) async fn get_list(client: &Client, url: &str, lp: &ListParams, max: usize) -> Result<String, FetchError> {
+    let req = Request::new(url)
+        .list(lp)
+        .map_err(|e| FetchError::Failed(e.to_string()))?;
+    let res = client
+        .send(req.map(kube::client::Body::from))
+        .await
+        .map_err(|e| FetchError::Failed(excerpt(&e.to_string())))?;
+    let status = res.status();
+    if status.is_success() {
+        return read_bounded(res.into_body(), max).await;
+    }
+    // An error answer: its Status's message, else its text (both bounded).
+    let text = match read_bounded(res.into_body(), MAX_ERROR_BODY).await {
+        Ok(text) => text,
+        Err(e) => format!("(unreadable: {e})"),
+    };
+    let message = serde_json::from_str::<kube::core::Status>(&text)
+        .ok()
+        .map(|s| s.message)
+        .filter(|m| !m.is_empty())
+        .unwrap_or(text);
+    Err(FetchError::Status {
+        code: status.as_u16(),
+        message: excerpt(message.trim()),
+    })
+}
+
+/// The body as text, refused past `max` bytes.
+async fn read_bounded(mut body: kube::client::Body, max: usize) -> Result<String, FetchError> {
+    let mut buf = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| FetchError::Failed(excerpt(&e.to_string())))?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > max {
+                return Err(FetchError::TooLarge { max });
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    String::from_utf8(buf).map_err(|e| FetchError::Failed(format!("the answer is not UTF-8: {e}")))
+}
+
+/// Every object of the kind (paged), each decoded on its own, and the list's resourceVersion; or
+/// why not (a metric reason and the message).
+async fn list<K: DeserializeOwned>(
+    client: &Client,
+    url: &str,
+    max_page: usize,
+) -> Result<(Vec<K>, Vec<Undecodable>, String), (&'static str, String)> {
     let (mut objects, mut undecodable) = (Vec::new(), Vec::new());
     let mut token: Option<String> = None;
     loop {
@@ -181,61 +253,19 @@ async fn list<K: DeserializeOwned>(client: &Client, url: &str) -> Result<(Vec<K>
         if let Some(t) = &token {
             lp = lp.continue_token(t);
         }
-        let req = Request::new(url).list(&lp).map_err(|e| e.to_string())?;
-        let text = client.request_text(req).await.map_err(|e| excerpt(&e.to_string()))?;
-        let page: RawList<'_> =
-            serde_json::from_str(&text).map_err(|e| format!("the list is not a list ({e}): {}", excerpt(&text)))?;
-        for item in page.items.unwrap_or_default() {
-            match decode::<K>(item) {
-                Ok(o) => objects.push(o),
-                Err(u) => undecodable.push(Undecodable { listed: true, ..u }),
-            }
-        }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+        let text = get_list(client, url, &lp, max_page).await.map_err(|e| match e {
+            FetchError::TooLarge { .. } => ("page_too_large", e.to_string()),
+            _ => ("list_failed", e.to_string()),
+        })?;
+        let page = decode_page::<K>(&text).map_err(|e| ("list_failed", e))?;
+        drop(text);
+        objects.extend(page.objects);
+        undecodable.extend(page.undecodable);
+        match page.next {
             Some(t) => token = Some(t),
-            None => return Ok((objects, undecodable, page.metadata.resource_version.unwrap_or_default())),
+            None => return Ok((objects, undecodable, page.version)),
         }
     }
-}
-
-/// The object, or what it is (namespace and name, when readable) and why it does not decode.
-fn decode<K: DeserializeOwned>(raw: &RawValue) -> Result<K, Undecodable> {
-    serde_json::from_str::<K>(raw.get()).map_err(|e| {
-        let loose: serde_json::Value = serde_json::from_str(raw.get()).unwrap_or_default();
-        let field = |f: &str| {
-            loose
-                .pointer(&format!("/metadata/{f}"))
-                .and_then(serde_json::Value::as_str)
-                .unwrap_or_default()
-                .to_owned()
-        };
-        Undecodable {
-            namespace: field("namespace"),
-            name: field("name"),
-            reason: excerpt(&e.to_string()),
-            listed: false,
-        }
-    })
-}
-
-#[derive(Deserialize)]
-struct RawEvent<'a> {
-    #[serde(rename = "type")]
-    type_: String,
-    #[serde(borrow)]
-    object: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize, Default)]
-struct Meta {
-    #[serde(default, rename = "resourceVersion")]
-    resource_version: Option<String>,
-}
-
-#[derive(Deserialize, Default)]
-struct Versioned {
-    #[serde(default)]
-    metadata: Meta,
 }
 
 /// Watches from `version` until the server ends the watch or it fails; each event sent on.
@@ -243,6 +273,7 @@ async fn watch<K>(
     client: &Client,
     url: &str,
     kind: &'static str,
+    metrics: &WatchMetrics,
     version: String,
     tx: &mpsc::Sender<Watched<K>>,
 ) -> Ended
@@ -292,80 +323,62 @@ where
                 return ended;
             }
         };
-        let text = String::from_utf8_lossy(&line);
-        let event: RawEvent<'_> = match serde_json::from_str(&text) {
-            Ok(e) => e,
-            Err(e) => {
+        let (change, version) = match decode_event::<K>(&line) {
+            Event::NotJson(message) => {
                 // An event was lost: re-list to get back in step.
                 ended.from = None;
-                ended.failed = Some((
-                    "not_json",
-                    format!("a watch line is not a JSON event ({e}): {}; re-listing", excerpt(&text)),
-                ));
+                ended.failed = Some(("not_json", format!("{message}; re-listing")));
                 return ended;
             }
-        };
-        let null: Box<RawValue> = RawValue::from_string("null".to_owned()).unwrap_or_default();
-        let object: &RawValue = event.object.unwrap_or(&null);
-        let seen = || {
-            serde_json::from_str::<Versioned>(object.get())
-                .unwrap_or_default()
-                .metadata
-                .resource_version
-                .filter(|v| !v.is_empty())
-        };
-        let change = match event.type_.as_str() {
-            "BOOKMARK" => {
-                ended.from = seen().or(ended.from.take());
+            Event::Bookmark { version } => {
+                ended.from = version.or(ended.from.take());
                 ended.healthy = true;
                 continue;
             }
-            "ERROR" => {
-                let status: kube::core::Status = serde_json::from_str(object.get()).unwrap_or_default();
-                if status.code == 410 {
-                    // Expired: re-list, as every client does.
-                    ended.from = None;
-                    return ended;
-                }
+            Event::Error { code: 410, .. } => {
+                // Expired: re-list, as every client does.
+                ended.from = None;
+                return ended;
+            }
+            Event::Error { code, reason, message } => {
                 ended.failed = Some((
                     "error_event",
-                    format!(
-                        "the API server sent an ERROR event (code {}, {}): {}",
-                        status.code,
-                        status.reason,
-                        excerpt(&status.message)
-                    ),
+                    format!("the API server sent an ERROR event (code {code}, {reason}): {message}"),
                 ));
                 return ended;
             }
-            t @ ("ADDED" | "MODIFIED" | "DELETED") => match decode::<K>(object) {
-                Ok(o) if t == "DELETED" => Watched::Change(Change::Delete(o)),
-                Ok(o) => Watched::Change(Change::Apply(o)),
-                Err(u) => {
-                    let deleted = t == "DELETED";
-                    if tx.send(Watched::Undecodable(u)).await.is_err() {
-                        return ended;
-                    }
-                    if deleted {
-                        // Which object went is not known for sure: re-list.
-                        ended.from = None;
-                        return ended;
-                    }
-                    ended.from = seen().or(ended.from.take());
-                    continue;
+            Event::Undecodable {
+                undecodable,
+                deleted,
+                version,
+            } => {
+                if tx.send(Watched::Undecodable(undecodable)).await.is_err() {
+                    return ended;
                 }
-            },
-            other => {
-                tracing::warn!(
-                    kind,
-                    "Kubernetes: watch of {kind}: dropped an event of unknown type {:?}: {}",
-                    excerpt(other),
-                    excerpt(&text)
-                );
+                if deleted {
+                    // Which object went is not known for sure: re-list.
+                    ended.from = None;
+                    return ended;
+                }
+                ended.from = version.or(ended.from.take());
                 continue;
             }
+            Event::Unknown { type_, line } => {
+                // An event of a type Kubernetes does not define carries nothing to act on: dropped
+                // and counted, the watch goes on.
+                metrics.watch_error(kind, "unknown_event");
+                if let Some(suppressed) = monitoring::throttle::allow("kube_unknown_event") {
+                    tracing::warn!(
+                        kind,
+                        suppressed,
+                        "Kubernetes: watch of {kind}: dropped an event of unknown type {type_:?}: {line}"
+                    );
+                }
+                continue;
+            }
+            Event::Change { change, version } => (Watched::Change(change), version),
         };
-        ended.from = seen().or(ended.from.take());
+        ended.from = version.or(ended.from.take());
         ended.healthy = true;
         if tx.send(change).await.is_err() {
             return ended;
@@ -475,28 +488,78 @@ mod tests {
         );
     }
 
-    #[test]
-    fn excerpts_are_bounded_and_say_so() {
-        assert_eq!(excerpt("short"), "short");
-        let long = "é".repeat(1000);
-        let e = excerpt(&long);
-        assert!(e.starts_with(&"é".repeat(EXCERPT)), "{e}");
-        assert!(e.ends_with("... (2000 bytes in all)"), "{e}");
+    /// A list page over the bound is refused, counted as `page_too_large` and retried with
+    /// backoff; nothing is served from it.
+    #[tokio::test]
+    async fn a_list_page_over_the_bound_is_refused_and_retried() {
+        use k8s_openapi::api::core::v1::Service;
+        let api = test_support::kube_api::FakeApiServer::start()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        for i in 0..20 {
+            api.apply(serde_json::json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": format!("svc-{i}"), "namespace": "default"},
+                "spec": {"ports": [{"name": "http", "port": 80}]}}))
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let kubeconfig = dir.path().join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig).unwrap_or_else(|e| panic!("{e}"));
+        let cfg = crate::watch::client_config(kubeconfig.to_str().unwrap_or_default(), |_| None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("no client config"));
+        let client = crate::watch::connect(cfg, Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let metrics = WatchMetrics::default();
+        let refused = || {
+            metrics
+                .watch_errors
+                .get_or_create(&crate::watch::WatchErrorLabels {
+                    r#type: "Service".into(),
+                    reason: "page_too_large".into(),
+                })
+                .get()
+        };
+        let lists = || {
+            api.requests()
+                .iter()
+                .filter(|r| r.starts_with("GET /api/v1/services?") && !r.contains("watch="))
+                .count()
+        };
+        let stream = watched_bounded(Api::<Service>::all(client.clone()), "Service", metrics.clone(), 2048);
+        futures::pin_mut!(stream);
+        // The first try and at least one more after the backoff (800 ms..): nothing served.
+        let got = tokio::time::timeout(Duration::from_secs(3), futures::StreamExt::next(&mut stream)).await;
+        assert!(got.is_err(), "a page over 2048 bytes was served: {got:?}");
+        assert!(refused() >= 2, "refused {} times in 3 s", refused());
+        assert_eq!(lists() as u64, refused(), "each list was refused once");
+        assert_eq!(
+            FetchError::TooLarge { max: 2048 }.to_string(),
+            "refused a list page larger than 2048 bytes (the API server sent more; at most 500 objects \
+             were asked for): the list is retried"
+        );
+        // The same list within the bound is served.
+        let stream = watched_bounded(Api::<Service>::all(client), "Service", metrics.clone(), MAX_PAGE);
+        futures::pin_mut!(stream);
+        let first = tokio::time::timeout(Duration::from_secs(5), futures::StreamExt::next(&mut stream)).await;
+        assert!(
+            matches!(&first, Ok(Some(Watched::Change(Change::Replace(all)))) if all.len() == 20),
+            "{first:?}"
+        );
     }
 
-    #[test]
-    fn an_undecodable_item_is_named_with_its_defect() {
-        #[derive(Deserialize, Debug)]
-        struct Svc {
-            #[allow(dead_code)]
-            spec: std::collections::BTreeMap<String, u32>,
-        }
-        let raw: Box<RawValue> = serde_json::from_str(r#"{"metadata":{"name":"r","namespace":"ns"},"spec":[1]}"#)
-            .unwrap_or_else(|e| panic!("{e}"));
-        let Err(u) = decode::<Svc>(&raw) else {
-            panic!("a list is not a map")
-        };
-        assert_eq!((u.namespace.as_str(), u.name.as_str()), ("ns", "r"));
-        assert!(u.reason.contains("invalid type: sequence"), "{}", u.reason);
+    #[tokio::test]
+    async fn an_error_answer_is_read_bounded_and_named_by_its_status() {
+        let status = r#"{"kind":"Status","code":403,"message":"services is forbidden"}"#;
+        assert_eq!(
+            read_bounded(kube::client::Body::from(status.as_bytes().to_vec()), 1024).await,
+            Ok(status.to_owned())
+        );
+        assert_eq!(
+            read_bounded(kube::client::Body::from(vec![b'x'; 1025]), 1024).await,
+            Err(FetchError::TooLarge { max: 1024 })
+        );
     }
 }

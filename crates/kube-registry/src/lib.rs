@@ -8,6 +8,7 @@ mod config_kinds;
 mod controller;
 pub mod conversion;
 pub mod crdclient;
+pub mod decode;
 pub mod informer;
 pub mod manifests;
 mod objects;

@@ -20,7 +20,7 @@ use crate::problems::{ObjectErrorLabels, Source};
 use crate::{Change, KubeEvent, KubeRegistry};
 
 /// Labels of `pilot_k8s_watch_errors`: the kind and what failed (`list_failed`, `watch_failed`,
-/// `line_too_long`, `not_json`, `error_event`).
+/// `line_too_long`, `not_json`, `error_event`, `page_too_large`, `unknown_event`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 pub struct WatchErrorLabels {
     pub r#type: String,

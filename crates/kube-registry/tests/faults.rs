@@ -193,6 +193,7 @@ async fn one_undecodable_object_does_not_stop_the_others_and_broken_watch_lines_
     .unwrap();
     api.apply(slice("reviews", &["10.1.0.1", "10.1.0.3"])).unwrap();
     eventually("changes after it", || addresses(&registry, "reviews").len() == 2).await;
+    assert_eq!(watch_errors("unknown_event"), 1);
 
     // A line that never ends: refused at 16 MiB, the watch restarted, nothing else lost.
     eventually("a Service watch open", || {
@@ -257,4 +258,94 @@ async fn istio_config_with_an_undecodable_object_is_served_without_it() {
         "{errors:?}"
     );
     assert_eq!(state.invalid_counts.get("VirtualService"), Some(&1));
+}
+
+/// Log lines written while a test runs (`tracing` on this thread).
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// An API server that floods a watch with events of a type Kubernetes does not send: each is
+/// counted in `pilot_k8s_watch_errors{reason="unknown_event"}`, at most a burst of them is
+/// logged (monitoring::throttle), and the watch goes on.
+#[tokio::test(flavor = "current_thread")]
+async fn unknown_watch_events_are_counted_and_their_warnings_rate_limited() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let api = FakeApiServer::start().await.unwrap();
+    api.apply(service("reviews", json!([{"name": "http", "port": 9080}])))
+        .unwrap();
+    let (_dir, client) = client_for(&api).await;
+    let metrics = WatchMetrics::default();
+    let registry = Arc::new(KubeRegistry::new(Context {
+        domain: "cluster.local".into(),
+        trust_domain: "cluster.local".into(),
+        cluster_id: "Kubernetes".into(),
+        discovery_selectors: Vec::new(),
+    }));
+    let (tx, _diffs) = mpsc::unbounded_channel();
+    let mut synced = watch_all(client, registry.clone(), tx, metrics.clone());
+    tokio::time::timeout(Duration::from_secs(10), synced.wait_for(|s| s.len() == KINDS.len()))
+        .await
+        .expect("synced within 10 s")
+        .unwrap();
+    eventually("a Service watch open", || {
+        api.requests()
+            .iter()
+            .any(|r| r.starts_with("GET /api/v1/services?") && r.contains("watch="))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    const SENT: u64 = 40;
+    for i in 0..SENT {
+        api.send_raw(
+            "v1",
+            "Service",
+            RawWatch::Line(format!(r#"{{"type":"RESIZED-{i}","object":{{}}}}"#)),
+        )
+        .unwrap();
+    }
+    api.apply(service("details", json!([{"name": "http", "port": 9080}])))
+        .unwrap();
+    eventually("a Service added after them", || {
+        registry
+            .snapshot()
+            .services
+            .iter()
+            .any(|s| s.attributes.name == "details")
+    })
+    .await;
+    let counted = metrics
+        .watch_errors
+        .get_or_create(&WatchErrorLabels {
+            r#type: "Service".into(),
+            reason: "unknown_event".into(),
+        })
+        .get();
+    assert_eq!(counted, SENT);
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logged = text
+        .lines()
+        .filter(|l| l.contains("dropped an event of unknown type"))
+        .count();
+    assert!(
+        (1..=monitoring::throttle::BURST as usize).contains(&logged),
+        "{logged} of {SENT} logged:\n{text}"
+    );
+    assert!(text.contains(r#"unknown type "RESIZED-0""#), "{text}");
 }
