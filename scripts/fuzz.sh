@@ -19,7 +19,7 @@ seconds="${1:?usage: scripts/fuzz.sh SECONDS [TARGET...]}"
 shift
 targets=("$@")
 if [[ ${#targets[@]} -eq 0 ]]; then
-  targets=(config xds_request agent_xds_proxy admission_review dns_message sds_request)
+  targets=(config xds_request agent_xds_proxy admission_review dns_message sds_request kube_object)
 fi
 
 if ! cargo +nightly --version >/dev/null 2>&1; then

@@ -10,6 +10,7 @@ mod agent_proxy;
 mod config;
 mod dns;
 mod input;
+mod kube_object;
 mod mesh;
 mod sds;
 pub mod seeds;
@@ -19,6 +20,7 @@ pub use admission::admission_review;
 pub use agent_proxy::agent_xds_proxy;
 pub use config::config;
 pub use dns::dns_message;
+pub use kube_object::kube_object;
 pub use sds::sds_request;
 pub use xds::xds_request;
 
@@ -33,6 +35,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("admission_review", admission_review),
     ("dns_message", dns_message),
     ("sds_request", sds_request),
+    ("kube_object", kube_object),
 ];
 
 /// Makes a panic on any thread (a spawned stream task included) abort the process, as libFuzzer

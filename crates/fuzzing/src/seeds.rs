@@ -65,6 +65,7 @@ pub fn all() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         ("admission_review", crate::admission::seeds()),
         ("dns_message", crate::dns::seeds()),
         ("sds_request", crate::sds::seeds()),
+        ("kube_object", crate::kube_object::seeds()),
     ]
 }
 

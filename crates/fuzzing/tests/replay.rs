@@ -72,3 +72,8 @@ fn dns_message_corpus() {
 fn sds_request_corpus() {
     replay("sds_request");
 }
+
+#[test]
+fn kube_object_corpus() {
+    replay("kube_object");
+}

@@ -63,8 +63,13 @@ struct RawList<'a> {
 /// A list page (`{"metadata": {...}, "items": [...]}`), each item decoded on its own; an error
 /// (with an excerpt of the text) when the page itself is not a list.
 pub fn decode_page<K: DeserializeOwned>(text: &str) -> Result<Page<K>, String> {
-    let page: RawList<'_> =
-        serde_json::from_str(text).map_err(|e| format!("the list is not a list ({e}): {}", excerpt(text)))?;
+    let page: RawList<'_> = serde_json::from_str(text).map_err(|e| {
+        format!(
+            "the list is not a list ({}): {}",
+            excerpt(&e.to_string()),
+            excerpt(text)
+        )
+    })?;
     let (mut objects, mut undecodable) = (Vec::new(), Vec::new());
     for item in page.items.unwrap_or_default() {
         match decode::<K>(item) {
@@ -147,7 +152,13 @@ pub fn decode_event<K: DeserializeOwned>(line: &[u8]) -> Event<K> {
     let text = String::from_utf8_lossy(line);
     let event: RawEvent<'_> = match serde_json::from_str(&text) {
         Ok(e) => e,
-        Err(e) => return Event::NotJson(format!("a watch line is not a JSON event ({e}): {}", excerpt(&text))),
+        Err(e) => {
+            return Event::NotJson(format!(
+                "a watch line is not a JSON event ({}): {}",
+                excerpt(&e.to_string()),
+                excerpt(&text)
+            ));
+        }
     };
     let null: Box<RawValue> = RawValue::from_string("null".to_owned()).unwrap_or_default();
     let object: &RawValue = event.object.unwrap_or(&null);
