@@ -347,6 +347,12 @@ fn parse(st: &mut State, kind: ConfigKind, o: &DynamicObject) -> Option<Config> 
             .or_insert_with(|| default_api_version(kind).into());
     }
     match model::config::parse_config(v, "default") {
+        Ok(c) if c.kind != kind => {
+            // The object says it is another kind: it is not served as that kind from this list
+            // (its deletion or the other kind's re-list would not remove it).
+            record_error(st, kind, o, format!("is a {}, not a {kind}: not served", c.kind));
+            None
+        }
         Ok(c) => {
             let name = name_of(kind, o);
             if c.kind.is_supported() {
