@@ -142,10 +142,12 @@ where
             let tcp = match tcp {
                 Ok((tcp, _)) => tcp,
                 Err(e) => {
-                    // As tonic's incoming: the error goes to the server, which logs it and goes on.
+                    // As tonic's incoming: the error goes to the server, which logs it and goes on;
+                    // a short pause so that a full descriptor table (EMFILE) is not spun on.
                     if ready_tx.send(Err(e)).await.is_err() {
                         return;
                     }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 }
             };
