@@ -37,12 +37,19 @@ async fn udp(server: SocketAddr, query: &[u8]) -> Result<Vec<u8>, String> {
     let mut buf = vec![0u8; 65535];
     loop {
         let n = socket.recv(&mut buf).await.map_err(|e| format!("{server}: {e}"))?;
-        // the answer to this query: same ID
-        if n >= 2 && query.len() >= 2 && buf[..2] == query[..2] {
+        // The answer to this query: a response with its ID; anything else (a stray or spoofed
+        // datagram, a query) is not it, and the wait goes on.
+        if answers(query, &buf[..n]) {
             buf.truncate(n);
             return Ok(buf);
         }
     }
+}
+
+/// Whether `answer` is a DNS response (a whole header, QR set) carrying `query`'s ID.
+fn answers(query: &[u8], answer: &[u8]) -> bool {
+    const HEADER: usize = 12;
+    answer.len() >= HEADER && query.len() >= 2 && answer[..2] == query[..2] && answer[2] & 0x80 != 0
 }
 
 async fn tcp(server: SocketAddr, query: &[u8]) -> Result<Vec<u8>, String> {
@@ -54,5 +61,28 @@ async fn tcp(server: SocketAddr, query: &[u8]) -> Result<Vec<u8>, String> {
     let n = s.read_u16().await.map_err(|e| format!("{server}: {e}"))?;
     let mut buf = vec![0u8; usize::from(n)];
     s.read_exact(&mut buf).await.map_err(|e| format!("{server}: {e}"))?;
+    if !answers(query, &buf) {
+        return Err(format!("{server} (TCP): the reply is not a response to the query"));
+    }
     Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::answers;
+
+    #[test]
+    fn only_a_response_with_the_querys_id_answers_it() {
+        let query = [0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+        let mut answer = query;
+        answer[2] = 0x81;
+        assert!(answers(&query, &answer));
+        // A query (QR clear), as the fuzzer's resolver sent back: not an answer.
+        assert!(!answers(&query, &query));
+        // Another ID, or less than a header.
+        let mut other = answer;
+        other[1] = 0x35;
+        assert!(!answers(&query, &other));
+        assert!(!answers(&query, &answer[..11]));
+    }
 }
