@@ -103,6 +103,12 @@ impl LocalDnsServer {
         }
     }
 
+    /// Each upstream exchange bounded by `timeout` instead of Istio's 5 s (tests, fuzzing).
+    pub fn with_upstream_timeout(mut self, timeout: Duration) -> LocalDnsServer {
+        self.timeout = timeout;
+        self
+    }
+
     /// Answers from this name table from now on.
     pub fn update(&self, nt: &NameTable) {
         let table = LookupTable::build(nt, &self.proxy, &self.resolv.search);
