@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::http::labels;
 use super::resources::{ResourceType, find};
 use super::selector::Selector;
 use super::store::{ApiError, res_index};
@@ -88,17 +89,6 @@ pub(crate) async fn validate(s: &Shared, r: &Request<'_>) -> Result<(), ApiError
         }
     }
     Ok(())
-}
-
-fn labels(obj: &Value) -> BTreeMap<String, String> {
-    obj.pointer("/metadata/labels")
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn matches(webhook: &Value, r: &Request<'_>, ns_labels: &BTreeMap<String, String>) -> bool {

@@ -143,7 +143,8 @@ fn at_version(obj: &Value, rt: &ResourceType, version: &str) -> Value {
     o
 }
 
-fn labels(obj: &Value) -> BTreeMap<String, String> {
+/// An object's `metadata.labels` (string values only).
+pub(crate) fn labels(obj: &Value) -> BTreeMap<String, String> {
     obj.pointer("/metadata/labels")
         .and_then(Value::as_object)
         .map(|m| {
