@@ -32,6 +32,8 @@ pub fn directives(levels: &str, scopes: Scopes) -> Result<String, String> {
 }
 
 /// Installs the global subscriber (stderr; JSON lines with `--log_as_json`). `RUST_LOG` wins.
+/// Colours only on a terminal: a container's log (`kubectl logs`) or a file gets plain text, as
+/// Istio's.
 pub fn init(levels: &str, json: bool, scopes: Scopes) -> Result<(), String> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(v) if !v.is_empty() => v,
@@ -40,7 +42,8 @@ pub fn init(levels: &str, json: bool, scopes: Scopes) -> Result<(), String> {
     let filter = EnvFilter::try_new(&filter).map_err(|e| format!("log filter {filter:?}: {e}"))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let res = if json {
         builder.json().try_init()
     } else {
