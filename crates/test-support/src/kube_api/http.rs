@@ -392,8 +392,9 @@ pub(crate) async fn handle(
     }
 }
 
-/// 403 Forbidden when the request's bearer token is bound to a ClusterRole
-/// (`FakeApiServer::bind_cluster_role`) that does not allow it; discovery is open to all.
+/// 403 Forbidden when the request's bearer token is restricted (to a ClusterRole bound with
+/// `FakeApiServer::bind_cluster_role`, or to what the stored bindings grant its service account,
+/// `FakeApiServer::authorize_by_bindings`) and no rule allows it; discovery is open to all.
 fn authorize(
     s: &Shared,
     headers: &HeaderMap,
@@ -402,20 +403,28 @@ fn authorize(
     q: &BTreeMap<String, String>,
     uri: &Uri,
 ) -> Option<Response> {
-    let (rt, object) = match target {
-        Target::Collection { rt, .. } => (*rt, false),
-        Target::Object { rt, .. } => (*rt, true),
+    let (rt, ns, name) = match target {
+        Target::Collection { rt, ns, .. } => (*rt, *ns, None),
+        Target::Object { rt, ns, name, .. } => (*rt, Some(*ns).filter(|n| !n.is_empty()), Some(*name)),
         _ => return None,
     };
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))?;
-    let roles = lock(&s.roles);
-    let rules = roles.get(token)?;
+    let bound = lock(&s.roles).get(token).cloned();
+    let rules = match bound {
+        Some(rules) => rules,
+        None => {
+            let (sa_ns, sa_name) = lock(&s.by_bindings).get(token)?.clone();
+            rbac::granted(&StoredRbac(s), &sa_ns, &sa_name, ns)
+        }
+    };
     let watch = matches!(q.get("watch").map(String::as_str), Some("true" | "1"));
-    let verb = rbac::verb(method, object, watch);
-    if rbac::allows(rules, rt.group, rt.plural, verb) {
+    let verb = rbac::verb(method, name.is_some(), watch);
+    // create names no object (Kubernetes never restricts it by resourceNames)
+    let name = name.filter(|_| verb != "create");
+    if rbac::allows(&rules, rt.group, rt.plural, verb, name) {
         return None;
     }
     let group = if rt.group.is_empty() { "\"\"" } else { rt.group };
@@ -428,6 +437,18 @@ fn authorize(
             rt.plural, rt.plural
         ),
     )))
+}
+
+/// The RBAC objects of the store.
+struct StoredRbac<'a>(&'a Shared);
+
+impl rbac::RbacObjects for StoredRbac<'_> {
+    fn objects(&self, kind: &str, namespace: &str) -> Vec<Arc<Value>> {
+        match crate::kube_api::resources::of_kind("rbac.authorization.k8s.io/v1", kind) {
+            Some(rt) => lock(&self.0.store).list(res_index(rt), Some(namespace)),
+            None => Vec::new(),
+        }
+    }
 }
 
 /// The API server's answer to a TokenReview: authenticated with the user and the audiences the

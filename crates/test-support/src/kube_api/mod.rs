@@ -20,6 +20,7 @@
 
 mod admission;
 mod http;
+mod https;
 mod rbac;
 pub mod resources;
 pub mod selector;
@@ -64,6 +65,9 @@ pub(crate) struct Shared {
     tokens: Mutex<std::collections::BTreeMap<String, (String, Vec<String>)>>,
     /// Bearer tokens restricted to a ClusterRole's rules.
     roles: Mutex<std::collections::BTreeMap<String, Vec<rbac::Rule>>>,
+    /// Bearer tokens restricted to what the stored bindings grant a service account
+    /// (namespace, name).
+    by_bindings: Mutex<std::collections::BTreeMap<String, (String, String)>>,
     /// Requests refused by those roles, as `METHOD path?query (verb resource.group)`.
     forbidden: Mutex<Vec<String>>,
     /// Where webhooks' `clientConfig.service` (name, namespace) are called.
@@ -110,20 +114,30 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct FakeApiOptions {
     /// How often watches that allow them get a BOOKMARK.
     pub bookmark_interval: Duration,
+    /// The address listened on (a random port).
+    pub ip: std::net::IpAddr,
+    /// HTTPS, as a cluster's API server, with a certificate for `ip` and `kubernetes.default.svc`
+    /// from a CA of its own ([`FakeApiServer::ca_pem`]); plain HTTP otherwise.
+    pub tls: bool,
 }
 
 impl Default for FakeApiOptions {
     fn default() -> Self {
         FakeApiOptions {
             bookmark_interval: Duration::from_millis(500),
+            ip: std::net::Ipv4Addr::LOCALHOST.into(),
+            tls: false,
         }
     }
 }
 
-/// A running fake API server on `127.0.0.1:<port>`; stops when dropped.
+/// A running fake API server on `127.0.0.1:<port>` (or [`FakeApiOptions::ip`]); stops when
+/// dropped.
 pub struct FakeApiServer {
     shared: Arc<Shared>,
     task: JoinHandle<()>,
+    /// The CA of its serving certificate, PEM, when it serves HTTPS.
+    ca_pem: Option<String>,
 }
 
 impl FakeApiServer {
@@ -132,7 +146,7 @@ impl FakeApiServer {
     }
 
     pub async fn start_with(opts: FakeApiOptions) -> anyhow::Result<FakeApiServer> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let listener = tokio::net::TcpListener::bind((opts.ip, 0)).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             store: Mutex::default(),
@@ -143,15 +157,32 @@ impl FakeApiServer {
             addr,
             bookmark_interval: opts.bookmark_interval,
             tokens: Mutex::default(),
+            by_bindings: Mutex::default(),
             roles: Mutex::default(),
             forbidden: Mutex::default(),
             services: Mutex::default(),
         });
         let app = axum::Router::new().fallback(http::handle).with_state(shared.clone());
+        if opts.tls {
+            let ca = crate::tls::TestCa::new("fake-kubernetes-ca")?;
+            let ip = opts.ip.to_string();
+            let cert = ca.issue_server(&["kubernetes.default.svc", "kubernetes", &ip, "127.0.0.1"])?;
+            let acceptor = https::acceptor(&cert)?;
+            let task = tokio::spawn(https::serve(listener, acceptor, app));
+            return Ok(FakeApiServer {
+                shared,
+                task,
+                ca_pem: Some(ca.cert_pem()),
+            });
+        }
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Ok(FakeApiServer { shared, task })
+        Ok(FakeApiServer {
+            shared,
+            task,
+            ca_pem: None,
+        })
     }
 
     /// Makes TokenReviews of `token` authenticate `username` (`system:serviceaccount:<ns>:<sa>`)
@@ -167,9 +198,16 @@ impl FakeApiServer {
         self.shared.addr
     }
 
-    /// `http://127.0.0.1:<port>`.
+    /// `http://127.0.0.1:<port>` (`https://` when it serves HTTPS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.shared.addr)
+        let scheme = if self.ca_pem.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.shared.addr)
+    }
+
+    /// The CA that signed its serving certificate, PEM (`ca.crt` of a service account), when it
+    /// serves HTTPS.
+    pub fn ca_pem(&self) -> Option<&str> {
+        self.ca_pem.as_deref()
     }
 
     /// Writes a kubeconfig for this server (context `fake`, namespace `default`) to `path`.
@@ -179,8 +217,18 @@ impl FakeApiServer {
 
     /// [`write_kubeconfig`](Self::write_kubeconfig) whose user presents `token`.
     pub fn write_kubeconfig_with_token(&self, path: &Path, token: &str) -> anyhow::Result<()> {
+        let ca = match &self.ca_pem {
+            Some(pem) => {
+                use base64::Engine;
+                format!(
+                    "    certificate-authority-data: {}\n",
+                    base64::engine::general_purpose::STANDARD.encode(pem)
+                )
+            }
+            None => String::new(),
+        };
         let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n{ca}\
              users:\n- name: fake\n  user:\n    token: {token}\n\
              contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: default\n\
              current-context: fake\n",
@@ -197,7 +245,17 @@ impl FakeApiServer {
         Ok(())
     }
 
-    /// The requests refused by [`bind_cluster_role`](Self::bind_cluster_role) so far.
+    /// Restricts requests bearing `token` to what RBAC grants the service account
+    /// `namespace/name` through the ClusterRoleBindings and RoleBindings stored in this server
+    /// (applied like any object, e.g. an install's manifests with `kubectl apply`), read at each
+    /// request; the token also authenticates as that service account in TokenReviews.
+    pub fn authorize_by_bindings(&self, token: &str, namespace: &str, name: &str) {
+        self.add_token(token, &format!("system:serviceaccount:{namespace}:{name}"), &[]);
+        lock(&self.shared.by_bindings).insert(token.to_owned(), (namespace.to_owned(), name.to_owned()));
+    }
+
+    /// The requests refused by [`bind_cluster_role`](Self::bind_cluster_role) and
+    /// [`authorize_by_bindings`](Self::authorize_by_bindings) so far.
     pub fn forbidden(&self) -> Vec<String> {
         lock(&self.shared.forbidden).clone()
     }

@@ -70,6 +70,29 @@ const fn istio(
     }
 }
 
+const V1: &[&str] = &["v1"];
+const RBAC: &str = "rbac.authorization.k8s.io";
+
+const fn group_kind(
+    group: &'static str,
+    versions: &'static [&'static str],
+    plural: &'static str,
+    singular: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+    short: &'static [&'static str],
+) -> ResourceType {
+    ResourceType {
+        group,
+        versions,
+        plural,
+        singular,
+        kind,
+        namespaced,
+        short_names: short,
+    }
+}
+
 /// Every resource type known to the fake (whether "installed" is per server).
 pub const RESOURCES: &[ResourceType] = &[
     core("namespaces", "namespace", "Namespace", false, &["ns"]),
@@ -108,6 +131,39 @@ pub const RESOURCES: &[ResourceType] = &[
         namespaced: false,
         short_names: &[],
     },
+    // an install's own objects (stored only: no controller acts on them); RBAC objects are
+    // enforced for tokens of `FakeApiServer::authorize_by_bindings`
+    group_kind("apps", V1, "deployments", "deployment", "Deployment", true, &["deploy"]),
+    group_kind(
+        "autoscaling",
+        &["v2"],
+        "horizontalpodautoscalers",
+        "horizontalpodautoscaler",
+        "HorizontalPodAutoscaler",
+        true,
+        &["hpa"],
+    ),
+    group_kind(
+        "policy",
+        V1,
+        "poddisruptionbudgets",
+        "poddisruptionbudget",
+        "PodDisruptionBudget",
+        true,
+        &["pdb"],
+    ),
+    group_kind(RBAC, V1, "clusterroles", "clusterrole", "ClusterRole", false, &[]),
+    group_kind(
+        RBAC,
+        V1,
+        "clusterrolebindings",
+        "clusterrolebinding",
+        "ClusterRoleBinding",
+        false,
+        &[],
+    ),
+    group_kind(RBAC, V1, "roles", "role", "Role", true, &[]),
+    group_kind(RBAC, V1, "rolebindings", "rolebinding", "RoleBinding", true, &[]),
     ResourceType {
         group: "discovery.k8s.io",
         versions: &["v1"],

@@ -79,6 +79,7 @@ async fn lists_page_with_continue_and_select_by_label() {
 async fn watches_replay_from_a_resource_version_send_bookmarks_and_expire() {
     let api = FakeApiServer::start_with(FakeApiOptions {
         bookmark_interval: Duration::from_millis(100),
+        ..FakeApiOptions::default()
     })
     .await
     .unwrap();
@@ -400,4 +401,49 @@ async fn validating_webhooks_are_called_for_matching_creates_only() {
         1,
         "the dry run stored nothing: {list}"
     );
+}
+
+/// Over HTTPS (as a cluster's API server, for clients with the in-cluster config), kubectl
+/// trusts the server's CA from the kubeconfig and talks to it as over HTTP; RBAC from stored
+/// bindings refuses a service account what its roles do not grant.
+#[tokio::test]
+async fn kubectl_over_https_and_rbac_from_stored_bindings() {
+    let api = FakeApiServer::start_with(FakeApiOptions {
+        tls: true,
+        ..FakeApiOptions::default()
+    })
+    .await
+    .unwrap();
+    assert!(api.url().starts_with("https://"), "{}", api.url());
+    let dir = tempfile::tempdir().unwrap();
+    api.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
+    std::fs::write(
+        dir.path().join("rbac.yaml"),
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: reader}\n\
+         rules: [{apiGroups: [\"\"], resources: [services], verbs: [get, list]}]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: reader}\n\
+         roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: reader}\n\
+         subjects: [{kind: ServiceAccount, name: app, namespace: default}]\n",
+    )
+    .unwrap();
+    let mut apply = kubectl(dir.path());
+    apply.args(["apply", "-f"]).arg(dir.path().join("rbac.yaml"));
+    run(apply).await;
+    api.authorize_by_bindings("app-token", "default", "app");
+    api.write_kubeconfig_with_token(&dir.path().join("kubeconfig"), "app-token")
+        .unwrap();
+    let mut list = kubectl(dir.path());
+    list.args(["get", "services", "-o", "name"]);
+    run(list).await;
+    let mut denied = kubectl(dir.path());
+    denied.args(["get", "configmaps", "-o", "name"]);
+    let out = denied.output().await.unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Forbidden")
+            || String::from_utf8_lossy(&out.stderr).contains("forbidden"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(api.forbidden().len(), 1, "{:?}", api.forbidden());
 }

@@ -245,6 +245,23 @@ impl Pod {
         Ok(pid)
     }
 
+    /// [`spawn`](Self::spawn) with only `env` in the process's environment (as a container's
+    /// process has only its image's and its Pod's variables).
+    pub fn spawn_clean(&mut self, log: &str, args: &[&str], env: &[(String, String)]) -> anyhow::Result<u32> {
+        let file = std::fs::File::create(self.dir.path().join(log))?;
+        let child = self
+            .command(args)
+            .current_dir(self.dir.path())
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()?;
+        let pid = child.id();
+        self.children.push(child);
+        Ok(pid)
+    }
+
     pub fn log(&self, log: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(log)).unwrap_or_default()
     }
