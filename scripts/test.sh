@@ -30,10 +30,14 @@ fi
 
 # The network-namespace tests, as a nextest filterset and as `cargo test --skip` patterns (test
 # names: e2e's sidecar tests are in its module `netns`).
-NETNS_FILTER='(package(e2e) & (binary(sidecar) | binary(destination_rule) | binary(authorization) | binary(dns) | binary(egress_gateway) | binary(readme)) & test(/^netns::/)) | (package(test-support) & test(/^netns::tests::/)) | (package(agent) & test(/^iptables::tests::kernel::/))'
+NETNS_FILTER='(package(e2e) & (binary(sidecar) | binary(destination_rule) | binary(authorization) | binary(dns) | binary(egress_gateway) | binary(readme) | binary(install)) & test(/^netns::/)) | (package(test-support) & test(/^netns::tests::/)) | (package(agent) & test(/^iptables::tests::kernel::/))'
 NETNS_SKIP=(netns:: iptables::tests::kernel::)
 TPROXY_FILTER='package(agent) & test(=iptables::tests::kernel::tproxy_applies_and_cleans_up_in_a_network_namespace)'
 TPROXY_SKIP=(iptables::tests::kernel::tproxy_applies_and_cleans_up_in_a_network_namespace)
+
+# The README's image example needs a Docker engine (the docker client alone is not enough).
+DOCKER_FILTER='package(e2e) & binary(install) & test(/^docker::/)'
+DOCKER_SKIP=(docker::)
 
 exclude=""
 skip=()
@@ -47,11 +51,17 @@ case "$status" in
     skip=("${TPROXY_SKIP[@]}")
     ;;
   *)
-    echo "test.sh: skipping the network-namespace tests (e2e sidecar, destination_rule, authorization, dns, egress_gateway and readme, agent iptables::tests::kernel, test-support netns::tests): ${why:-check-netns-deps.sh failed}" >&2
+    echo "test.sh: skipping the network-namespace tests (e2e sidecar, destination_rule, authorization, dns, egress_gateway, readme and install, agent iptables::tests::kernel, test-support netns::tests): ${why:-check-netns-deps.sh failed}" >&2
     exclude="$NETNS_FILTER"
     skip=("${NETNS_SKIP[@]}")
     ;;
 esac
+
+if ! docker info >/dev/null 2>&1; then
+  echo "test.sh: skipping the README's image example (e2e install docker::): no Docker engine (docker info fails)" >&2
+  exclude="${exclude:+($exclude) | }($DOCKER_FILTER)"
+  skip+=("${DOCKER_SKIP[@]}")
+fi
 
 # End-to-end tests run the workspace's own binaries (pilot-discovery, ...) as processes: build them
 # now so that no test runs a stale one.
