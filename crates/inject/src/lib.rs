@@ -15,8 +15,10 @@ mod funcs;
 mod json_order;
 mod mesh;
 mod otel;
+pub mod smp;
 pub mod template;
 mod yaml;
 
 pub use mesh::{MeshConfig, MeshError};
+pub use smp::SmpError;
 pub use template::TemplateError;
