@@ -11,14 +11,19 @@
 //!                        reorder) ─► json_patch::diff(original, injected)
 //! ```
 
+mod config;
+mod decision;
 mod funcs;
 mod json_order;
 mod mesh;
 mod otel;
 pub mod smp;
 pub mod template;
+mod validate;
 mod yaml;
 
+pub use config::{ConfigError, InjectorConfig, Policy};
+pub use decision::{IGNORED_NAMESPACES, SkipReason, webhook_selects};
 pub use mesh::{MeshConfig, MeshError};
 pub use smp::SmpError;
 pub use template::TemplateError;
