@@ -126,6 +126,27 @@ fn cases() -> Vec<Case> {
     v
 }
 
+/// The default install's `istio-sidecar-injector` ConfigMap loads as it is, all its templates.
+#[test]
+fn the_default_install_config_loads() {
+    let corpus = Corpus::load();
+    let cfg =
+        inject::InjectorConfig::parse(&corpus.install_config, &corpus.install_values).unwrap_or_else(|e| panic!("{e}"));
+    let names: Vec<&str> = cfg.template_names().collect();
+    assert_eq!(
+        names,
+        [
+            "agentgateway",
+            "gateway",
+            "grpc-agent",
+            "grpc-simple",
+            "kube-gateway",
+            "sidecar",
+            "waypoint"
+        ]
+    );
+}
+
 /// The comparison can fail: a golden made with other settings differs, and says where.
 #[test]
 fn a_golden_of_other_settings_differs() {

@@ -35,8 +35,13 @@ pub struct Template {
 }
 
 impl Template {
+    /// Parses a template; as Go's parser, a call of an undefined function is a parse error.
     pub fn parse(src: &str) -> Result<Template, TemplateError> {
         let parsed = parse::parse(lex::lex(src)?)?;
+        let known = |name: &str| name == "and" || name == "or" || funcs::lookup(name).is_some();
+        for nodes in std::iter::once(&parsed.root).chain(parsed.defines.values()) {
+            parse::check_functions(nodes, &known)?;
+        }
         Ok(Template {
             root: parsed.root,
             defines: parsed.defines,

@@ -362,3 +362,33 @@ enum Step {
     End(End),
     Nothing,
 }
+
+/// Every function a pipeline calls is known (`known`), or the line and name of the first that
+/// is not.
+pub(crate) fn check_functions(nodes: &[Node], known: &dyn Fn(&str) -> bool) -> Result<(), TemplateError> {
+    fn pipe(p: &Pipe, known: &dyn Fn(&str) -> bool) -> Result<(), TemplateError> {
+        for arg in p.cmds.iter().flatten() {
+            match arg {
+                Arg::Func(name) if !known(name) => {
+                    return Err(TemplateError::Parse(p.line, format!("function {name:?} not defined")));
+                }
+                Arg::Sub(inner, _) => pipe(inner, known)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+    for n in nodes {
+        match n {
+            Node::Action(p) => pipe(p, known)?,
+            Node::If(b) | Node::With(b) | Node::Range(b) => {
+                pipe(&b.pipe, known)?;
+                check_functions(&b.list, known)?;
+                check_functions(&b.else_list, known)?;
+            }
+            Node::Template(_, Some(p)) => pipe(p, known)?,
+            Node::Text(_) | Node::Template(_, None) | Node::Break | Node::Continue => {}
+        }
+    }
+    Ok(())
+}

@@ -112,6 +112,9 @@ impl Case {
 
 /// The corpus files the test reads.
 pub struct Corpus {
+    /// The install's ConfigMap keys as they are.
+    pub install_config: String,
+    pub install_values: String,
     config: Json,
     values: Json,
     mesh: String,
@@ -141,6 +144,7 @@ impl Corpus {
     pub fn load() -> Corpus {
         let mut config = None;
         let mut values = None;
+        let mut raw = (String::new(), String::new());
         let mut mesh = None;
         for doc in yaml_docs(&read(INSTALL)) {
             let name = doc.pointer("/metadata/name").and_then(Json::as_str);
@@ -150,8 +154,10 @@ impl Corpus {
             match name {
                 Some("istio-sidecar-injector") => {
                     let c = doc.pointer("/data/config").and_then(Json::as_str).unwrap_or_default();
+                    raw.0 = c.to_string();
                     config = Some(serde_saphyr::from_str::<Json>(c).unwrap_or_else(|e| panic!("injector config: {e}")));
                     let v = doc.pointer("/data/values").and_then(Json::as_str).unwrap_or_default();
+                    raw.1 = v.to_string();
                     values = Some(serde_json::from_str::<Json>(v).unwrap_or_else(|e| panic!("injector values: {e}")));
                 }
                 Some("istio") => mesh = doc.pointer("/data/mesh").and_then(Json::as_str).map(str::to_string),
@@ -170,7 +176,13 @@ impl Corpus {
         for (name, file) in CHART_TEMPLATES {
             config["templates"][*name] = json!(read(&format!("{CHART_FILES}/{file}")));
         }
-        Corpus { config, values, mesh }
+        Corpus {
+            install_config: raw.0,
+            install_values: raw.1,
+            config,
+            values,
+            mesh,
+        }
     }
 
     /// The inputs of the golden directory (not the `.iop.yaml` settings).
