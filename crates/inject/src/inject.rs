@@ -55,20 +55,24 @@ pub(crate) fn inject(cfg: &InjectorConfig, p: &InjectParams<'_>) -> Result<Outco
     if !p.pod.is_object() {
         return Err(fail(p.pod, Failure::NotAPod(format!("got {}", type_name(p.pod)))));
     }
+    for key in ["spec", "metadata"] {
+        if let Some(v) = p.pod.get(key).filter(|v| !v.is_object()) {
+            return Err(fail(
+                p.pod,
+                Failure::NotAPod(format!("{key} is {}, not a map", type_name(v))),
+            ));
+        }
+    }
     let mut pod = p.pod.clone();
     let meta = ensure_object(&mut pod, "metadata");
-    meta.remove("managedFields");
+    // Istio drops managedFields (large, never read) and gives them back untouched.
+    let managed_fields = meta.remove("managedFields");
     let ns_given = meta
         .get("namespace")
         .and_then(Json::as_str)
         .is_some_and(|n| !n.is_empty());
     if !ns_given {
         meta.insert("namespace".into(), json!(p.namespace));
-    }
-    for key in ["spec", "metadata"] {
-        if !pod[key].is_object() {
-            return Err(fail(&pod, Failure::NotAPod(format!("{key} is not a map"))));
-        }
     }
     let labels = string_map(pod.pointer("/metadata/labels"));
     let annotations = string_map(pod.pointer("/metadata/annotations"));
@@ -94,8 +98,13 @@ pub(crate) fn inject(cfg: &InjectorConfig, p: &InjectParams<'_>) -> Result<Outco
     }
     let injected = inject_pod(cfg, p, &pod, &annotations).map_err(|r| fail(&pod, r))?;
     let mut injected = injected;
-    if !ns_given && let Some(m) = injected.get_mut("metadata").and_then(Json::as_object_mut) {
-        m.remove("namespace");
+    if let Some(m) = injected.get_mut("metadata").and_then(Json::as_object_mut) {
+        if !ns_given {
+            m.remove("namespace");
+        }
+        if let Some(mf) = managed_fields {
+            m.insert("managedFields".into(), mf);
+        }
     }
     let patch = json_patch::diff(p.pod, &injected);
     let mut check = p.pod.clone();

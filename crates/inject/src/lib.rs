@@ -22,8 +22,8 @@ mod meta;
 mod otel;
 mod postprocess;
 mod probe;
-pub mod smp;
-pub mod template;
+mod smp;
+mod template;
 mod validate;
 mod yaml;
 

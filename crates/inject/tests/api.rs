@@ -54,7 +54,8 @@ fn pod() -> Json {
 
 #[test]
 fn injects_and_the_patch_gives_the_pod() {
-    let (mesh, env, pod) = (MeshConfig::default(), BTreeMap::new(), pod());
+    let (mesh, env, mut pod) = (MeshConfig::default(), BTreeMap::new(), pod());
+    pod["metadata"]["managedFields"] = json!([{"manager": "kubectl", "operation": "Update"}]);
     let out = inject(&cfg(), &params(&pod, &mesh, &env)).unwrap_or_else(|e| panic!("{e}"));
     let Outcome::Injected { pod: injected, patch } = out else {
         panic!("skipped: {out:?}")
@@ -68,6 +69,11 @@ fn injects_and_the_patch_gives_the_pod() {
     let mut applied = pod.clone();
     json_patch::patch(&mut applied, &patch).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(applied, injected);
+    // managedFields are left alone
+    assert!(
+        !patch.0.iter().any(|op| format!("{op:?}").contains("managedFields")),
+        "{patch:?}"
+    );
     assert!(
         injected["metadata"]["annotations"]["sidecar.istio.io/status"]
             .as_str()
@@ -144,7 +150,12 @@ fn bad_templates_and_pods_are_errors_naming_the_pod() {
     bad["metadata"]["annotations"] = json!({"traffic.sidecar.istio.io/includeInboundPorts": "x"});
     assert!(matches!(failure(&bad, None), Failure::Annotations(ref m) if m.contains("includeInboundPorts")));
     let (mesh, env) = (MeshConfig::default(), BTreeMap::new());
-    for not_a_pod in [json!([1]), json!("x"), json!({"metadata": {}, "spec": [1]})] {
+    for not_a_pod in [
+        json!([1]),
+        json!("x"),
+        json!({"metadata": {}, "spec": [1]}),
+        json!({"metadata": "m"}),
+    ] {
         let r = inject(&cfg(), &params(&not_a_pod, &mesh, &env));
         assert!(
             matches!(r, Err(ref e) if matches!(e.reason, Failure::NotAPod(_))),
