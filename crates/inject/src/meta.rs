@@ -259,6 +259,158 @@ mod tests {
         assert!(parse_inject_envs("/inject").is_empty());
     }
 
+    /// Istio's `TestParseInjectEnvs`.
+    #[test]
+    fn parse_inject_envs_as_istio() {
+        let cases: &[(&str, &[(&str, &str)])] = &[
+            ("/", &[]),
+            ("/inject", &[]),
+            ("/inject/", &[]),
+            ("/inject/cluster/cluster1", &[("ISTIO_META_CLUSTER_ID", "cluster1")]),
+            (
+                "/inject/cluster/cluster1/net/network1/",
+                &[
+                    ("ISTIO_META_CLUSTER_ID", "cluster1"),
+                    ("ISTIO_META_NETWORK", "network1"),
+                ],
+            ),
+            (
+                "/inject/cluster/cluster--slash--1/net/network--slash--1",
+                &[
+                    ("ISTIO_META_CLUSTER_ID", "cluster/1"),
+                    ("ISTIO_META_NETWORK", "network/1"),
+                ],
+            ),
+            (
+                "/inject/cluster/cluster1/custom_env/foo",
+                &[("ISTIO_META_CLUSTER_ID", "cluster1"), ("CUSTOM_ENV", "foo")],
+            ),
+            ("/inject/cluster", &[]),
+            (
+                "/inject/cluster/cluster1/network",
+                &[("ISTIO_META_CLUSTER_ID", "cluster1")],
+            ),
+            (
+                "/inject/:ENV:cluster=cluster2:ENV:rootpage=/foo/bar",
+                &[("ISTIO_META_CLUSTER_ID", "cluster2"), ("ROOTPAGE", "/foo/bar")],
+            ),
+            (
+                "/inject/rootpage1/value1/rootpage2/:ENV:abcd=efgh",
+                &[("ROOTPAGE1", "value1"), ("ROOTPAGE2", ":ENV:abcd=efgh")],
+            ),
+            ("/inject/:ENV:rootpage1=efgh:ENV:=abb:ENV:=", &[("ROOTPAGE1", "efgh")]),
+        ];
+        for (path, want) in cases {
+            let want: BTreeMap<String, String> = want.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            assert_eq!(parse_inject_envs(path), want, "{path}");
+        }
+    }
+
+    /// Istio's `TestProxyImage`.
+    #[test]
+    fn proxy_image_as_istio() {
+        let cases: &[(&str, Json, &str, &str, &str)] = &[
+            (
+                "registry.istio.io/release",
+                json!(11),
+                "",
+                "",
+                "registry.istio.io/release/proxyv2:11",
+            ),
+            (
+                "registry.istio.io/release",
+                json!(1.12),
+                "distroless",
+                "",
+                "registry.istio.io/release/proxyv2:1.12-distroless",
+            ),
+            (
+                "gcr.io/gke-release/asm",
+                json!("1.11.2-asm.17"),
+                "",
+                "distroless",
+                "gcr.io/gke-release/asm/proxyv2:1.11.2-asm.17-distroless",
+            ),
+            (
+                "gcr.io/gke-release/asm",
+                json!("1.11.2-asm.17"),
+                "distroless",
+                "debug",
+                "gcr.io/gke-release/asm/proxyv2:1.11.2-asm.17-debug",
+            ),
+            (
+                "gcr.io/gke-release/asm",
+                json!("1.11.2-asm.17"),
+                "debug",
+                "default",
+                "gcr.io/gke-release/asm/proxyv2:1.11.2-asm.17",
+            ),
+            (
+                "gcr.io/gke-release/asm",
+                json!("1.11.2-asm.17-distroless"),
+                "default",
+                "",
+                "gcr.io/gke-release/asm/proxyv2:1.11.2-asm.17",
+            ),
+            (
+                "gcr.io/gke-release/asm",
+                json!("1.11.2-asm.17-distroless"),
+                "",
+                "default",
+                "gcr.io/gke-release/asm/proxyv2:1.11.2-asm.17",
+            ),
+            (
+                "registry.istio.io/release",
+                json!("1.12-debug"),
+                "distroless",
+                "",
+                "registry.istio.io/release/proxyv2:1.12-distroless",
+            ),
+            (
+                "registry.istio.io/release",
+                json!("1.12-distroless"),
+                "",
+                "distroless",
+                "registry.istio.io/release/proxyv2:1.12-distroless",
+            ),
+            (
+                "private-repo/istio",
+                json!("1.12-this-is-unusual-tag"),
+                "",
+                "",
+                "private-repo/istio/proxyv2:1.12-this-is-unusual-tag",
+            ),
+            (
+                "private-repo/istio",
+                json!("1.12-this-is-unusual-tag-distroless"),
+                "default",
+                "",
+                "private-repo/istio/proxyv2:1.12-this-is-unusual-tag",
+            ),
+            (
+                "private-repo/istio",
+                json!("1.12-this-is-unusual-tag"),
+                "",
+                "distroless",
+                "private-repo/istio/proxyv2:1.12-this-is-unusual-tag-distroless",
+            ),
+        ];
+        for (hub, tag, pc_type, ann_type, want) in cases {
+            let values = json!({"global": {"hub": hub, "tag": tag}}).to_string();
+            let cfg = InjectorConfig::parse("policy: enabled", &values).unwrap_or_else(|e| panic!("{e}"));
+            let anns = if ann_type.is_empty() {
+                json!({})
+            } else {
+                json!({"sidecar.istio.io/proxyImageType": ann_type})
+            };
+            assert_eq!(
+                proxy_image(&cfg, "/global/proxy/image", pc_type, &anns),
+                *want,
+                "{hub} {tag} {pc_type} {ann_type}"
+            );
+        }
+    }
+
     #[test]
     fn image_types_and_openshift_ids() {
         assert_eq!(image_tag("1.2-distroless", "debug"), "1.2-debug");
