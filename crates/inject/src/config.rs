@@ -135,6 +135,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn config_is_shared_across_request_threads() {
+        fn shared<T: Send + Sync>() {}
+        shared::<InjectorConfig>();
+        shared::<crate::MeshConfig>();
+    }
+
+    #[test]
     fn parses_config_and_names_what_is_wrong() {
         let c = InjectorConfig::parse(
             "policy: disabled\ntemplates:\n  a: \"x: {{ .Revision }}\"\n",

@@ -9,6 +9,9 @@ use super::funcs::{FuncCtx, lookup};
 use super::parse::{Arg, Branch, Node, Pipe};
 use super::value::Value;
 
+/// The most a template may write: a Pod patch is kilobytes; a runaway loop stops here.
+const MAX_OUTPUT: usize = 16 << 20;
+
 /// How deep `template` may nest (Go's `maxExecDepth` is 100000; templates here are small).
 const MAX_DEPTH: usize = 64;
 
@@ -66,6 +69,9 @@ impl<'a> Exec<'a> {
     }
 
     fn node(&mut self, node: &Node, dot: &Value) -> R<Flow> {
+        if self.out.len() > MAX_OUTPUT {
+            return Err(exec_err(0, format!("output exceeds {} MiB", MAX_OUTPUT >> 20)));
+        }
         match node {
             Node::Text(t) => self.out.push_str(t),
             Node::Action(p) => {
@@ -121,19 +127,27 @@ impl<'a> Exec<'a> {
     fn range(&mut self, b: &Branch, dot: &Value) -> R<Flow> {
         let mark = self.vars.len();
         let v = self.pipe_value(&b.pipe, dot)?;
-        let items: Vec<(Value, Value)> = match &v {
-            Value::List(l) => l
-                .iter()
-                .enumerate()
-                .map(|(i, v)| (Value::Int(i as i64), v.clone()))
-                .collect(),
-            Value::Map(m) => m
-                .entries
-                .iter()
-                .map(|(k, v)| (Value::str(k.clone()), v.clone()))
-                .collect(),
-            Value::Int(n) => (0..*n).map(|i| (Value::Int(i), Value::Int(i))).collect(),
-            Value::Nil | Value::Zero => Vec::new(),
+        let (items, len): (Box<dyn Iterator<Item = (Value, Value)>>, i64) = match &v {
+            Value::List(l) => {
+                let l = l.clone();
+                let n = l.len() as i64;
+                (
+                    Box::new((0..l.len()).map(move |i| (Value::Int(i as i64), l[i].clone()))),
+                    n,
+                )
+            }
+            Value::Map(m) => {
+                let entries: Vec<(Value, Value)> = m
+                    .entries
+                    .iter()
+                    .map(|(k, v)| (Value::str(k.clone()), v.clone()))
+                    .collect();
+                let n = entries.len() as i64;
+                (Box::new(entries.into_iter()), n)
+            }
+            // Go 1.22: range over an int, taken one at a time
+            Value::Int(n) => (Box::new((0..*n).map(|i| (Value::Int(i), Value::Int(i)))), *n),
+            Value::Nil | Value::Zero => (Box::new(std::iter::empty()), 0),
             other => {
                 return Err(exec_err(
                     b.pipe.line,
@@ -141,7 +155,7 @@ impl<'a> Exec<'a> {
                 ));
             }
         };
-        if items.is_empty() {
+        if len <= 0 {
             let r = self.scoped(&b.else_list, dot);
             self.vars.truncate(mark);
             return r;

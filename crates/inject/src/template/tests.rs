@@ -36,6 +36,14 @@ fn if_else_if_with_range_and_trim() {
         "k1=v1 k2=v2 "
     );
     assert_eq!(r("{{ range .none }}x{{ else }}empty{{ end }}", d.clone()), "empty");
+    assert_eq!(r("{{ range $i := 3 }}{{ $i }}{{ end }}", d.clone()), "012");
+    assert_eq!(
+        r(
+            "{{ range .l }}{{ if eq . \"y\" }}{{ break }}{{ end }}{{ . }}{{ end }}",
+            d.clone()
+        ),
+        "x"
+    );
     assert_eq!(r("a  \n  {{- .a -}}  \n b", d.clone()), "a1b");
     assert_eq!(r("{{- /* comment */ -}} x {{/* c */}}", d), "x ");
 }
@@ -111,4 +119,13 @@ fn errors_name_the_line_and_never_panic() {
     assert!(matches!(e, Err(TemplateError::Parse(2, _))), "{e:?}");
     assert!(run("{{ index .l 5 }}", &Value::from_json(&json!({"l": [1]}))).is_err());
     assert!(run("{{ 1 2 }}", &Value::Nil).is_err());
+    // a runaway loop stops at the output limit
+    let big = run(
+        "{{ range 100000000 }}0123456789abcdef0123456789abcdef{{ end }}",
+        &Value::Nil,
+    );
+    assert!(
+        matches!(big, Err(TemplateError::Exec(_, ref m)) if m.contains("MiB")),
+        "{big:?}"
+    );
 }
