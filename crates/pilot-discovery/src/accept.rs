@@ -23,6 +23,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
+use rustls::server::ResolvesServerCert;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
@@ -257,34 +258,30 @@ impl<S: Connected> Connected for Prefaced<S> {
 }
 
 /// tonic's server TLS settings (`ServerTlsConfig` with `client_auth_optional`): istiod's
-/// certificate, client certificates of `client_roots` asked for but not required, ALPN `h2`.
-pub(crate) fn acceptor(cert_chain_pem: &str, key_pem: &str, client_roots_pem: &str) -> anyhow::Result<TlsAcceptor> {
-    let mut config = server_config(cert_chain_pem, key_pem, Some(client_roots_pem))?;
+/// certificate from `cert` on every handshake, client certificates of `client_roots` asked for
+/// but not required, ALPN `h2`.
+pub(crate) fn acceptor(cert: Arc<dyn ResolvesServerCert>, client_roots_pem: &str) -> anyhow::Result<TlsAcceptor> {
+    let mut config = server_config(cert, Some(client_roots_pem))?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
-/// The webhooks' HTTPS port: istiod's certificate, no client certificate, HTTP/2 or HTTP/1.1 as
-/// the API server offers.
-pub(crate) fn https_acceptor(cert_chain_pem: &str, key_pem: &str) -> anyhow::Result<TlsAcceptor> {
-    let mut config = server_config(cert_chain_pem, key_pem, None)?;
+/// The webhooks' HTTPS port: istiod's certificate from `cert`, no client certificate, HTTP/2 or
+/// HTTP/1.1 as the API server offers.
+pub(crate) fn https_acceptor(cert: Arc<dyn ResolvesServerCert>) -> anyhow::Result<TlsAcceptor> {
+    let mut config = server_config(cert, None)?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
 fn server_config(
-    cert_chain_pem: &str,
-    key_pem: &str,
+    cert: Arc<dyn ResolvesServerCert>,
     client_roots_pem: Option<&str>,
 ) -> anyhow::Result<rustls::ServerConfig> {
     use anyhow::Context as _;
+    use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let chain = CertificateDer::pem_slice_iter(cert_chain_pem.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .context("istiod's certificate chain")?;
-    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).context("istiod's private key")?;
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .context("TLS versions")?;
@@ -302,9 +299,7 @@ fn server_config(
         }
         None => builder.with_no_client_auth(),
     };
-    builder
-        .with_single_cert(chain, key)
-        .context("istiod's certificate and key")
+    Ok(builder.with_cert_resolver(cert))
 }
 
 #[cfg(test)]

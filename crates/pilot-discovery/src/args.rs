@@ -94,6 +94,27 @@ pub struct DiscoveryArgs {
     /// Log in JSON.
     #[arg(long = "log_as_json")]
     pub log_as_json: bool,
+    /// File containing the x509 Certificate for HTTPS (istiod's serving certificate; with
+    /// --tlsKeyFile and --caCertFile it replaces the one the mesh CA signs).
+    #[arg(long = "tlsCertFile", default_value = "")]
+    pub tls_cert_file: String,
+    /// File containing the x509 private key matching --tlsCertFile.
+    #[arg(long = "tlsKeyFile", default_value = "")]
+    pub tls_key_file: String,
+    /// File containing the x509 Server CA Certificate (the CA bundle of --tlsCertFile).
+    #[arg(long = "caCertFile", default_value = "")]
+    pub ca_cert_file: String,
+}
+
+impl DiscoveryArgs {
+    /// Istio's `TLSOptions`.
+    pub fn tls_flags(&self) -> crate::serving_cert::TlsFlags {
+        crate::serving_cert::TlsFlags {
+            cert_file: self.tls_cert_file.clone(),
+            key_file: self.tls_key_file.clone(),
+            ca_cert_file: self.ca_cert_file.clone(),
+        }
+    }
 }
 
 /// Why an address flag could not be used.

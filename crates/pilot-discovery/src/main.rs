@@ -21,6 +21,7 @@ mod request;
 mod root_cert;
 mod secure;
 mod server;
+mod serving_cert;
 mod settings;
 mod token_review;
 mod validate;

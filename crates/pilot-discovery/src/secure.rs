@@ -1,6 +1,7 @@
 //! The secure gRPC port, `--secureGrpcAddr` (Istio's 15012): the mesh CA from `ROOT_CA_DIR`
-//! (`crate::ca_server`), istiod's serving certificate signed by it for istiod's DNS names (Istio's `getDNSNames` in
-//! `pilot/pkg/bootstrap/server.go`), and on it the CA's `IstioCertificateService` and ADS.
+//! (`crate::ca_server`), istiod's serving certificate (`crate::serving_cert`: signed by the mesh
+//! CA for istiod's DNS names, Istio's `getDNSNames` in `pilot/pkg/bootstrap/server.go`, or
+//! external files), and on it the CA's `IstioCertificateService` and ADS.
 //!
 //! Clients verify istiod with the mesh root, `$ROOT_CA_DIR/root-cert.pem` (Istio distributes it
 //! as the `istio-ca-root-cert` ConfigMap). Callers authenticate as istiod's: a bearer JWT checked
@@ -13,7 +14,6 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
 use anyhow::Context;
-use ca::IssuedCert;
 use environment::Environment;
 use model::MeshConfig;
 use rustls::pki_types::CertificateDer;
@@ -23,6 +23,7 @@ use xds_server::{AdsService, StreamAuthenticator};
 
 pub use crate::ca_server::CaSettings;
 use crate::ca_server::{CaTransport, MeshCaServer};
+use crate::serving_cert::{Bundles, Names, Resolver, Source};
 
 /// istiod's DNS names and IPs: Istio's `getDNSNames` (the host of the mesh's discovery address,
 /// `ISTIOD_CUSTOM_HOST`, `istiod`, `istiod-remote`, `istio-pilot` and `istiod-<revision>` in
@@ -72,14 +73,17 @@ fn discovery_host(address: &str) -> &str {
 
 /// istiod's serving certificate, the mesh CA and the authenticators of its callers, ready to serve.
 pub struct SecureGrpc {
-    cert: IssuedCert,
+    bundles: Bundles,
     addr: SocketAddr,
     ca: MeshCaServer,
+    /// The mesh CA as the serving certificate's rotation follows it.
+    _ca_handle: tokio::sync::watch::Sender<Arc<ca::CertificateAuthority>>,
 }
 
 impl SecureGrpc {
-    /// Loads (or creates) the mesh CA of `ROOT_CA_DIR` and signs istiod's certificate for
-    /// serving on `addr`.
+    /// Loads (or creates) the mesh CA of `ROOT_CA_DIR`, and istiod's serving certificate for
+    /// `addr` from `source`: files (watched), or signed by the mesh CA (and kept fresh).
+    #[allow(clippy::too_many_arguments)]
     pub async fn init(
         addr: SocketAddr,
         mesh: &MeshConfig,
@@ -87,26 +91,61 @@ impl SecureGrpc {
         get: impl Fn(&str) -> Option<String>,
         registry: &mut prometheus_client::registry::Registry,
         kube: Option<kube::Client>,
+        source: Source,
     ) -> anyhow::Result<SecureGrpc> {
         let served_on = format!("--secureGrpcAddr {addr}");
         let ca = MeshCaServer::init(CaTransport::Secure, &served_on, mesh, namespace, get, registry, kube).await?;
-        let (dns, ips) = istiod_names(&ca.settings, mesh, namespace, addr);
-        let cert = ca
-            .ca
-            .issue_server_cert(&dns, &ips, ca.settings.self_signed_ca_cert_ttl)
-            .with_context(|| format!("{served_on}: signing istiod's certificate"))?;
-        tracing::info!(
-            root_cert = %ca.ca.root_cert_file().display(),
-            ?dns,
-            ?ips,
-            "clients of --secureGrpcAddr verify istiod with the root certificate in root_cert"
+        let errors = prometheus_client::metrics::counter::Counter::default();
+        registry.register(
+            "pilot_istiod_cert_errors",
+            "Failures to sign istiod's serving certificate again or to reload it from its files \
+             (the previous one keeps serving)",
+            errors.clone(),
         );
-        Ok(SecureGrpc { cert, addr, ca })
+        let (ca_handle, ca_rx) = tokio::sync::watch::channel(ca.ca.clone());
+        let bundles = match source {
+            Source::Files(files) => {
+                tracing::info!(
+                    cert = %files.cert.display(),
+                    key = %files.key.display(),
+                    ca = %files.ca.display(),
+                    "istiod's serving certificate comes from files (Istio's --tlsCertFile or ./var/run/secrets/istiod/tls)"
+                );
+                crate::serving_cert::watch_files(files, errors).with_context(|| served_on.clone())?
+            }
+            Source::Istiod => {
+                let (dns, ips) = istiod_names(&ca.settings, mesh, namespace, addr);
+                let names = Names {
+                    dns,
+                    ips,
+                    ttl: ca.settings.self_signed_ca_cert_ttl,
+                };
+                tracing::info!(
+                    root_cert = %ca.ca.root_cert_file().display(),
+                    dns = ?names.dns,
+                    ips = ?names.ips,
+                    "clients of --secureGrpcAddr verify istiod with the root certificate in root_cert"
+                );
+                crate::serving_cert::rotate(ca_rx, names, errors)
+                    .with_context(|| format!("{served_on}: signing istiod's certificate"))?
+            }
+        };
+        Ok(SecureGrpc {
+            bundles,
+            addr,
+            ca,
+            _ca_handle: ca_handle,
+        })
     }
 
     /// The mesh root, PEM.
     pub fn root_pem(&self) -> String {
         self.ca.root_pem()
+    }
+
+    /// istiod's serving certificate and CA bundle, the current one and each new one.
+    pub fn bundles(&self) -> Bundles {
+        self.bundles.clone()
     }
 
     /// `REVISION` (istiod's revision), `default` when unset, as the `istio.io/rev` label says it.
@@ -119,7 +158,7 @@ impl SecureGrpc {
 
     /// istiod's serving certificate, for the webhooks' HTTPS port too.
     pub fn https_acceptor(&self) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
-        crate::accept::https_acceptor(&self.cert.cert_chain_pem, &self.cert.key_pem)
+        crate::accept::https_acceptor(Resolver::new(self.bundles.clone()))
     }
 
     /// Serves the CA and `ads` over TLS on `listener` until the server fails.
@@ -132,12 +171,8 @@ impl SecureGrpc {
         ads: AdsService<Environment>,
     ) -> anyhow::Result<()> {
         let addr = listener.local_addr().unwrap_or(self.addr);
-        let tls = crate::accept::acceptor(
-            &self.cert.cert_chain_pem,
-            &self.cert.key_pem,
-            self.ca.ca.root_cert_pem(),
-        )
-        .with_context(|| format!("--secureGrpcAddr {addr}: TLS configuration"))?;
+        let tls = crate::accept::acceptor(Resolver::new(self.bundles.clone()), self.ca.ca.root_cert_pem())
+            .with_context(|| format!("--secureGrpcAddr {addr}: TLS configuration"))?;
         let ads = ads.authenticated(Arc::new(XdsAuthenticator(Arc::new(self.ca.authenticators))));
         let server = builder
             .add_service(crate::ca_limits::LimitedCa::new(self.ca.service, ca_limit))

@@ -166,8 +166,20 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         metrics: crate::accept::SetupMetrics::register(&mut registry),
     };
     let ca_limit = crate::ca_limits::RequestLimit::register(settings.max_recv_msg_size, &mut registry);
-    let webhook_patch_metrics = crate::webhook::patch::PatchMetrics::register(&mut registry);
-    let (secure, plaintext_ca) = init_ca(grpc_addr, secure_grpc_addr, &mesh, &settings, &mut registry, &client).await?;
+    let webhook_patch_metrics = (
+        crate::webhook::patch::PatchMetrics::register(&mut registry),
+        crate::webhook::patch::MutatingMetrics::register(&mut registry),
+    );
+    let tls_source = crate::serving_cert::Source::detect(&args.tls_flags(), Path::new("."));
+    let (secure, plaintext_ca) = init_ca(
+        (grpc_addr, secure_grpc_addr),
+        &mesh,
+        &settings,
+        &mut registry,
+        &client,
+        tls_source,
+    )
+    .await?;
     // With a cluster, every namespace gets the mesh root (Istio's `istio-ca-root-cert`).
     let root_pem = secure
         .as_ref()
@@ -212,14 +224,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
             let router = crate::webhook::router(pipeline_metrics.clone());
             tasks.spawn(crate::webhook::serve(listener, acceptor, setup.clone(), router));
             if let Some(client) = &client {
-                let controller = crate::webhook::patch::Controller {
-                    client: client.clone(),
-                    revision: secure.revision(),
-                    namespace: settings.pod_namespace.clone(),
-                    ca_bundle: secure.root_pem(),
-                    metrics: webhook_patch_metrics.clone(),
-                };
-                tokio::spawn(controller.run());
+                start_webhook_patchers(client, secure, &settings.pod_namespace, &webhook_patch_metrics);
             }
         }
         (Some(addr), None) => tracing::info!(
@@ -282,23 +287,65 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     }
 }
 
+/// istiod's webhook configuration patchers, both following the serving certificate's CA bundle:
+/// the validation controller, and (Istio's `INJECTION_WEBHOOK_CONFIG_NAME`, by default
+/// `istio-sidecar-injector`, not empty) the injector's webhook cert patcher.
+fn start_webhook_patchers(
+    client: &kube::Client,
+    secure: &crate::secure::SecureGrpc,
+    namespace: &str,
+    (validating, mutating): &(
+        crate::webhook::patch::PatchMetrics,
+        crate::webhook::patch::MutatingMetrics,
+    ),
+) {
+    use crate::webhook::patch::{MutatingPatcher, ValidatingPatcher, run};
+    let validation = ValidatingPatcher {
+        client: client.clone(),
+        revision: secure.revision(),
+        namespace: namespace.to_owned(),
+        metrics: validating.clone(),
+        ready_for_fail_close: Default::default(),
+    };
+    tokio::spawn(run(validation, client.clone(), secure.bundles()));
+    let injection_config =
+        std::env::var("INJECTION_WEBHOOK_CONFIG_NAME").unwrap_or_else(|_| "istio-sidecar-injector".into());
+    if injection_config.is_empty() {
+        tracing::info!("INJECTION_WEBHOOK_CONFIG_NAME is empty: the injector's webhook configurations are not patched");
+        return;
+    }
+    let injection = MutatingPatcher {
+        revision: secure.revision(),
+        metrics: mutating.clone(),
+    };
+    tokio::spawn(run(injection, client.clone(), secure.bundles()));
+}
+
 /// The mesh CA, where istiod's `startCA` puts it: on the secure gRPC server when there is one
 /// (with istiod's serving certificate), else on the plaintext one (the second value), where only
 /// bearer tokens authenticate callers. Neither when no gRPC port is served.
 async fn init_ca(
-    grpc_addr: Option<SocketAddr>,
-    secure_grpc_addr: Option<SocketAddr>,
+    (grpc_addr, secure_grpc_addr): (Option<SocketAddr>, Option<SocketAddr>),
     mesh: &MeshConfig,
     settings: &Settings,
     registry: &mut Registry,
     client: &Option<kube::Client>,
+    tls_source: crate::serving_cert::Source,
 ) -> anyhow::Result<(Option<crate::secure::SecureGrpc>, Option<MeshCaServer>)> {
     let env = |k: &str| std::env::var(k).ok();
     match (secure_grpc_addr, grpc_addr) {
         (Some(addr), _) => Ok((
             Some(
-                crate::secure::SecureGrpc::init(addr, mesh, &settings.pod_namespace, env, registry, client.clone())
-                    .await?,
+                crate::secure::SecureGrpc::init(
+                    addr,
+                    mesh,
+                    &settings.pod_namespace,
+                    env,
+                    registry,
+                    client.clone(),
+                    tls_source,
+                )
+                .await?,
             ),
             None,
         )),

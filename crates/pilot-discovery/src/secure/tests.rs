@@ -137,6 +137,7 @@ async fn start_with_timeout(
         ]),
         &mut registry,
         None,
+        crate::serving_cert::Source::Istiod,
     )
     .await
     .unwrap();
@@ -354,6 +355,7 @@ async fn unusable_ca_dir_names_the_flag_and_the_file() {
         env(&[("ROOT_CA_DIR", &dir)]),
         &mut Registry::default(),
         None,
+        crate::serving_cert::Source::Istiod,
     )
     .await
     .err()

@@ -1,214 +1,135 @@
-//! istiod's validation webhook controller (Istio's pkg/webhooks/validation/controller): keeps the
-//! ValidatingWebhookConfigurations of its revision (label `istio.io/rev=<revision>`) pointing at
-//! it. Each one's webhooks get the mesh root as their `caBundle`, so that the API server trusts
-//! the serving certificate of 15017, and their `failurePolicy` goes from `Ignore` to `Fail` once
-//! the webhook is proven to answer: an invalid Gateway carrying Istio's always-reject annotation,
-//! created with `dryRun=All`, must come back "denied the request". A configuration someone
-//! overwrites is patched again when its change is seen (the watch), as istiod's informer does.
+//! istiod's webhook configuration patchers: the caBundle (and, for validation, the failure
+//! policy) that the API server needs to call istiod's webhooks on 15017, kept in the
+//! configurations of istiod's revision. Two of Istio's controllers share this driver:
+//! - `validating`: the validation controller (pkg/webhooks/validation/controller) for the
+//!   ValidatingWebhookConfigurations labelled `istio.io/rev=<revision>`;
+//! - `mutating`: the webhook cert patcher (pkg/webhooks/webhookpatch.go) for the
+//!   MutatingWebhookConfigurations of the revision (the injector's, `istio-sidecar-injector`).
 //!
-//! Counted as Istio's: `galley_validation_config_updates`, and
-//! `galley_validation_config_update_error{error}` with the API server's reason.
+//! Each watches its kind and hands the name of every configuration it sees to a per-key retry
+//! queue (`queue`, Istio's `controllers.Queue`); a new CA bundle (`crate::serving_cert`) queues
+//! every known configuration again. A configuration someone overwrites is seen by the watch and
+//! patched again; one that fails is retried after its own delay while the others go on.
 
+mod mutating;
+pub mod queue;
+mod validating;
+
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
-use kube::Api;
-use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::watcher;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::registry::Registry;
-use serde_json::json;
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ErrorLabel {
-    error: String,
+pub use mutating::{MutatingMetrics, MutatingPatcher};
+pub use validating::{PatchMetrics, ValidatingPatcher};
+
+use crate::serving_cert::Bundles;
+
+/// What handling one configuration came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Up to date, or not ours to patch: nothing more until it changes.
+    Done,
+    /// Try again after the queue's delay.
+    Retry,
 }
 
-#[derive(Clone, Debug, Default)]
-pub struct PatchMetrics {
-    updates: Counter,
-    update_errors: Family<ErrorLabel, Counter>,
+/// One of Istio's patchers: which configurations it watches and how it brings one up to date.
+pub trait Patcher: Send + Sync + 'static {
+    type Config: kube::Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static;
+    /// For logs: "validation webhook controller", ...
+    const NAME: &'static str;
+    /// The label selector of the watch, if any.
+    fn selector(&self) -> Option<String>;
+    fn limiter(&self) -> queue::Limiter;
+    /// Brings configuration `name` up to date with `ca_bundle` (PEM).
+    fn reconcile(&self, api: &Api<Self::Config>, name: &str, ca_bundle: &str) -> impl Future<Output = Outcome> + Send;
 }
 
-impl PatchMetrics {
-    pub fn register(registry: &mut Registry) -> PatchMetrics {
-        let m = PatchMetrics::default();
-        registry.register(
-            "galley_validation_config_updates",
-            "k8s webhook configuration updates",
-            m.updates.clone(),
-        );
-        registry.register(
-            "galley_validation_config_update_error",
-            "k8s webhook configuration update error",
-            m.update_errors.clone(),
-        );
-        m
-    }
-}
+/// Runs `patcher` until the process ends.
+pub async fn run<P: Patcher>(patcher: P, client: kube::Client, mut bundles: Bundles) {
+    let patcher = Arc::new(patcher);
+    let api: Api<P::Config> = Api::all(client);
+    let (queue, mut keys) = queue::queue(patcher.limiter());
+    let known: Arc<Mutex<BTreeSet<String>>> = Arc::default();
 
-/// What the controller needs: where it runs and the root to publish.
-#[derive(Clone)]
-pub struct Controller {
-    pub client: kube::Client,
-    pub revision: String,
-    pub namespace: String,
-    pub ca_bundle: String,
-    pub metrics: PatchMetrics,
-}
-
-impl Controller {
-    /// Watches the configurations of the revision and patches each until the process ends.
-    pub async fn run(self) {
-        let api: Api<ValidatingWebhookConfiguration> = Api::all(self.client.clone());
-        let selector = format!("istio.io/rev={}", self.revision);
-        let mut ready_for_fail_close = false;
-        loop {
-            let mut events = watcher(api.clone(), watcher::Config::default().labels(&selector)).boxed();
+    let watch = {
+        let (api, queue, known) = (api.clone(), queue.clone(), known.clone());
+        let mut config = watcher::Config::default();
+        if let Some(selector) = patcher.selector() {
+            config = config.labels(&selector);
+        }
+        async move {
+            let mut events = watcher(api, config).boxed();
             while let Some(event) = events.next().await {
-                let configuration = match event {
-                    Ok(watcher::Event::Apply(c) | watcher::Event::InitApply(c)) => c,
-                    Ok(_) => continue,
-                    Err(e) => {
-                        tracing::warn!("validation webhook controller: watching ValidatingWebhookConfigurations: {e}");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                        continue;
+                match event {
+                    Ok(watcher::Event::Apply(c) | watcher::Event::InitApply(c)) => {
+                        let name = c.meta().name.clone().unwrap_or_default();
+                        if let Ok(mut k) = known.lock() {
+                            k.insert(name.clone());
+                        }
+                        queue.add(&name);
                     }
-                };
-                // Until the webhook is proven, retry with backoff (the watch sees no change).
-                let mut backoff = Duration::from_millis(100);
-                while !self.reconcile(&api, &configuration, &mut ready_for_fail_close).await {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(60));
+                    Ok(watcher::Event::Delete(c)) => {
+                        if let Ok(mut k) = known.lock() {
+                            k.remove(c.meta().name.as_deref().unwrap_or_default());
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!("{}: watching: {e}", P::NAME);
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
                 }
             }
         }
-    }
-
-    /// Brings one configuration up to date; false to try again later.
-    async fn reconcile(
-        &self,
-        api: &Api<ValidatingWebhookConfiguration>,
-        current: &ValidatingWebhookConfiguration,
-        ready_for_fail_close: &mut bool,
-    ) -> bool {
-        let name = current.metadata.name.clone().unwrap_or_default();
-        // The latest, not the event's: a retry after a conflict must not undo a newer write.
-        let current = match api.get(&name).await {
-            Ok(c) => c,
-            Err(kube::Error::Api(e)) if e.code == 404 => return true,
-            Err(e) => {
-                tracing::warn!(webhook = %name, "validation webhook controller: {e}");
-                return false;
+    };
+    let ca_source = bundles.clone();
+    let new_bundles = {
+        let (queue, known) = (queue.clone(), known.clone());
+        let mut last = bundles.borrow_and_update().ca_bundle_pem.clone();
+        async move {
+            while bundles.changed().await.is_ok() {
+                let ca = bundles.borrow_and_update().ca_bundle_pem.clone();
+                if ca == last {
+                    continue;
+                }
+                last = ca;
+                let names: Vec<String> = known.lock().map(|k| k.iter().cloned().collect()).unwrap_or_default();
+                tracing::info!(configurations = ?names, "{}: the CA bundle changed", P::NAME);
+                for name in names {
+                    queue.add(&name);
+                }
             }
-        };
-        let webhooks = current.webhooks.as_deref().unwrap_or_default();
-        let bundle = ByteString(self.ca_bundle.as_bytes().to_vec());
-        let ca_change = webhooks
-            .iter()
-            .any(|w| w.client_config.ca_bundle.as_ref() != Some(&bundle));
-        let fail_open = webhooks
-            .iter()
-            .any(|w| w.failure_policy.as_deref().is_some_and(|p| p != "Fail"));
-        if !ca_change && !fail_open {
-            return true;
+            std::future::pending::<()>().await;
         }
-        let set_fail = fail_open && self.ready_for_fail_close(ready_for_fail_close).await;
-        let mut updated = current.clone();
-        for w in updated.webhooks.iter_mut().flatten() {
-            w.client_config.ca_bundle = Some(bundle.clone());
-            if set_fail {
-                w.failure_policy = Some("Fail".into());
+    };
+    let worker = {
+        let patcher = patcher.clone();
+        async move {
+            while let Some(name) = keys.next().await {
+                let ca = ca_source.borrow().ca_bundle_pem.clone();
+                match patcher.reconcile(&api, &name, &ca).await {
+                    Outcome::Done => queue.done(&name),
+                    Outcome::Retry => {
+                        let delay = queue.retry(&name);
+                        tracing::debug!(configuration = %name, ?delay, "{}: retrying", P::NAME);
+                    }
+                }
             }
         }
-        if !ca_change && !set_fail {
-            return false;
-        }
-        match api.replace(&name, &PostParams::default(), &updated).await {
-            Ok(latest) => {
-                self.metrics.updates.inc();
-                tracing::info!(
-                    webhook = %name,
-                    resource_version = latest.metadata.resource_version.as_deref().unwrap_or_default(),
-                    failure_policy = if set_fail { "Fail" } else { "unchanged" },
-                    "validation webhook configuration patched with the mesh root"
-                );
-                !fail_open || set_fail
-            }
-            Err(e) => {
-                let reason = match &e {
-                    kube::Error::Api(s) => s.reason.clone(),
-                    _ => "Unknown".to_owned(),
-                };
-                self.metrics
-                    .update_errors
-                    .get_or_create(&ErrorLabel { error: reason })
-                    .inc();
-                tracing::warn!(webhook = %name, "validation webhook controller: updating: {e}");
-                false
-            }
-        }
-    }
-
-    /// Istio's `isDryRunOfInvalidConfigRejected`: an invalid Gateway with the always-reject
-    /// annotation, created as a dry run, comes back denied by the webhook.
-    async fn ready_for_fail_close(&self, ready: &mut bool) -> bool {
-        if *ready {
-            return true;
-        }
-        let gateways: Api<kube::api::DynamicObject> = Api::namespaced_with(
-            self.client.clone(),
-            &self.namespace,
-            &kube::api::ApiResource {
-                group: "networking.istio.io".into(),
-                version: "v1".into(),
-                api_version: "networking.istio.io/v1".into(),
-                kind: "Gateway".into(),
-                plural: "gateways".into(),
-            },
-        );
-        let mut invalid = kube::api::DynamicObject {
-            types: Some(kube::api::TypeMeta {
-                api_version: "networking.istio.io/v1".into(),
-                kind: "Gateway".into(),
-            }),
-            metadata: ObjectMeta {
-                name: Some("invalid-gateway".into()),
-                namespace: Some(self.namespace.clone()),
-                labels: Some([("istio.io/rev".to_owned(), self.revision.clone())].into()),
-                annotations: Some([(webhooks::validation::ALWAYS_REJECT.to_owned(), "true".to_owned())].into()),
-                ..Default::default()
-            },
-            data: json!({"spec": {}}),
-        };
-        let dry_run = PostParams {
-            dry_run: true,
-            ..Default::default()
-        };
-        let mut result = gateways.create(&dry_run, &invalid).await;
-        if matches!(&result, Err(kube::Error::Api(e)) if e.code == 409) {
-            invalid.metadata.resource_version = None;
-            result = gateways.replace("invalid-gateway", &dry_run, &invalid).await;
-        }
-        let why = match result {
-            Ok(_) => "the invalid config was not rejected".to_owned(),
-            Err(kube::Error::Api(e)) if e.message.contains("denied the request") => {
-                tracing::info!("the validation webhook rejected invalid config: switching it to fail-closed");
-                *ready = true;
-                return true;
-            }
-            Err(kube::Error::Api(e)) if e.code == 404 => {
-                tracing::warn!("no Gateway CRD: cannot check the validation webhook; taking it as ready");
-                *ready = true;
-                return true;
-            }
-            Err(e) => format!("the invalid config was rejected for the wrong reason: {e}"),
-        };
-        tracing::info!("not ready to switch validation to fail-closed: {why}");
-        false
-    }
+    };
+    tokio::join!(watch, new_bundles, worker);
 }

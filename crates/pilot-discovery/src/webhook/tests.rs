@@ -105,7 +105,13 @@ async fn start(timeout: Duration) -> (SocketAddr, String, Registry) {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(serve(
         listener,
-        https_acceptor(&chain, &key).unwrap(),
+        https_acceptor(crate::serving_cert::Resolver::new(
+            tokio::sync::watch::channel(std::sync::Arc::new(
+                crate::serving_cert::KeyCertBundle::new(chain, key, root.clone()).unwrap(),
+            ))
+            .1,
+        ))
+        .unwrap(),
         setup,
         router(metrics),
     ));
