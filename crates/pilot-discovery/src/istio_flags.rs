@@ -1,7 +1,9 @@
 //! Istio's feature flags (`env.Register` in `pilot/pkg/features` and `pkg/features` of istio/istio
-//! at 86c9f01) and which of them pilot-discovery honours. One warning at start names every flag
-//! that is set in the environment and that pilot-discovery does not honour, so that an install
-//! moved from istiod says what it loses instead of silently behaving otherwise.
+//! at 86c9f01) and the rest of the environment of istiod's Deployment (`DEPLOYMENT_ENV`), and
+//! which of them pilot-discovery honours. One warning at start names every variable that is set
+//! and that pilot-discovery accepts and ignores, with why, so that an install moved from istiod
+//! says what it loses instead of silently behaving otherwise. A test reads the Deployment of
+//! Istio's rendered default install and checks that each of its variables is classified here.
 
 /// Every feature flag of Istio's pilot, by name.
 pub const ISTIO_FEATURE_FLAGS: &[&str] = &[
@@ -177,6 +179,7 @@ pub const REMOVED: &[(&str, &str)] = &[
 pub const HONOURED: &[&str] = &[
     "CLUSTER_ID",
     "ENABLE_DEBUG_ENDPOINT_AUTH",
+    "INJECTION_WEBHOOK_CONFIG_NAME",
     "ISTIOD_CUSTOM_HOST",
     "ISTIO_GPRC_MAXRECVMSGSIZE",
     "ISTIO_GPRC_MAXSTREAMS",
@@ -200,6 +203,32 @@ pub const FIXED: &[(&str, &str)] = &[
     ("ENABLE_CA_SERVER", "true"),
     // no config analysis (Istio's default)
     ("PILOT_ENABLE_ANALYSIS", "false"),
+    // no platform-specific behaviour (OpenShift, GCP)
+    ("PLATFORM", ""),
+];
+
+/// The rest of the environment of istiod's Deployment (Istio's chart, `istiod`'s container), which
+/// is not a feature flag: `None` when pilot-discovery honours it, else why it is accepted and
+/// ignored. Those ignored and set are named in the start-up line of [`not_honoured`].
+pub const DEPLOYMENT_ENV: &[(&str, Option<&str>)] = &[
+    // `istio.io/rev` of the webhook configurations, `istiod-<rev>` names, `istio-<rev>` ConfigMap
+    ("REVISION", None),
+    // istiod's namespace: its Secrets, ConfigMaps and DNS names
+    ("POD_NAMESPACE", None),
+    // a missing file falls back to the in-cluster config, as client-go's loading rules
+    ("KUBECONFIG", None),
+    (
+        "POD_NAME",
+        Some("istiod names itself with it in the control_plane of its xDS responses and as its leader-election identity; pilot-discovery sends no control_plane"),
+    ),
+    (
+        "SERVICE_ACCOUNT",
+        Some("istiod does not read it either (the chart sets it for the agent's settings shared with istiod)"),
+    ),
+    (
+        "GOMAXPROCS",
+        Some("Go's scheduler threads; pilot-discovery sizes its runtime to the CPUs the process may use, cgroup limit included"),
+    ),
 ];
 
 /// Flags that are read but have no effect here, with why.
@@ -226,12 +255,14 @@ pub fn not_honoured(get: impl Fn(&str) -> Option<String>) -> Vec<String> {
         }
         match (fixed(name), NO_EFFECT.iter().find(|(n, _)| n == name)) {
             (Some(v), _) if value.eq_ignore_ascii_case(v) => {}
+            (Some(""), _) => out.push(format!("{name}={value} (only an empty value is supported)")),
             (Some(v), _) => out.push(format!("{name}={value} (only {v} is supported)")),
             (None, Some((_, why))) => out.push(format!("{name}={value} ({why})")),
             (None, None) => out.push(format!("{name}={value}")),
         }
     }
-    for (name, why) in REMOVED {
+    let ignored = DEPLOYMENT_ENV.iter().filter_map(|(n, why)| why.map(|w| (*n, w)));
+    for (name, why) in REMOVED.iter().copied().chain(ignored) {
         if let Some(value) = get(name) {
             out.push(format!("{name}={value} ({why})"));
         }
@@ -243,6 +274,79 @@ pub fn not_honoured(get: impl Fn(&str) -> Option<String>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The container `discovery` of Istio's rendered default install: its args and env names.
+    fn istiod_container() -> (Vec<String>, Vec<String>) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(
+            "../../../shared/corpus/istio/operator/cmd/mesh/testdata/manifest-generate/output/pilot_default.golden.yaml",
+        );
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("Istio's rendered install {} is needed ({e}): ../shared", path.display()));
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
+        let deployment = docs
+            .iter()
+            .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "istiod")
+            .expect("istiod's Deployment in the rendered install");
+        let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+        let strings = |v: &serde_json::Value, key: Option<&str>| -> Vec<String> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|e| key.map_or(e, |k| &e[k]).as_str().unwrap().to_owned())
+                .collect()
+        };
+        (strings(&container["args"], None), strings(&container["env"], Some("name")))
+    }
+
+    /// Every env variable of istiod's Deployment is honoured, or fixed to the value the install
+    /// gives it, or named with why it is ignored; every flag parses (clap refuses unknown ones).
+    #[test]
+    fn every_env_variable_and_flag_of_istiods_deployment_is_classified() {
+        let (args, env) = istiod_container();
+        assert!(env.len() >= 12, "{env:?}");
+        for name in &env {
+            let classified = HONOURED.contains(&name.as_str())
+                || FIXED.iter().any(|(n, _)| n == name)
+                || NO_EFFECT.iter().any(|(n, _)| n == name)
+                || DEPLOYMENT_ENV.iter().any(|(n, _)| n == name);
+            assert!(classified, "{name} of istiod's Deployment is neither honoured nor named as ignored");
+        }
+        let mut argv = vec!["pilot-discovery".to_owned()];
+        argv.extend(args);
+        let cli = <crate::args::Cli as clap::Parser>::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+        let crate::args::Command::Discovery(a) = cli.command else {
+            panic!("the install runs `discovery`")
+        };
+        assert_eq!(a.monitoring_addr, ":15014");
+        assert_eq!(a.log_output_level, "default:info");
+        assert_eq!(a.domain, "cluster.local");
+        assert_eq!(a.keepalive_max_server_connection_age, "30m");
+    }
+
+    /// With the install's values, the start-up line names exactly what is ignored, with why.
+    #[test]
+    fn istios_deployment_env_makes_one_line_of_what_is_ignored() {
+        let install = env(&[
+            ("REVISION", "default"),
+            ("PILOT_CERT_PROVIDER", "istiod"),
+            ("POD_NAME", "istiod-abc"),
+            ("POD_NAMESPACE", "istio-system"),
+            ("SERVICE_ACCOUNT", "istiod"),
+            ("KUBECONFIG", "/var/run/secrets/remote/config"),
+            ("CA_TRUSTED_NODE_ACCOUNTS", "istio-system/ztunnel"),
+            ("PILOT_TRACE_SAMPLING", "1"),
+            ("PILOT_ENABLE_ANALYSIS", "false"),
+            ("CLUSTER_ID", "Kubernetes"),
+            ("GOMAXPROCS", "2"),
+            ("PLATFORM", ""),
+        ]);
+        let names: Vec<String> = not_honoured(install)
+            .iter()
+            .map(|l| l.split('=').next().unwrap_or_default().to_owned())
+            .collect();
+        assert_eq!(names, ["CA_TRUSTED_NODE_ACCOUNTS", "GOMAXPROCS", "POD_NAME", "SERVICE_ACCOUNT"]);
+        assert_eq!(not_honoured(env(&[("PLATFORM", "openshift")])), ["PLATFORM=openshift (only an empty value is supported)"]);
+    }
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let pairs: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();

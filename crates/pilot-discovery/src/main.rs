@@ -85,7 +85,7 @@ fn main() -> ExitCode {
             let ignored = istio_flags::not_honoured(|k| std::env::var(k).ok());
             if !ignored.is_empty() {
                 tracing::warn!(
-                    "Istio feature flags set but not honoured by pilot-discovery: {}",
+                    "environment of istiod set but accepted and ignored by pilot-discovery: {}",
                     ignored.join(", ")
                 );
             }
