@@ -219,7 +219,9 @@ pub const DEPLOYMENT_ENV: &[(&str, Option<&str>)] = &[
     ("KUBECONFIG", None),
     (
         "POD_NAME",
-        Some("istiod names itself with it in the control_plane of its xDS responses and as its leader-election identity; pilot-discovery sends no control_plane"),
+        Some(
+            "istiod names itself with it in the control_plane of its xDS responses and as its leader-election identity; pilot-discovery sends no control_plane",
+        ),
     ),
     (
         "SERVICE_ACCOUNT",
@@ -227,7 +229,9 @@ pub const DEPLOYMENT_ENV: &[(&str, Option<&str>)] = &[
     ),
     (
         "GOMAXPROCS",
-        Some("Go's scheduler threads; pilot-discovery sizes its runtime to the CPUs the process may use, cgroup limit included"),
+        Some(
+            "Go's scheduler threads; pilot-discovery sizes its runtime to the CPUs the process may use, cgroup limit included",
+        ),
     ),
 ];
 
@@ -295,7 +299,10 @@ mod tests {
                 .map(|e| key.map_or(e, |k| &e[k]).as_str().unwrap().to_owned())
                 .collect()
         };
-        (strings(&container["args"], None), strings(&container["env"], Some("name")))
+        (
+            strings(&container["args"], None),
+            strings(&container["env"], Some("name")),
+        )
     }
 
     /// Every env variable of istiod's Deployment is honoured, or fixed to the value the install
@@ -309,7 +316,10 @@ mod tests {
                 || FIXED.iter().any(|(n, _)| n == name)
                 || NO_EFFECT.iter().any(|(n, _)| n == name)
                 || DEPLOYMENT_ENV.iter().any(|(n, _)| n == name);
-            assert!(classified, "{name} of istiod's Deployment is neither honoured nor named as ignored");
+            assert!(
+                classified,
+                "{name} of istiod's Deployment is neither honoured nor named as ignored"
+            );
         }
         let mut argv = vec!["pilot-discovery".to_owned()];
         argv.extend(args);
@@ -344,8 +354,14 @@ mod tests {
             .iter()
             .map(|l| l.split('=').next().unwrap_or_default().to_owned())
             .collect();
-        assert_eq!(names, ["CA_TRUSTED_NODE_ACCOUNTS", "GOMAXPROCS", "POD_NAME", "SERVICE_ACCOUNT"]);
-        assert_eq!(not_honoured(env(&[("PLATFORM", "openshift")])), ["PLATFORM=openshift (only an empty value is supported)"]);
+        assert_eq!(
+            names,
+            ["CA_TRUSTED_NODE_ACCOUNTS", "GOMAXPROCS", "POD_NAME", "SERVICE_ACCOUNT"]
+        );
+        assert_eq!(
+            not_honoured(env(&[("PLATFORM", "openshift")])),
+            ["PLATFORM=openshift (only an empty value is supported)"]
+        );
     }
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {

@@ -126,8 +126,8 @@ async fn the_injectors_configuration_of_the_revision_carries_the_ca_bundle_and_f
     })
     .await;
 
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    // As /metrics renders it: prometheus-client takes the `_total` off the registered name.
+    let text = monitoring::render(&registry).unwrap();
     let value = |line_start: &str| -> f64 {
         text.lines()
             .find(|l| l.starts_with(line_start))
@@ -136,15 +136,15 @@ async fn the_injectors_configuration_of_the_revision_carries_the_ca_bundle_and_f
             .unwrap_or(0.0)
     };
     assert!(
-        value("webhook_patch_attempts_total{name=\"sidecar-injector.istio.io\"}") >= 3.0,
+        value("webhook_patch_attempts{name=\"sidecar-injector.istio.io\"}") >= 3.0,
         "{text}"
     );
     assert!(
-        value("webhook_patch_failures_total{name=\"istio-sidecar-injector-canary\",reason=\"wrong_revision\"}") >= 1.0,
+        value("webhook_patch_failures{name=\"istio-sidecar-injector-canary\",reason=\"wrong_revision\"}") >= 1.0,
         "{text}"
     );
     assert!(
-        value("webhook_patch_failures_total{name=\"istio-other-hooks\",reason=\"webhook_entry_not_found\"}") >= 1.0,
+        value("webhook_patch_failures{name=\"istio-other-hooks\",reason=\"webhook_entry_not_found\"}") >= 1.0,
         "{text}"
     );
     assert!(!text.contains("name=\"someone-elses\""), "{text}");
