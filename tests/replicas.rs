@@ -118,8 +118,9 @@ async fn two_replicas_share_one_root_and_write_the_root_configmaps_once() -> any
 }
 
 /// As istiod's Deployment, which mounts no mesh config file: the `istio` ConfigMap's `mesh` is the
-/// mesh config (here its trust domain names the CA's new root), and a later change is named in a
-/// warning and counted, not silently dropped.
+/// mesh config (here its trust domain names the CA's new root); a later change is applied live,
+/// but for fields read only at start (the trust domain), which are named in a warning and
+/// counted, as is a change that does not parse.
 #[tokio::test]
 async fn the_mesh_config_comes_from_the_istio_configmap() -> anyhow::Result<()> {
     let api = FakeApiServer::start().await?;
@@ -154,8 +155,43 @@ async fn the_mesh_config_comes_from_the_istio_configmap() -> anyhow::Result<()> 
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(
+        d.logs().contains("mesh config fields read only at start changed"),
+        "{}",
         d.logs()
-            .contains("the mesh config changed; pilot-discovery applies it when restarted")
     );
+    let (_, running) = d.get("/debug/mesh", false).await?;
+    assert!(
+        running.contains("\"trustDomain\":\"example.org\""),
+        "the CA's trust domain is kept: {running}"
+    );
+
+    // A change of what pushes read is applied live, without a restart, and counted nowhere.
+    api.apply(configmap("trustDomain: example.org\nrootNamespace: mesh-root\n"))?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, running) = d.get("/debug/mesh", false).await?;
+        if running.contains("\"rootNamespace\":\"mesh-root\"") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the live change applied: {running}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(d.metric("pilot_mesh_config_changes_ignored").await?, 1.0);
+    // A mesh config that does not parse keeps the last valid one.
+    api.apply(configmap("rootNamespace: [not, a, string]\n"))?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while d.metric("pilot_mesh_config_changes_ignored").await? < 2.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the invalid change not seen: {}",
+            d.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, running) = d.get("/debug/mesh", false).await?;
+    assert!(running.contains("\"rootNamespace\":\"mesh-root\""), "{running}");
     Ok(())
 }

@@ -28,7 +28,8 @@ use crate::registries::{ServiceRegistry, aggregate, aggregate_changed};
 
 /// The control plane's view of the mesh.
 pub struct Environment {
-    pub(crate) mesh: Arc<MeshConfig>,
+    /// The mesh config every push is built with; replaced live by [`mesh_changed`](Self::mesh_changed).
+    pub(crate) mesh: Mutex<Arc<MeshConfig>>,
     pub(crate) domain: String,
     pub(crate) features: model::Features,
     pub(crate) state: Mutex<State>,
@@ -96,7 +97,7 @@ impl Environment {
             jwks: Mutex::default(),
             sds_metrics: generators::SdsMetrics::default(),
             ingress: ingress::IngressOptions::new(&mesh, &domain, ingress::DEFAULT_INGRESS_NAMESPACE),
-            mesh,
+            mesh: Mutex::new(mesh),
             domain,
         }
     }
@@ -126,8 +127,29 @@ impl Environment {
         self
     }
 
-    pub fn mesh(&self) -> &MeshConfig {
-        &self.mesh
+    /// The mesh config of the next push.
+    pub fn mesh(&self) -> Arc<MeshConfig> {
+        lock(&self.mesh).clone()
+    }
+
+    /// The mesh config changed (istiod's mesh watcher handler): the next push is built with
+    /// `mesh`, from scratch, and goes to every proxy (a full push, as istiod's
+    /// `meshHandler` asks). An unchanged mesh config asks for nothing. Settings read when
+    /// the registries and the Ingress conversion were made (trust domain, discovery selectors,
+    /// ingress settings) are not changed here.
+    pub fn mesh_changed(&self, mesh: Arc<MeshConfig>) -> Update {
+        {
+            let mut current = lock(&self.mesh);
+            if **current == *mesh {
+                return Update::default();
+            }
+            *current = mesh;
+        }
+        *lock(&self.last) = None;
+        Update {
+            push: Some(PushRequest::full(model::TriggerReason::GlobalUpdate)),
+            proxies: BTreeSet::new(),
+        }
     }
 
     /// The JWKS that the RequestAuthentications of the current configs need fetched, each with

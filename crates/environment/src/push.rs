@@ -67,7 +67,7 @@ impl SnapshotBuilder for Environment {
         };
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         let input = PushInput {
-            mesh: self.mesh.clone(),
+            mesh: self.mesh(),
             domain: self.domain.clone(),
             // the configs made from Ingresses beside the sources' (theirs win a shared key)
             configs: configs

@@ -14,7 +14,7 @@ use xds_api::type_url;
 use xds_server::{PushSnapshot, SnapshotBuilder, TriggerReason, type_needs_push};
 
 use crate::push::change_scope;
-use crate::{Environment, PushRequest, ServiceEntries, ServiceRegistry};
+use crate::{Environment, PushRequest, ServiceEntries, ServiceRegistry, Update};
 
 fn env() -> Environment {
     let mesh = Arc::new(MeshConfig::default());
@@ -317,4 +317,29 @@ fn a_second_registry_plugs_in_beside_service_entries() {
     assert_eq!(hosts, ["db.example.com", "web.b.svc.cluster.local"]);
     assert_eq!(e.stats().services, 2);
     assert_eq!(e.services_changed(RegistryDiff::default()).push, None);
+}
+
+#[test]
+fn a_new_mesh_config_makes_a_full_push_built_with_it() {
+    let e = env();
+    e.config_changed(&added(&[static_se("a", "db.example.com", 5432, &["10.0.0.1"])]))
+        .push
+        .unwrap();
+    let first = e.build(&PushRequest::full(TriggerReason::GlobalUpdate));
+    assert_eq!(first.context().mesh().root_namespace, "istio-system");
+    assert_eq!(
+        e.mesh_changed(e.mesh()),
+        Update::default(),
+        "the same mesh config asks for nothing"
+    );
+
+    let mut mesh = (*e.mesh()).clone();
+    mesh.root_namespace = "mesh-root".into();
+    let req = e.mesh_changed(Arc::new(mesh)).push.expect("a push");
+    assert!(req.full);
+    assert_eq!(req.configs_updated, ConfigsUpdated::All);
+    let second = e.build(&req);
+    assert_eq!(second.context().mesh().root_namespace, "mesh-root");
+    assert_eq!(e.mesh().root_namespace, "mesh-root");
+    assert!(second.needs_push(&sidecar("b"), &req, Some(&first)));
 }

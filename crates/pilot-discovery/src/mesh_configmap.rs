@@ -3,9 +3,12 @@
 //! `istio`, or `istio-<revision>` for a revision other than `default`, in istiod's namespace).
 //! Istio's own install mounts no file: this is where its `meshConfig` values arrive.
 //!
-//! Read at start. A later change of the ConfigMap is not applied to the running process (the
-//! mesh config is fixed for its life here); it is said in a warning, which names the change and
-//! that a restart applies it, and counted in `pilot_mesh_config_changes_ignored`.
+//! Read at start, then followed as istiod's mesh watcher does: a changed `mesh` is applied to the
+//! running process, the next push built with it and sent to every proxy. What the registries and
+//! the CA took at start (the trust domain and its aliases, discovery selectors, the ingress
+//! settings) still needs a restart: a change of those is named in a warning and counted in
+//! `pilot_mesh_config_changes_ignored`, as is a `mesh` that does not parse (the last good one keeps
+//! serving). `meshNetworks` is not read.
 
 use std::time::Duration;
 
@@ -64,12 +67,61 @@ pub fn parse(text: &str) -> anyhow::Result<MeshConfig> {
     Ok(MeshConfig::from_value(value)?)
 }
 
-/// Warns (once per change) when the ConfigMap's `mesh` no longer says what the process runs with.
-pub async fn follow(client: kube::Client, namespace: String, revision: String, running: String, ignored: Counter) {
+/// The fields of the mesh config that are read once, at start, by the registries, the CA and the
+/// Ingress conversion: a change of them needs a restart.
+pub fn restart_only_changes(started: &MeshConfig, new: &MeshConfig) -> Vec<&'static str> {
+    let mut changed = Vec::new();
+    let mut check = |name: &'static str, differs: bool| {
+        if differs {
+            changed.push(name);
+        }
+    };
+    check("trustDomain", started.trust_domain != new.trust_domain);
+    check(
+        "trustDomainAliases",
+        started.trust_domain_aliases != new.trust_domain_aliases,
+    );
+    check(
+        "discoverySelectors",
+        started.discovery_selectors != new.discovery_selectors,
+    );
+    check("ingressClass", started.ingress_class != new.ingress_class);
+    check("ingressService", started.ingress_service != new.ingress_service);
+    check("ingressSelector", started.ingress_selector != new.ingress_selector);
+    check(
+        "ingressControllerMode",
+        started.ingress_controller_mode != new.ingress_controller_mode,
+    );
+    changed
+}
+
+/// `new` with the fields read only at start as they were then: what the process runs with.
+fn with_start_only_fields(started: &MeshConfig, mut new: MeshConfig) -> MeshConfig {
+    new.trust_domain.clone_from(&started.trust_domain);
+    new.trust_domain_aliases.clone_from(&started.trust_domain_aliases);
+    new.discovery_selectors.clone_from(&started.discovery_selectors);
+    new.ingress_class.clone_from(&started.ingress_class);
+    new.ingress_service.clone_from(&started.ingress_service);
+    new.ingress_selector.clone_from(&started.ingress_selector);
+    new.ingress_controller_mode.clone_from(&started.ingress_controller_mode);
+    new
+}
+
+/// Follows the ConfigMap's `mesh`: each valid change is sent on `live` (the config task applies
+/// it to the next push); a change that does not parse, or of a field read only at start, is
+/// warned about and counted in `ignored`.
+pub async fn follow(
+    client: kube::Client,
+    namespace: String,
+    revision: String,
+    (running, started): (String, std::sync::Arc<MeshConfig>),
+    live: tokio::sync::watch::Sender<std::sync::Arc<MeshConfig>>,
+    ignored: Counter,
+) {
     let name = config_map_name(&revision);
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut last = running.clone();
+    let mut last = running;
     let mut events = watcher(api, config).boxed();
     while let Some(event) = events.next().await {
         let text = match event {
@@ -88,19 +140,29 @@ pub async fn follow(client: kube::Client, namespace: String, revision: String, r
             continue;
         }
         last = text.clone();
-        if text == running {
-            tracing::info!("ConfigMap {namespace}/{name}: the mesh config is back to what this process runs with");
-            continue;
+        let mesh = match parse(&text) {
+            Ok(mesh) => mesh,
+            Err(e) => {
+                ignored.inc();
+                tracing::warn!(
+                    "ConfigMap {namespace}/{name}: the new mesh config is invalid ({e:#}); still serving the last valid one"
+                );
+                continue;
+            }
+        };
+        let restart = restart_only_changes(&started, &mesh);
+        let mesh = with_start_only_fields(&started, mesh);
+        if !restart.is_empty() {
+            ignored.inc();
+            tracing::warn!(
+                fields = ?restart,
+                "ConfigMap {namespace}/{name}: mesh config fields read only at start changed; they apply when \
+                 pilot-discovery restarts (the rest of the change is applied now)"
+            );
         }
-        ignored.inc();
-        match parse(&text) {
-            Ok(_) => tracing::warn!(
-                "ConfigMap {namespace}/{name}: the mesh config changed; pilot-discovery applies it when restarted \
-                 (it runs with the mesh config it started with)"
-            ),
-            Err(e) => tracing::warn!(
-                "ConfigMap {namespace}/{name}: the new mesh config is invalid ({e:#}); still running with the one it started with"
-            ),
+        tracing::info!("ConfigMap {namespace}/{name}: the mesh config changed; pushing it to every proxy");
+        if live.send(std::sync::Arc::new(mesh)).is_err() {
+            return;
         }
     }
 }
@@ -111,6 +173,21 @@ mod tests {
     use test_support::kube_api::FakeApiServer;
 
     use super::*;
+
+    #[test]
+    fn fields_read_at_start_are_named_when_they_change() {
+        let started = parse("trustDomain: a.org\ningressClass: istio\n").unwrap();
+        let live = parse("trustDomain: a.org\ningressClass: istio\nenableAutoMtls: false\nrootNamespace: r\n").unwrap();
+        assert!(restart_only_changes(&started, &live).is_empty());
+        let restart = parse("trustDomain: b.org\ningressClass: nginx\n").unwrap();
+        assert_eq!(
+            restart_only_changes(&started, &restart),
+            vec!["trustDomain", "ingressClass"]
+        );
+        let running = with_start_only_fields(&started, restart);
+        assert_eq!(running.trust_domain, "a.org");
+        assert_eq!(running.ingress_class, "istio");
+    }
 
     #[test]
     fn the_configmap_of_a_revision() {

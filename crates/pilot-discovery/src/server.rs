@@ -57,7 +57,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     let mesh_changes_ignored = prometheus_client::metrics::counter::Counter::default();
     registry.register(
         "pilot_mesh_config_changes_ignored",
-        "Changes of the istio ConfigMap's mesh config not applied (they are when pilot-discovery restarts)",
+        "Changes of the istio ConfigMap's mesh config not applied: invalid, or of fields read only at start",
         mesh_changes_ignored.clone(),
     );
     let pipeline_metrics = PipelineMetrics::register(&mut registry);
@@ -69,7 +69,8 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         tracing::info!(registries = ?args.registries, "Kubernetes is not a registry");
         None
     };
-    // As istiod without a mounted mesh config file: the `istio` ConfigMap's.
+    // As istiod without a mounted mesh config file: the `istio` ConfigMap's, followed live.
+    let mut live_mesh = None;
     if let (false, Some(client)) = (mesh_file, &client) {
         let revision = std::env::var("REVISION").unwrap_or_default();
         let running = match crate::mesh_configmap::load(client, &settings.pod_namespace, &revision).await? {
@@ -79,11 +80,15 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
             }
             None => String::new(),
         };
+        let started = Arc::new(mesh.clone());
+        let (tx, rx) = tokio::sync::watch::channel(started.clone());
+        live_mesh = Some(rx);
         tokio::spawn(crate::mesh_configmap::follow(
             client.clone(),
             settings.pod_namespace.clone(),
             revision,
-            running,
+            (running, started),
+            tx,
             mesh_changes_ignored.clone(),
         ));
     }
@@ -259,7 +264,15 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     let env = environment.clone();
     let srv = server.clone();
     tasks.spawn(async move {
-        while let Some(change) = changes.recv().await {
+        loop {
+            let change = tokio::select! {
+                change = changes.recv() => change,
+                mesh = next_mesh(&mut live_mesh) => {
+                    dispatch(&srv, env.mesh_changed(mesh));
+                    continue;
+                }
+            };
+            let Some(change) = change else { break };
             tracing::info!(events = change.events.len(), "config changed: {}", summarize(&change));
             for e in &change.events {
                 tracing::debug!(config = %e.key(), event = event_name(e), "config changed");
@@ -568,6 +581,17 @@ async fn shutdown_signal() {
 
 /// Hands what a change calls for to the xDS server: the push to the debouncer, the proxies whose
 /// workload changed to `proxy_update`.
+/// The next mesh config the `istio` ConfigMap's follower sends; never, without one.
+async fn next_mesh(live: &mut Option<tokio::sync::watch::Receiver<Arc<model::MeshConfig>>>) -> Arc<model::MeshConfig> {
+    if let Some(rx) = live {
+        if rx.changed().await.is_ok() {
+            return rx.borrow_and_update().clone();
+        }
+        *live = None;
+    }
+    std::future::pending().await
+}
+
 pub(crate) fn dispatch(server: &DiscoveryServer<Environment>, update: environment::Update) {
     if let Some(req) = update.push {
         server.config_update(req);
