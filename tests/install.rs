@@ -222,7 +222,8 @@ mod docker {
 
     /// `docker build` in the project's root gives an image laid out as Istio's pilot image
     /// (entrypoint `/usr/local/bin/pilot-discovery`, user 1337:1337) that runs
-    /// `pilot-discovery version`. It needs a Docker engine; `scripts/test.sh` skips it, saying
+    /// `pilot-discovery version`, and one laid out as Istio's proxyv2 (pilot-agent, Envoy,
+    /// iptables). It needs a Docker engine; `scripts/test.sh` skips it, saying
     /// so, where `docker info` fails.
     #[test]
     fn readme_image_example_builds() {
@@ -262,6 +263,19 @@ mod docker {
             .output()
             .unwrap();
         assert!(version.status.success(), "{}", String::from_utf8_lossy(&version.stderr));
+        let proxy = Command::new("docker")
+            .args([
+                "run",
+                "--rm",
+                "--entrypoint",
+                "sh",
+                "pilot-proxyv2:dev",
+                "-c",
+                "/usr/local/bin/pilot-agent version && /usr/local/bin/envoy --version && iptables-restore --version",
+            ])
+            .output()
+            .unwrap();
+        assert!(proxy.status.success(), "{}", String::from_utf8_lossy(&proxy.stderr));
     }
 }
 
