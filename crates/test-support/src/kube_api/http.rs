@@ -1,6 +1,7 @@
 //! The fake API server's HTTP protocol: discovery, list (resourceVersion, labelSelector,
 //! fieldSelector, limit/continue), watch (ADDED/MODIFIED/DELETED/BOOKMARK, 410 as an ERROR event,
-//! sendInitialEvents), get, create, replace, merge patch, delete; creates and updates go through
+//! sendInitialEvents), get, create, replace, merge patch, server-side apply (`apply.rs`), delete;
+//! creates and updates go through
 //! validating admission (`admission.rs`) first, and `dryRun=All` ones stop there.
 
 use std::collections::BTreeMap;
@@ -237,7 +238,13 @@ pub(crate) async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    lock(&s.requests).push(format!("{method} {uri}"));
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default()
+        .to_owned();
+    lock(&s.requests).push((token, format!("{method} {uri}")));
     let Some(target) = parse_path(uri.path()) else {
         return error(&ApiError::new(
             404,
@@ -345,6 +352,10 @@ pub(crate) async fn handle(
             if dry_run(&q) {
                 return json_response(StatusCode::OK, &obj);
             }
+            let mut obj = obj;
+            if let Some(old) = &old {
+                record_update(&s, old, &mut obj, rt, version, &q, &headers);
+            }
             let replaced = lock(&s.store).replace(rt, ns, name, obj);
             respond(&s, replaced, rt, version, StatusCode::OK)
         }
@@ -353,13 +364,16 @@ pub(crate) async fn handle(
                 .get(header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("");
+            if ct.starts_with("application/apply-patch+yaml") {
+                return server_side_apply(&s, rt, version, ns, name, &body, &q).await;
+            }
             if !(ct.starts_with("application/merge-patch+json")
                 || ct.starts_with("application/strategic-merge-patch+json"))
             {
                 return error(&ApiError::new(
                     415,
                     "UnsupportedMediaType",
-                    format!("the fake API server takes merge patches, not {ct:?}"),
+                    format!("the fake API server takes merge patches and server-side apply, not {ct:?}"),
                 ));
             }
             let patch: Value = match serde_json::from_slice(&body) {
@@ -377,6 +391,7 @@ pub(crate) async fn handle(
             if dry_run(&q) {
                 return json_response(StatusCode::OK, &obj);
             }
+            record_update(&s, &old, &mut obj, rt, version, &q, &headers);
             let patched = lock(&s.store).replace(rt, ns, name, obj);
             respond(&s, patched, rt, version, StatusCode::OK)
         }
@@ -392,9 +407,10 @@ pub(crate) async fn handle(
     }
 }
 
-/// 403 Forbidden when the request's bearer token is restricted (to a ClusterRole bound with
-/// `FakeApiServer::bind_cluster_role`, or to what the stored bindings grant its service account,
-/// `FakeApiServer::authorize_by_bindings`) and no rule allows it; discovery is open to all.
+/// 403 Forbidden when the request's bearer token is restricted (to a ClusterRole and Roles bound
+/// with `FakeApiServer::bind_cluster_role` and `bind_role`, or to what the stored bindings grant
+/// its service account, `FakeApiServer::authorize_by_bindings`) and no rule allows it; discovery
+/// is open to all.
 fn authorize(
     s: &Shared,
     headers: &HeaderMap,
@@ -413,11 +429,21 @@ fn authorize(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))?;
     let bound = lock(&s.roles).get(token).cloned();
-    let rules = match bound {
-        Some(rules) => rules,
-        None => {
+    let roles = lock(&s.namespace_roles).get(token).cloned();
+    let rules = match (bound, roles) {
+        (None, None) => {
             let (sa_ns, sa_name) = lock(&s.by_bindings).get(token)?.clone();
             rbac::granted(&StoredRbac(s), &sa_ns, &sa_name, ns)
+        }
+        (cluster, roles) => {
+            // A Role allows only within its namespace (never a list or watch across them).
+            let mut rules = cluster.unwrap_or_default();
+            for (role_ns, role_rules) in roles.into_iter().flatten() {
+                if rt.namespaced && ns == Some(role_ns.as_str()) {
+                    rules.extend(role_rules);
+                }
+            }
+            rules
         }
     };
     let watch = matches!(q.get("watch").map(String::as_str), Some("true" | "1"));
@@ -822,4 +848,129 @@ fn watch(s: Arc<Shared>, f: Filter, q: &BTreeMap<String, String>) -> Response {
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from_stream(stream))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// `PATCH` with `application/apply-patch+yaml`: creates the object when absent, else merges the
+/// applied configuration, refusing with 409 Conflict a change of fields another manager owns
+/// (`apply.rs`) unless `force=true`.
+async fn server_side_apply(
+    s: &Shared,
+    rt: &'static ResourceType,
+    version: &str,
+    ns: &str,
+    name: &str,
+    body: &Bytes,
+    q: &BTreeMap<String, String>,
+) -> Response {
+    let Some(manager) = q.get("fieldManager").filter(|m| !m.is_empty()) else {
+        return error(&ApiError::new(
+            400,
+            "BadRequest",
+            "PATCH /apply requires fieldManager to be set",
+        ));
+    };
+    let config: Value = match std::str::from_utf8(body)
+        .map_err(|e| e.to_string())
+        .and_then(|t| serde_saphyr::from_str::<Value>(t).map_err(|e| e.to_string()))
+    {
+        Ok(v) if v.is_object() => v,
+        Ok(_) => {
+            return error(&ApiError::new(
+                400,
+                "BadRequest",
+                "the applied configuration is not an object",
+            ));
+        }
+        Err(e) => {
+            return error(&ApiError::new(
+                400,
+                "BadRequest",
+                format!("invalid apply configuration: {e}"),
+            ));
+        }
+    };
+    let api_version = rt.api_version(version);
+    if config.get("apiVersion").and_then(Value::as_str) != Some(api_version.as_str())
+        || config.get("kind").and_then(Value::as_str) != Some(rt.kind)
+    {
+        return error(&ApiError::new(
+            400,
+            "BadRequest",
+            format!(
+                "the applied configuration must have apiVersion {api_version} and kind {}",
+                rt.kind
+            ),
+        ));
+    }
+    if config
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .is_some_and(|n| n != name)
+    {
+        return error(&ApiError::new(
+            400,
+            "BadRequest",
+            "the name of the object does not match the name on the URL",
+        ));
+    }
+    let now = s.now();
+    let who = super::apply::Applier {
+        manager,
+        force: q.get("force").is_some_and(|f| f == "true"),
+        api_version: &api_version,
+        now: &now,
+    };
+    let old = lock(&s.store).get(res_index(rt), ns, name);
+    let mut obj = match super::apply::apply(old.as_deref(), &config, &who) {
+        Ok(o) => o,
+        Err(e) => return error(&e),
+    };
+    let operation = if old.is_some() { "UPDATE" } else { "CREATE" };
+    if let Err(e) = admit(s, rt, version, ns, operation, &obj, old.as_deref(), q).await {
+        return error(&e);
+    }
+    if dry_run(q) {
+        return json_response(StatusCode::OK, &obj);
+    }
+    if old.is_none() {
+        let md = super::store::metadata(&mut obj);
+        md.insert("name".into(), json!(name));
+        let created = lock(&s.store).create(rt, ns, obj, &now);
+        return respond(s, created, rt, version, StatusCode::CREATED);
+    }
+    let applied = lock(&s.store).replace(rt, ns, name, obj);
+    respond(s, applied, rt, version, StatusCode::OK)
+}
+
+/// Field ownership of an update (`apply.rs`): `fieldManager`, else the User-Agent's name.
+fn record_update(
+    s: &Shared,
+    old: &Value,
+    new: &mut Value,
+    rt: &ResourceType,
+    version: &str,
+    q: &BTreeMap<String, String>,
+    headers: &HeaderMap,
+) {
+    let manager = q
+        .get("fieldManager")
+        .filter(|m| !m.is_empty())
+        .cloned()
+        .unwrap_or_else(|| {
+            super::apply::manager_from_user_agent(
+                headers
+                    .get(header::USER_AGENT)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default(),
+            )
+        });
+    let api_version = rt.api_version(version);
+    let now = s.now();
+    let who = super::apply::Applier {
+        manager: &manager,
+        force: false,
+        api_version: &api_version,
+        now: &now,
+    };
+    super::apply::record_update(old, new, &who);
 }

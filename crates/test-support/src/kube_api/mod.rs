@@ -8,17 +8,20 @@
 //! list (`sendInitialEvents`), `timeoutSeconds`, and 410 Gone (an ERROR event on a watch, a
 //! `Status` on a list) for a resourceVersion older than the history kept; get, create, replace,
 //! merge patch and delete, with validating admission (ValidatingWebhookConfigurations' webhooks
-//! called over HTTPS as a cluster calls them, `dryRun=All`; `admission.rs`). A test changes objects through the API or directly
+//! called over HTTPS as a cluster calls them, `dryRun=All`; `admission.rs`), and server-side apply
+//! with field managers and their conflicts (`apply.rs`; coordination.k8s.io Leases are applied
+//! so by leader election). A test changes objects through the API or directly
 //! ([`FakeApiServer::apply`]), expires the history ([`FakeApiServer::compact`]), drops every open
 //! watch ([`FakeApiServer::drop_watches`]), uninstalls CRD groups
-//! ([`FakeApiServer::uninstall_group`]) and restricts a bearer token to a ClusterRole, as RBAC
-//! does ([`FakeApiServer::bind_cluster_role`]). To test a client against what no API server
+//! ([`FakeApiServer::uninstall_group`]) and restricts a bearer token to a ClusterRole and Roles, as
+//! RBAC does ([`FakeApiServer::bind_cluster_role`], [`FakeApiServer::bind_role`]). To test a client against what no API server
 //! should send, a test applies objects that do not decode as their kind (the store takes any
 //! JSON object with a name, as etcd behind a lax CRD schema would) and sends raw lines on open
 //! watches ([`FakeApiServer::send_raw`]: a truncated event, an event of an unknown type, a line
 //! that never ends).
 
 mod admission;
+mod apply;
 mod http;
 mod https;
 mod rbac;
@@ -58,13 +61,16 @@ pub(crate) struct Shared {
     /// Raw watch lines, by resource type (index into `RESOURCES`).
     raw: broadcast::Sender<(usize, RawWatch)>,
     drops: watch::Sender<u64>,
-    requests: Mutex<Vec<String>>,
+    /// (bearer token, `METHOD path?query`) of every request.
+    requests: Mutex<Vec<(String, String)>>,
     addr: SocketAddr,
     bookmark_interval: Duration,
     /// TokenReview answers: token → (username, audiences).
     tokens: Mutex<std::collections::BTreeMap<String, (String, Vec<String>)>>,
     /// Bearer tokens restricted to a ClusterRole's rules.
     roles: Mutex<std::collections::BTreeMap<String, Vec<rbac::Rule>>>,
+    /// The Roles bound to those tokens: (namespace, rules) each.
+    namespace_roles: Mutex<std::collections::BTreeMap<String, Vec<rbac::NamespaceRole>>>,
     /// Bearer tokens restricted to what the stored bindings grant a service account
     /// (namespace, name).
     by_bindings: Mutex<std::collections::BTreeMap<String, (String, String)>>,
@@ -159,6 +165,7 @@ impl FakeApiServer {
             tokens: Mutex::default(),
             by_bindings: Mutex::default(),
             roles: Mutex::default(),
+            namespace_roles: Mutex::default(),
             forbidden: Mutex::default(),
             services: Mutex::default(),
         });
@@ -245,6 +252,18 @@ impl FakeApiServer {
         Ok(())
     }
 
+    /// Also allows requests bearing `token` what the Role `role` (YAML, with its
+    /// `metadata.namespace`) allows in its namespace, as a RoleBinding does; restricts the token
+    /// as [`bind_cluster_role`](Self::bind_cluster_role) does.
+    pub fn bind_role(&self, token: &str, role: &str) -> anyhow::Result<()> {
+        let (namespace, rules) = rbac::namespaced_role_rules(role)?;
+        lock(&self.shared.namespace_roles)
+            .entry(token.to_owned())
+            .or_default()
+            .push((namespace, rules));
+        Ok(())
+    }
+
     /// Restricts requests bearing `token` to what RBAC grants the service account
     /// `namespace/name` through the ClusterRoleBindings and RoleBindings stored in this server
     /// (applied like any object, e.g. an install's manifests with `kubectl apply`), read at each
@@ -254,8 +273,9 @@ impl FakeApiServer {
         lock(&self.shared.by_bindings).insert(token.to_owned(), (namespace.to_owned(), name.to_owned()));
     }
 
-    /// The requests refused by [`bind_cluster_role`](Self::bind_cluster_role) and
-    /// [`authorize_by_bindings`](Self::authorize_by_bindings) so far.
+    /// The requests refused by [`bind_cluster_role`](Self::bind_cluster_role),
+    /// [`bind_role`](Self::bind_role) and [`authorize_by_bindings`](Self::authorize_by_bindings)
+    /// so far.
     pub fn forbidden(&self) -> Vec<String> {
         lock(&self.shared.forbidden).clone()
     }
@@ -326,7 +346,17 @@ impl FakeApiServer {
 
     /// Every request so far, as `METHOD path?query`.
     pub fn requests(&self) -> Vec<String> {
-        lock(&self.shared.requests).clone()
+        lock(&self.shared.requests).iter().map(|(_, r)| r.clone()).collect()
+    }
+
+    /// The requests so far that bore the bearer token `token` (a client's kubeconfig of
+    /// [`write_kubeconfig_with_token`](Self::write_kubeconfig_with_token)), as `METHOD path?query`.
+    pub fn requests_by(&self, token: &str) -> Vec<String> {
+        lock(&self.shared.requests)
+            .iter()
+            .filter(|(t, _)| t == token)
+            .map(|(_, r)| r.clone())
+            .collect()
     }
 }
 

@@ -1,5 +1,6 @@
 //! The API server's RBAC authorizer, for tokens that are restricted: either to one ClusterRole
-//! bound to the token ([`FakeApiServer::bind_cluster_role`](super::FakeApiServer::bind_cluster_role)),
+//! bound to the token ([`FakeApiServer::bind_cluster_role`](super::FakeApiServer::bind_cluster_role))
+//! and Roles of namespaces ([`FakeApiServer::bind_role`](super::FakeApiServer::bind_role)),
 //! or, as a cluster does, to the ClusterRoles and Roles that the stored ClusterRoleBindings and
 //! RoleBindings grant the token's service account
 //! ([`FakeApiServer::authorize_by_bindings`](super::FakeApiServer::authorize_by_bindings)), so
@@ -28,6 +29,20 @@ pub(crate) fn cluster_role_rules(yaml: &str) -> anyhow::Result<Vec<Rule>> {
     let role: Value = serde_saphyr::from_str(yaml).context("ClusterRole YAML")?;
     anyhow::ensure!(role["kind"] == "ClusterRole", "not a ClusterRole: {role}");
     Ok(role_rules(&role))
+}
+
+/// A Role's namespace and rules.
+pub(crate) type NamespaceRole = (String, Vec<Rule>);
+
+/// The namespace and rules of a Role written as YAML.
+pub(crate) fn namespaced_role_rules(yaml: &str) -> anyhow::Result<NamespaceRole> {
+    let role: Value = serde_saphyr::from_str(yaml).context("Role YAML")?;
+    anyhow::ensure!(role["kind"] == "Role", "not a Role: {role}");
+    let namespace = role["metadata"]["namespace"]
+        .as_str()
+        .context("a Role without metadata.namespace")?
+        .to_owned();
+    Ok((namespace, role_rules(&role)))
 }
 
 /// The rules of a ClusterRole or Role object.

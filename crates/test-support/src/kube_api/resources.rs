@@ -1,5 +1,5 @@
 //! The resources the fake API server serves: core Kubernetes kinds pilot-discovery watches
-//! (with networking.k8s.io Ingress and IngressClass), and every CRD of Istio's
+//! (with networking.k8s.io Ingress and IngressClass, and coordination.k8s.io Lease), and every CRD of Istio's
 //! `crd-all.gen.yaml` (each in every version Istio serves, one storage for all versions).
 
 /// One resource type: `/api/v1/<plural>` or `/apis/<group>/<version>/<plural>`.
@@ -164,6 +164,8 @@ pub const RESOURCES: &[ResourceType] = &[
     ),
     group_kind(RBAC, V1, "roles", "role", "Role", true, &[]),
     group_kind(RBAC, V1, "rolebindings", "rolebinding", "RoleBinding", true, &[]),
+    // leader election (kube-lease-manager applies them server-side)
+    group_kind("coordination.k8s.io", V1, "leases", "lease", "Lease", true, &[]),
     ResourceType {
         group: "discovery.k8s.io",
         versions: &["v1"],

@@ -447,3 +447,106 @@ async fn kubectl_over_https_and_rbac_from_stored_bindings() {
     );
     assert_eq!(api.forbidden().len(), 1, "{:?}", api.forbidden());
 }
+
+/// coordination.k8s.io/v1 Leases through kubectl's server-side apply: created when absent, a
+/// second field manager that would change the holder gets Kubernetes' conflict, and takes it
+/// with `--force-conflicts`; `kubectl get lease` lists it.
+#[tokio::test]
+async fn kubectl_applies_leases_server_side_with_field_manager_conflicts() {
+    let api = FakeApiServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    api.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
+    let lease = |holder: &str| {
+        format!(
+            "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {{name: istio-namespace-controller-election, namespace: istio-system}}\n\
+             spec: {{holderIdentity: {holder}, leaseDurationSeconds: 30}}\n"
+        )
+    };
+    let apply = |holder: &str, manager: &str, force: bool| {
+        let file = dir.path().join(format!("{manager}.yaml"));
+        std::fs::write(&file, lease(holder)).unwrap();
+        let mut c = kubectl(dir.path());
+        c.args(["apply", "--server-side", "--field-manager", manager, "-f"])
+            .arg(file);
+        if force {
+            c.arg("--force-conflicts");
+        }
+        c
+    };
+    let out = run(apply("a", "replica-a", false)).await;
+    assert!(
+        out.contains("lease.coordination.k8s.io/istio-namespace-controller-election serverside-applied"),
+        "{out}"
+    );
+    // Applying the same again is no conflict.
+    run(apply("a", "replica-a", false)).await;
+
+    let refused = apply("b", "replica-b", false).output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "a second manager changed the holder");
+    assert!(
+        stderr.contains("conflict with \"replica-a\"") && stderr.contains(".spec.holderIdentity"),
+        "{stderr}"
+    );
+    run(apply("b", "replica-b", true)).await;
+
+    let mut get = kubectl(dir.path());
+    get.args(["get", "lease", "-n", "istio-system"]);
+    let table = run(get).await;
+    assert!(table.contains("istio-namespace-controller-election"), "{table}");
+    let mut json = kubectl(dir.path());
+    json.args([
+        "get",
+        "lease",
+        "-n",
+        "istio-system",
+        "-o",
+        "json",
+        "--show-managed-fields",
+    ]);
+    let list: Value = serde_json::from_str(&run(json).await).unwrap();
+    let l = &list["items"][0];
+    assert_eq!(l["spec"]["holderIdentity"], "b");
+    assert_eq!(l["spec"]["leaseDurationSeconds"], 30);
+    let managers: Vec<&str> = l["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["manager"].as_str())
+        .collect();
+    assert!(managers.contains(&"replica-b"), "{managers:?}");
+}
+
+/// A Role allows in its own namespace only; a token bound to one is refused elsewhere.
+#[tokio::test]
+async fn a_role_allows_leases_in_its_namespace_only() {
+    let api = FakeApiServer::start().await.unwrap();
+    api.bind_role(
+        "istiod",
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: istiod, namespace: istio-system}\n\
+         rules:\n- apiGroups: [coordination.k8s.io]\n  resources: [leases]\n  verbs: [get, update, patch, create]\n",
+    )
+    .unwrap();
+    let client = reqwest::Client::new();
+    let post = |ns: &str| {
+        client
+            .post(format!(
+                "{}/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
+                api.url()
+            ))
+            .bearer_auth("istiod")
+            .json(&json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "l"}}))
+            .send()
+    };
+    assert_eq!(post("istio-system").await.unwrap().status(), 201);
+    assert_eq!(post("default").await.unwrap().status(), 403);
+    let list = client
+        .get(format!("{}/apis/coordination.k8s.io/v1/leases", api.url()))
+        .bearer_auth("istiod")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(list.status(), 403, "a Role does not list across namespaces");
+    assert_eq!(api.requests_by("istiod").len(), 3);
+    assert_eq!(api.forbidden().len(), 2);
+}
