@@ -179,6 +179,7 @@ pub const REMOVED: &[(&str, &str)] = &[
 pub const HONOURED: &[&str] = &[
     "CLUSTER_ID",
     "ENABLE_DEBUG_ENDPOINT_AUTH",
+    "ENABLE_LEADER_ELECTION",
     "INJECTION_WEBHOOK_CONFIG_NAME",
     "ISTIOD_CUSTOM_HOST",
     "ISTIO_GPRC_MAXRECVMSGSIZE",
@@ -217,12 +218,9 @@ pub const DEPLOYMENT_ENV: &[(&str, Option<&str>)] = &[
     ("POD_NAMESPACE", None),
     // a missing file falls back to the in-cluster config, as client-go's loading rules
     ("KUBECONFIG", None),
-    (
-        "POD_NAME",
-        Some(
-            "istiod names itself with it in the control_plane of its xDS responses and as its leader-election identity; pilot-discovery sends no control_plane",
-        ),
-    ),
+    // the leader-election identity (istiod also names itself with it in the control_plane of its
+    // xDS responses, which pilot-discovery does not send)
+    ("POD_NAME", None),
     (
         "SERVICE_ACCOUNT",
         Some("istiod does not read it either (the chart sets it for the agent's settings shared with istiod)"),
@@ -354,10 +352,7 @@ mod tests {
             .iter()
             .map(|l| l.split('=').next().unwrap_or_default().to_owned())
             .collect();
-        assert_eq!(
-            names,
-            ["CA_TRUSTED_NODE_ACCOUNTS", "GOMAXPROCS", "POD_NAME", "SERVICE_ACCOUNT"]
-        );
+        assert_eq!(names, ["CA_TRUSTED_NODE_ACCOUNTS", "GOMAXPROCS", "SERVICE_ACCOUNT"]);
         assert_eq!(
             not_honoured(env(&[("PLATFORM", "openshift")])),
             ["PLATFORM=openshift (only an empty value is supported)"]

@@ -154,14 +154,19 @@ mod tests {
 
     /// `(api group, resource, verb)` of every rule of the README's ClusterRole.
     fn readme_cluster_role() -> BTreeSet<(String, String, String)> {
+        readme_role("ClusterRole")
+    }
+
+    /// `(api group, resource, verb)` of every rule of the README's `kind` (ClusterRole, Role).
+    fn readme_role(kind: &str) -> BTreeSet<(String, String, String)> {
         let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
             .unwrap_or_else(|e| panic!("README.md: {e}"));
         let block = readme
             .split("```yaml\n")
             .filter_map(|b| b.split("```").next())
-            .find(|b| b.contains("kind: ClusterRole"))
-            .unwrap_or_else(|| panic!("no ClusterRole in README.md"));
-        let role: Value = serde_saphyr::from_str(block).unwrap_or_else(|e| panic!("README's ClusterRole: {e}"));
+            .find(|b| b.contains(&format!("kind: {kind}\n")))
+            .unwrap_or_else(|| panic!("no {kind} in README.md"));
+        let role: Value = serde_saphyr::from_str(block).unwrap_or_else(|e| panic!("README's {kind}: {e}"));
         let strings = |v: &Value| -> Vec<String> {
             v.as_array()
                 .into_iter()
@@ -180,6 +185,19 @@ mod tests {
             }
         }
         out
+    }
+
+    /// The README's Role in istiod's namespace has istiod's Lease verbs (its Role in
+    /// `pilot_default.golden.yaml`), what leader election (`leader/`) asks.
+    #[test]
+    fn the_readme_role_allows_leader_election_leases() {
+        let role = readme_role("Role");
+        for verb in ["get", "update", "patch", "create"] {
+            assert!(
+                role.contains(&("coordination.k8s.io".to_owned(), "leases".to_owned(), verb.to_owned())),
+                "the README's Role does not allow {verb} of leases"
+            );
+        }
     }
 
     /// The README's ClusterRole lets pilot-discovery do what it does against a cluster: watch

@@ -12,6 +12,7 @@ mod http;
 mod istio_flags;
 mod jwks;
 mod kubernetes;
+mod leader;
 mod logging;
 mod mesh_configmap;
 mod metrics;

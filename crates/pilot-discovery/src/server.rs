@@ -190,8 +190,16 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         .as_ref()
         .map(crate::secure::SecureGrpc::root_pem)
         .or_else(|| plaintext_ca.as_ref().map(MeshCaServer::root_pem));
-    if let (Some(root_pem), Some(client)) = (root_pem, &client) {
-        tokio::spawn(crate::root_cert::publish(client.clone(), root_pem, mesh.clone()));
+    // The cluster-wide writers run only while this replica holds their Lease.
+    let elections = client
+        .as_ref()
+        .map(|c| elections(c, &settings, crate::leader::LeaderMetrics::register(&mut registry)));
+    let mut leaderships = Vec::new();
+    if let (Some(root_pem), Some(client), Some(elections)) = (root_pem, &client, &elections) {
+        let (client, mesh) = (client.clone(), mesh.clone());
+        leaderships.push(elections.spawn(crate::leader::NAMESPACE_CONTROLLER, move || {
+            crate::root_cert::publish(client.clone(), root_pem.clone(), mesh.clone())
+        }));
     }
     let state = AppState {
         server: server.clone(),
@@ -228,8 +236,14 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
             let listener = bind(addr, "httpsAddr").await?;
             let router = crate::webhook::router(pipeline_metrics.clone());
             tasks.spawn(crate::webhook::serve(listener, acceptor, setup.clone(), router));
-            if let Some(client) = &client {
-                start_webhook_patchers(client, secure, &settings.pod_namespace, &webhook_patch_metrics);
+            if let (Some(client), Some(elections)) = (&client, &elections) {
+                leaderships.push(start_webhook_patchers(
+                    client,
+                    elections,
+                    secure,
+                    &settings.pod_namespace,
+                    &webhook_patch_metrics,
+                ));
             }
         }
         (Some(addr), None) => tracing::info!(
@@ -295,43 +309,82 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         },
         _ = shutdown_signal() => {
             tracing::info!("shutting down");
+            // As istiod's ReleaseOnCancel: another replica need not wait for the Leases to expire.
+            futures::future::join_all(leaderships.into_iter().map(|l| l.release(Duration::from_secs(2)))).await;
             Ok(())
         }
     }
 }
 
 /// istiod's webhook configuration patchers, both following the serving certificate's CA bundle:
-/// the validation controller, and (Istio's `INJECTION_WEBHOOK_CONFIG_NAME`, by default
-/// `istio-sidecar-injector`, not empty) the injector's webhook cert patcher.
+/// the validation controller, only while this replica holds its Lease (a new leader proves the
+/// webhook again before `Fail`), and (Istio's `INJECTION_WEBHOOK_CONFIG_NAME`, by default
+/// `istio-sidecar-injector`, not empty) the injector's webhook cert patcher, in every replica as
+/// istiod's ("No leader election - different istiod revisions will patch their own cert").
 fn start_webhook_patchers(
     client: &kube::Client,
+    elections: &crate::leader::Elections,
     secure: &crate::secure::SecureGrpc,
     namespace: &str,
     (validating, mutating): &(
         crate::webhook::patch::PatchMetrics,
         crate::webhook::patch::MutatingMetrics,
     ),
-) {
+) -> crate::leader::Leadership {
     use crate::webhook::patch::{MutatingPatcher, ValidatingPatcher, run};
-    let validation = ValidatingPatcher {
-        client: client.clone(),
-        revision: secure.revision(),
-        namespace: namespace.to_owned(),
-        metrics: validating.clone(),
-        ready_for_fail_close: Default::default(),
-    };
-    tokio::spawn(run(validation, client.clone(), secure.bundles()));
+    let (c, revision, namespace, metrics, bundles) = (
+        client.clone(),
+        secure.revision(),
+        namespace.to_owned(),
+        validating.clone(),
+        secure.bundles(),
+    );
+    let validation = elections.spawn(crate::leader::VALIDATION_CONTROLLER, move || {
+        let patcher = ValidatingPatcher {
+            client: c.clone(),
+            revision: revision.clone(),
+            namespace: namespace.clone(),
+            metrics: metrics.clone(),
+            ready_for_fail_close: Default::default(),
+        };
+        run(patcher, c.clone(), bundles.clone())
+    });
     let injection_config =
         std::env::var("INJECTION_WEBHOOK_CONFIG_NAME").unwrap_or_else(|_| "istio-sidecar-injector".into());
     if injection_config.is_empty() {
         tracing::info!("INJECTION_WEBHOOK_CONFIG_NAME is empty: the injector's webhook configurations are not patched");
-        return;
+        return validation;
     }
     let injection = MutatingPatcher {
         revision: secure.revision(),
         metrics: mutating.clone(),
     };
     tokio::spawn(run(injection, client.clone(), secure.bundles()));
+    validation
+}
+
+/// Leader election for this replica (`leader.rs`): `POD_NAME` in `POD_NAMESPACE`.
+fn elections(
+    client: &kube::Client,
+    settings: &Settings,
+    metrics: crate::leader::LeaderMetrics,
+) -> crate::leader::Elections {
+    let e = crate::leader::Elections {
+        client: client.clone(),
+        namespace: settings.pod_namespace.clone(),
+        identity: crate::leader::identity(&settings.pod_name),
+        timing: settings.leader_lease,
+        enabled: settings.enable_leader_election,
+        metrics,
+    };
+    tracing::info!(
+        identity = %e.identity,
+        namespace = %e.namespace,
+        enabled = e.enabled,
+        lease_duration_secs = e.timing.duration_secs,
+        "leader election"
+    );
+    e
 }
 
 /// The mesh CA, where istiod's `startCA` puts it: on the secure gRPC server when there is one

@@ -26,6 +26,14 @@ pub struct Settings {
     pub enable_debug_endpoint_auth: bool,
     /// POD_NAMESPACE: istiod's own namespace.
     pub pod_namespace: String,
+    /// POD_NAME: this replica's name, its identity in leader election.
+    pub pod_name: String,
+    /// ENABLE_LEADER_ELECTION: the cluster-wide writers run only in the replica holding their
+    /// Lease (Istio's default); false runs them in every replica.
+    pub enable_leader_election: bool,
+    /// PILOT_LEADER_ELECTION_LEASE_DURATION (pilot-rs's own; istiod's is fixed at 30s): how long
+    /// a Lease lasts without renewal, in whole seconds, at least 3.
+    pub leader_lease: crate::leader::LeaseTiming,
     /// K8S_INGRESS_NS: the namespace of the Gateways made from Kubernetes Ingresses (Istio's
     /// default: `istio-system`).
     pub ingress_namespace: String,
@@ -111,6 +119,9 @@ impl Settings {
             pod_namespace: get("POD_NAMESPACE")
                 .filter(|v| !v.is_empty())
                 .unwrap_or_else(|| "istio-system".into()),
+            pod_name: get("POD_NAME").unwrap_or_default(),
+            enable_leader_election: boolean("ENABLE_LEADER_ELECTION", true)?,
+            leader_lease: lease_timing(&get)?,
             ingress_namespace: get("K8S_INGRESS_NS")
                 .filter(|v| !v.is_empty())
                 .unwrap_or_else(|| ingress::DEFAULT_INGRESS_NAMESPACE.into()),
@@ -136,6 +147,26 @@ impl Settings {
             },
         };
         Ok(s)
+    }
+}
+
+/// `PILOT_LEADER_ELECTION_LEASE_DURATION`: a duration of whole seconds, at least
+/// [`LeaseTiming::MIN_SECS`](crate::leader::LeaseTiming::MIN_SECS); istiod's 30s when unset.
+fn lease_timing(get: &impl Fn(&str) -> Option<String>) -> Result<crate::leader::LeaseTiming, SettingsError> {
+    use crate::leader::LeaseTiming;
+    const NAME: &str = "PILOT_LEADER_ELECTION_LEASE_DURATION";
+    let Some(v) = get(NAME).filter(|v| !v.is_empty()) else {
+        return Ok(LeaseTiming::ISTIOD);
+    };
+    match model::duration::parse(&v) {
+        Some(d) if d.subsec_nanos() == 0 && d.as_secs() >= LeaseTiming::MIN_SECS => Ok(LeaseTiming {
+            duration_secs: d.as_secs(),
+        }),
+        _ => Err(SettingsError {
+            name: NAME,
+            value: v,
+            reason: "not a duration of whole seconds, at least 3s (e.g. 30s)",
+        }),
     }
 }
 
@@ -175,6 +206,27 @@ mod tests {
         assert_eq!(s.ingress_namespace, "istio-system");
         let s = Settings::from_env(env(&[("K8S_INGRESS_NS", "ingress")])).unwrap();
         assert_eq!(s.ingress_namespace, "ingress");
+    }
+
+    #[test]
+    fn leader_election_as_istiod_unless_told() {
+        let s = Settings::from_env(env(&[])).unwrap();
+        assert!(s.enable_leader_election);
+        assert_eq!(s.leader_lease, crate::leader::LeaseTiming::ISTIOD);
+        assert_eq!(s.leader_lease.renew_period(), Duration::from_secs(7));
+        let s = Settings::from_env(env(&[
+            ("ENABLE_LEADER_ELECTION", "false"),
+            ("PILOT_LEADER_ELECTION_LEASE_DURATION", "4s"),
+            ("POD_NAME", "istiod-1"),
+        ]))
+        .unwrap();
+        assert!(!s.enable_leader_election);
+        assert_eq!(s.leader_lease.duration_secs, 4);
+        assert_eq!(s.pod_name, "istiod-1");
+        for bad in ["2s", "1500ms", "soon"] {
+            let e = Settings::from_env(env(&[("PILOT_LEADER_ELECTION_LEASE_DURATION", bad)])).unwrap_err();
+            assert_eq!(e.name, "PILOT_LEADER_ELECTION_LEASE_DURATION");
+        }
     }
 
     #[test]
