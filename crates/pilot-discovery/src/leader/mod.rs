@@ -199,6 +199,8 @@ enum Checked {
 enum Ended {
     Stopped,
     Restart,
+    /// The Lease is free: a new lease manager takes it at once.
+    Free,
 }
 
 impl Elections {
@@ -268,6 +270,9 @@ impl Elections {
             if ended == Ended::Stopped || *stop.borrow() {
                 return;
             }
+            if ended == Ended::Free {
+                continue;
+            }
             tokio::select! {
                 _ = tokio::time::sleep(backoff) => {}
                 () = stopped(&mut stop) => return,
@@ -292,6 +297,7 @@ impl Elections {
         let mut running: Option<Running> = None;
         let mut deadline = SystemTime::now();
         let period = self.timing.renew_period();
+        let started = tokio::time::Instant::now();
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let set = |running: &mut Option<Running>, lead: bool| {
@@ -324,6 +330,13 @@ impl Elections {
                         Checked::Missing | Checked::Repaired => break Ended::Restart,
                     };
                     if running.is_none() {
+                        // A Lease given up (a holder that stopped cleanly) is free now, but the
+                        // lease manager sleeps until the expiry it last read: start it anew, as
+                        // client-go's candidates retry every RetryPeriod.
+                        let free = holding.as_ref().is_some_and(|h| h.holder.is_none());
+                        if free && started.elapsed() >= period {
+                            break Ended::Free;
+                        }
                         continue;
                     }
                     if let Some(holding) = &holding && holding.holder.as_deref() != Some(self.identity.as_str()) {

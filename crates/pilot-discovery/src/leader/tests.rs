@@ -32,12 +32,22 @@ struct Replica {
 }
 
 async fn replica(api: &FakeApiServer, dir: &std::path::Path, name: &str, running: &Arc<AtomicUsize>) -> Replica {
+    replica_with(api, dir, name, running, TIMING).await
+}
+
+async fn replica_with(
+    api: &FakeApiServer,
+    dir: &std::path::Path,
+    name: &str,
+    running: &Arc<AtomicUsize>,
+    timing: LeaseTiming,
+) -> Replica {
     let metrics = LeaderMetrics::default();
     let elections = Elections {
         client: client(api, dir, name).await,
         namespace: "istio-system".into(),
         identity: name.into(),
-        timing: TIMING,
+        timing,
         enabled: true,
         metrics: metrics.clone(),
     };
@@ -193,4 +203,36 @@ async fn a_corrupt_lease_is_named_counted_and_repaired_and_the_election_goes_on(
     .await;
     a.leadership.release(Duration::from_secs(2)).await;
     assert_eq!(running.load(Ordering::SeqCst), 0, "the controller stops on release");
+}
+
+/// A leader that stops cleanly gives the Lease up, and another replica takes it within a renew
+/// period, not at the end of the lease duration (istiod's candidates retry every RetryPeriod).
+#[tokio::test]
+async fn a_lease_given_up_is_taken_within_a_renew_period() {
+    let api = FakeApiServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let running = Arc::new(AtomicUsize::new(0));
+    let timing = LeaseTiming { duration_secs: 12 };
+    let a = replica_with(&api, dir.path(), "istiod-a", &running, timing).await;
+    until("a leads", Duration::from_secs(10), &running, || {
+        a.leadership.is_leader()
+    })
+    .await;
+    let b = replica_with(&api, dir.path(), "istiod-b", &running, timing).await;
+    // b has read the Lease (held by a, expiring in up to 12 s) and waits.
+    tokio::time::sleep(timing.renew_period() + Duration::from_millis(500)).await;
+    assert!(!b.leadership.is_leader());
+    let released = Instant::now();
+    a.leadership.release(Duration::from_secs(2)).await;
+    until("b leads", Duration::from_secs(12), &running, || {
+        b.leadership.is_leader()
+    })
+    .await;
+    let took = released.elapsed();
+    assert!(
+        took < timing.renew_period() + Duration::from_secs(2),
+        "taken after {took:?}, renew period {:?}",
+        timing.renew_period()
+    );
+    b.leadership.release(Duration::from_secs(2)).await;
 }
