@@ -4,7 +4,7 @@
 //! A fake API server (test-support's) with a few namespaces; `--replicas` pilot-discovery
 //! replicas (default 3; `--binary`, else this build's) with `--lease` second Leases (default 30,
 //! istiod's). Each round stops the replica that holds `istio-namespace-controller-election`
-//! (`--stop kill`: SIGKILL, it cannot give the Lease up; `--stop term`: SIGTERM, it releases
+//! at a random point of its renew period (`--stop kill`: SIGKILL, it cannot give the Lease up; `--stop term`: SIGTERM, it releases
 //! its Leases as it exits), deletes a namespace's `istio-ca-root-cert` once it is gone, and
 //! measures from the signal until that ConfigMap is written again by the new leader; a fresh replica then
 //! replaces the stopped one. Prints one JSON line: the lease, each round's takeover in seconds,
@@ -142,6 +142,14 @@ async fn main() -> anyhow::Result<()> {
         while !has_root(&api, "bookinfo").await {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        // At a random point of the leader's renew period: a leader stopped right after it
+        // renewed is the worst case (a whole lease duration), right before, the best.
+        let period_ms = (o.lease / 4).max(1) * 1000;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| u64::from(d.subsec_nanos()))
+            .unwrap_or_default();
+        tokio::time::sleep(Duration::from_millis(nanos % period_ms)).await;
         let mut stopped = replicas.remove(leader);
         let t0 = Instant::now();
         if o.term {
@@ -177,6 +185,9 @@ async fn main() -> anyhow::Result<()> {
         drop(stopped);
         started += 1;
         replicas.push(replica(&api, work.path(), &format!("istiod-{started}"), &o).await?);
+        // The new replica has read the Lease and waits as the others do (a replica starting as
+        // the leader stops would take the Lease at once, and measure its start instead).
+        tokio::time::sleep(Duration::from_secs((o.lease / 4).max(1) + 2)).await;
     }
     let mut sorted = takeovers.clone();
     sorted.sort_by(f64::total_cmp);
