@@ -377,6 +377,13 @@ fn elections(
         enabled: settings.enable_leader_election,
         metrics,
     };
+    if e.enabled && settings.pod_name.is_empty() {
+        tracing::warn!(
+            identity = %e.identity,
+            "POD_NAME is not set: leader election names this replica after its host, as istiod; \
+             replicas that share a host name would all think they lead (set POD_NAME)"
+        );
+    }
     tracing::info!(
         identity = %e.identity,
         namespace = %e.namespace,
