@@ -180,6 +180,8 @@ pub const HONOURED: &[&str] = &[
     "CLUSTER_ID",
     "ENABLE_DEBUG_ENDPOINT_AUTH",
     "ENABLE_LEADER_ELECTION",
+    // the sidecar injector's native sidecars (`injection/nodes.rs`)
+    "ENABLE_NATIVE_SIDECARS",
     "INJECTION_WEBHOOK_CONFIG_NAME",
     "ISTIOD_CUSTOM_HOST",
     "ISTIO_GPRC_MAXRECVMSGSIZE",

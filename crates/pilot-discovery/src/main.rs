@@ -9,6 +9,7 @@ mod ca_secret;
 mod ca_server;
 mod configz;
 mod http;
+mod injection;
 mod istio_flags;
 mod jwks;
 mod kubernetes;

@@ -175,6 +175,13 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         crate::webhook::patch::PatchMetrics::register(&mut registry),
         crate::webhook::patch::MutatingMetrics::register(&mut registry),
     );
+    let injector = crate::injection::start(
+        &mut registry,
+        client.as_ref(),
+        &args.mesh_config,
+        &settings.pod_namespace,
+    )
+    .await;
     let tls_source = crate::serving_cert::Source::detect(&args.tls_flags(), Path::new("."));
     let (secure, plaintext_ca) = init_ca(
         (grpc_addr, secure_grpc_addr),
@@ -234,7 +241,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
                 .https_acceptor()
                 .with_context(|| format!("--httpsAddr {addr}: TLS configuration"))?;
             let listener = bind(addr, "httpsAddr").await?;
-            let router = crate::webhook::router(pipeline_metrics.clone());
+            let router = crate::webhook::router(pipeline_metrics.clone(), injector);
             tasks.spawn(crate::webhook::serve(listener, acceptor, setup.clone(), router));
             if let (Some(client), Some(elections)) = (&client, &elections) {
                 leaderships.push(start_webhook_patchers(

@@ -67,6 +67,12 @@ pub struct AdmissionResponse {
     pub result: Option<Status>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// The mutating webhook's RFC 6902 patch, base64 on the wire as Go's `[]byte`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patch: Option<String>,
+    /// `JSONPatch` when `patch` is set.
+    #[serde(rename = "patchType", skip_serializing_if = "Option::is_none")]
+    pub patch_type: Option<String>,
 }
 
 /// `metav1.Status`, as much of it as Istio fills.
@@ -79,6 +85,17 @@ impl AdmissionResponse {
     pub fn allowed() -> AdmissionResponse {
         AdmissionResponse {
             allowed: true,
+            ..Default::default()
+        }
+    }
+
+    /// Allowed with a JSON patch (`patchType: JSONPatch`), as Istio's injector answers.
+    pub fn patched(json_patch: &[u8]) -> AdmissionResponse {
+        use base64::Engine;
+        AdmissionResponse {
+            allowed: true,
+            patch: Some(base64::engine::general_purpose::STANDARD.encode(json_patch)),
+            patch_type: Some("JSONPatch".into()),
             ..Default::default()
         }
     }

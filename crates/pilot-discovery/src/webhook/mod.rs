@@ -1,6 +1,7 @@
 //! istiod's webhook port, `--httpsAddr` (15017): HTTPS with istiod's serving certificate (the one
 //! of the secure gRPC port, signed by the mesh CA for `istiod.<namespace>.svc` and the other names
-//! of Istio's `getDNSNames`), where the API server calls the validating webhook (`/validate`).
+//! of Istio's `getDNSNames`), where the API server calls the validating webhook (`/validate`) and
+//! the sidecar injector (`/inject`, `crate::injection`).
 //!
 //! Connections are set up as on the gRPC ports (`crate::accept`): the TLS handshake and a first
 //! byte of the request within the connection timeout, else closed and counted. Requests are read
@@ -25,12 +26,17 @@ use webhooks::validation::{self, Count};
 use crate::accept::{Prefaced, Ready, Setup};
 use crate::metrics::PipelineMetrics;
 
-/// The webhooks' routes: Istio's `/validate` and `/validate/`.
-pub fn router(metrics: PipelineMetrics) -> Router {
-    Router::new()
+/// The webhooks' routes: Istio's `/validate` and `/validate/`, and the sidecar injector's
+/// `/inject` ones when it is enabled (`crate::injection`).
+pub fn router(metrics: PipelineMetrics, injector: Option<crate::injection::Injector>) -> Router {
+    let validate = Router::new()
         .route("/validate", axum::routing::any(validate))
         .route("/validate/", axum::routing::any(validate))
-        .with_state(metrics)
+        .with_state(metrics);
+    match injector {
+        Some(injector) => validate.merge(injector.routes()),
+        None => validate,
+    }
 }
 
 async fn validate(State(metrics): State<PipelineMetrics>, headers: HeaderMap, body: Body) -> Response {
@@ -81,7 +87,7 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     let ready = crate::accept::tls(listener, acceptor, setup, Ready::FirstByte);
-    tracing::info!(%addr, "webhooks (HTTPS) listening: /validate");
+    tracing::info!(%addr, "webhooks (HTTPS) listening: /validate, /inject");
     axum::serve(
         ReadyListener {
             ready: Box::pin(ready),

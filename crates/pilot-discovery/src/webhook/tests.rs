@@ -113,7 +113,7 @@ async fn start(timeout: Duration) -> (SocketAddr, String, Registry) {
         ))
         .unwrap(),
         setup,
-        router(metrics),
+        router(metrics, None),
     ));
     (addr, root, registry)
 }
