@@ -27,6 +27,7 @@ use super::{Shared, lock};
 static NEXT_UID: AtomicU64 = AtomicU64::new(1);
 
 /// The request being admitted.
+#[derive(Clone, Copy)]
 pub(crate) struct Request<'a> {
     pub rt: &'static ResourceType,
     pub version: &'a str,
@@ -39,23 +40,7 @@ pub(crate) struct Request<'a> {
 
 /// Runs the validating webhooks that match `r`; `Err` is the API server's answer to the client.
 pub(crate) async fn validate(s: &Shared, r: &Request<'_>) -> Result<(), ApiError> {
-    let (configs, namespaces) = {
-        let store = lock(&s.store);
-        let list = |group: &str, plural: &str| {
-            find(group, "v1", plural)
-                .map(|rt| store.list(res_index(rt), None))
-                .unwrap_or_default()
-        };
-        (
-            list("admissionregistration.k8s.io", "validatingwebhookconfigurations"),
-            list("", "namespaces"),
-        )
-    };
-    let ns_labels = namespaces
-        .iter()
-        .find(|n| n.pointer("/metadata/name").and_then(Value::as_str) == Some(r.namespace))
-        .map(|n| labels(n))
-        .unwrap_or_default();
+    let (configs, ns_labels) = configurations(s, "validatingwebhookconfigurations", r.namespace);
     for config in configs {
         for webhook in config.get("webhooks").and_then(Value::as_array).into_iter().flatten() {
             if !matches(webhook, r, &ns_labels) {
@@ -91,7 +76,33 @@ pub(crate) async fn validate(s: &Shared, r: &Request<'_>) -> Result<(), ApiError
     Ok(())
 }
 
-fn matches(webhook: &Value, r: &Request<'_>, ns_labels: &BTreeMap<String, String>) -> bool {
+/// The stored webhook configurations of `plural`, by name (the API server calls them in that
+/// order), and the labels of the request's namespace.
+pub(crate) fn configurations(
+    s: &Shared,
+    plural: &str,
+    namespace: &str,
+) -> (Vec<std::sync::Arc<Value>>, BTreeMap<String, String>) {
+    let store = lock(&s.store);
+    let list = |group: &str, plural: &str| {
+        find(group, "v1", plural)
+            .map(|rt| store.list(res_index(rt), None))
+            .unwrap_or_default()
+    };
+    let mut configs = list("admissionregistration.k8s.io", plural);
+    configs.sort_by(|a, b| {
+        let name = |o: &Value| o.pointer("/metadata/name").and_then(Value::as_str).map(str::to_owned);
+        name(a).cmp(&name(b))
+    });
+    let ns_labels = list("", "namespaces")
+        .iter()
+        .find(|n| n.pointer("/metadata/name").and_then(Value::as_str) == Some(namespace))
+        .map(|n| labels(n))
+        .unwrap_or_default();
+    (configs, ns_labels)
+}
+
+pub(crate) fn matches(webhook: &Value, r: &Request<'_>, ns_labels: &BTreeMap<String, String>) -> bool {
     let has = |list: Option<&Value>, v: &str| {
         list.and_then(Value::as_array)
             .is_some_and(|l| l.iter().any(|x| x == "*" || x == v))
@@ -119,7 +130,7 @@ fn matches(webhook: &Value, r: &Request<'_>, ns_labels: &BTreeMap<String, String
 }
 
 /// Calls one webhook; its `response`, or why it could not be called.
-async fn call(s: &Shared, webhook: &Value, r: &Request<'_>) -> Result<Value, String> {
+pub(crate) async fn call(s: &Shared, webhook: &Value, r: &Request<'_>) -> Result<Value, String> {
     let client_config = webhook.get("clientConfig").cloned().unwrap_or_default();
     let mut client = reqwest::Client::builder().timeout(Duration::from_secs(
         webhook.get("timeoutSeconds").and_then(Value::as_u64).unwrap_or(10),

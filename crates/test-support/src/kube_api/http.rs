@@ -1,8 +1,8 @@
 //! The fake API server's HTTP protocol: discovery, list (resourceVersion, labelSelector,
 //! fieldSelector, limit/continue), watch (ADDED/MODIFIED/DELETED/BOOKMARK, 410 as an ERROR event,
 //! sendInitialEvents), get, create, replace, merge patch, server-side apply (`apply.rs`), delete;
-//! creates and updates go through
-//! validating admission (`admission.rs`) first, and `dryRun=All` ones stop there.
+//! creates go through mutating admission (`mutating.rs`), creates and updates through validating
+//! admission (`admission.rs`), and `dryRun=All` ones stop there.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -326,6 +326,10 @@ pub(crate) async fn handle(
                 Err(e) => return error(&e),
             };
             let namespace = ns.unwrap_or("");
+            let obj = match mutate(&s, rt, version, namespace, &obj, &q).await {
+                Ok(o) => o,
+                Err(e) => return error(&e),
+            };
             if let Err(e) = admit(&s, rt, version, namespace, "CREATE", &obj, None, &q).await {
                 return error(&e);
             }
@@ -511,6 +515,27 @@ fn token_review(s: &Shared, mut review: Value) -> Value {
 /// `dryRun=All`: admitted, not stored.
 fn dry_run(q: &BTreeMap<String, String>) -> bool {
     q.get("dryRun").is_some_and(|v| v == "All")
+}
+
+/// Mutating admission of a create (`mutating.rs`): the object to validate and store.
+async fn mutate(
+    s: &Shared,
+    rt: &'static ResourceType,
+    version: &str,
+    namespace: &str,
+    object: &Value,
+    q: &BTreeMap<String, String>,
+) -> Result<Value, ApiError> {
+    let request = super::admission::Request {
+        rt,
+        version,
+        namespace,
+        operation: "CREATE",
+        object,
+        old: None,
+        dry_run: dry_run(q),
+    };
+    super::mutating::mutate(s, &request).await
 }
 
 /// Validating admission of a create or update (`admission.rs`).

@@ -7,10 +7,12 @@
 //! ADDED/MODIFIED/DELETED events with BOOKMARKs (`allowWatchBookmarks`), the streaming initial
 //! list (`sendInitialEvents`), `timeoutSeconds`, and 410 Gone (an ERROR event on a watch, a
 //! `Status` on a list) for a resourceVersion older than the history kept; get, create, replace,
-//! merge patch and delete, with validating admission (ValidatingWebhookConfigurations' webhooks
-//! called over HTTPS as a cluster calls them, `dryRun=All`; `admission.rs`), and server-side apply
-//! with field managers and their conflicts (`apply.rs`; coordination.k8s.io Leases are applied
-//! so by leader election). A test changes objects through the API or directly
+//! merge patch and delete, with mutating admission of creates (MutatingWebhookConfigurations'
+//! webhooks, their JSON patches applied; `mutating.rs`) and then validating admission
+//! (ValidatingWebhookConfigurations' webhooks called over HTTPS as a cluster calls them,
+//! `dryRun=All`; `admission.rs`), and server-side apply with field managers and their conflicts
+//! (`apply.rs`; coordination.k8s.io Leases are applied so by leader election). A test changes
+//! objects through the API or directly
 //! ([`FakeApiServer::apply`]), expires the history ([`FakeApiServer::compact`]), drops every open
 //! watch ([`FakeApiServer::drop_watches`]), uninstalls CRD groups
 //! ([`FakeApiServer::uninstall_group`]) and restricts a bearer token to a ClusterRole and Roles, as
@@ -24,6 +26,7 @@ mod admission;
 mod apply;
 mod http;
 mod https;
+mod mutating;
 mod rbac;
 pub mod resources;
 pub mod selector;

@@ -550,3 +550,91 @@ async fn a_role_allows_leases_in_its_namespace_only() {
     assert_eq!(api.requests_by("istiod").len(), 3);
     assert_eq!(api.forbidden().len(), 2);
 }
+
+/// Mutating admission: a matching create is sent to the webhook, its JSON patch is applied before
+/// the object is stored (webhooks in order, each seeing the previous one's patch), a denial
+/// fails the create with the webhook's message, and a dry run fails at a webhook with side effects.
+#[tokio::test]
+async fn mutating_webhooks_patch_matching_creates() {
+    use axum::Json;
+    use base64::Engine;
+    // The webhook: adds a label naming the labels it saw; denies objects labelled `deny`.
+    async fn mutate(Json(review): Json<Value>) -> Json<Value> {
+        let request = &review["request"];
+        let labels = request["object"]["metadata"]["labels"].clone();
+        let uid = request["uid"].clone();
+        let response = if labels.get("deny").is_some() {
+            json!({"uid": uid, "allowed": false, "status": {"message": "no, thanks"}})
+        } else {
+            let seen: Vec<&str> = labels
+                .as_object()
+                .map(|l| l.keys().map(String::as_str).collect())
+                .unwrap_or_default();
+            let key = format!("/metadata/labels/seen-{}", seen.len());
+            let patch = json!([{"op": "add", "path": key, "value": seen.join(".")}]).to_string();
+            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch",
+                   "patch": base64::engine::general_purpose::STANDARD.encode(patch)})
+        };
+        Json(json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}))
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            axum::Router::new().route("/mutate", axum::routing::post(mutate)),
+        )
+        .await
+    });
+    let api = FakeApiServer::start().await.unwrap();
+    let webhook = |name: &str, side_effects: &str| {
+        json!({"name": name, "sideEffects": side_effects, "admissionReviewVersions": ["v1"],
+            "clientConfig": {"url": format!("http://{addr}/mutate")},
+            "objectSelector": {"matchExpressions": [{"key": "mutate", "operator": "Exists"}]},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["configmaps"]}]})
+    };
+    api.apply(json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "m"}, "webhooks": [webhook("a.example.com", "None"), webhook("b.example.com", "NoneOnDryRun")]}))
+        .unwrap();
+    let url = format!("{}/api/v1/namespaces/default/configmaps", api.url());
+    let post = |name: &str, labels: Value, query: &str| {
+        let url = format!("{url}{query}");
+        let body = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "labels": labels}});
+        async move {
+            let r = reqwest::Client::new().post(url).json(&body).send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let (code, created) = post("one", json!({"mutate": "yes"}), "").await;
+    assert_eq!(code, 201, "{created}");
+    assert_eq!(
+        created["metadata"]["labels"],
+        json!({"mutate": "yes", "seen-1": "mutate", "seen-2": "mutate.seen-1"}),
+        "both webhooks, the second after the first"
+    );
+    let (_, stored) = get(&format!("{url}/one")).await;
+    assert_eq!(stored["metadata"]["labels"]["seen-2"], "mutate.seen-1", "{stored}");
+    let (code, created) = post("two", json!({"other": "x"}), "").await;
+    assert_eq!(
+        (code, &created["metadata"]["labels"]),
+        (201, &json!({"other": "x"})),
+        "not selected"
+    );
+    let (code, status) = post("three", json!({"mutate": "yes", "deny": "1"}), "").await;
+    assert_eq!(code, 400, "{status}");
+    assert_eq!(
+        status["message"],
+        "admission webhook \"a.example.com\" denied the request: no, thanks"
+    );
+    api.apply(
+        json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "m"}, "webhooks": [webhook("c.example.com", "Some")]}),
+    )
+    .unwrap();
+    let (code, status) = post("four", json!({"mutate": "yes"}), "?dryRun=All").await;
+    assert_eq!(code, 400, "{status}");
+    assert!(
+        status["message"].as_str().unwrap().contains("has side effects"),
+        "{status}"
+    );
+}
