@@ -25,22 +25,31 @@ pub struct AdmissionReview {
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AdmissionRequest {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub uid: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub kind: GroupVersionKind,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub resource: GroupVersionResource,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub namespace: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub operation: String,
     #[serde(default)]
     pub object: Option<Value>,
     #[serde(default)]
     pub dry_run: Option<bool>,
+}
+
+/// Go's `encoding/json` leaves a field as it is for a JSON `null`: the same here.
+fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
 /// The request's `kind` (its group and version are not read).

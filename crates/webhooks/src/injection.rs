@@ -163,6 +163,13 @@ mod tests {
     }
 
     #[test]
+    fn null_fields_decode_as_go_decodes_them() {
+        let r: Result<AdmissionRequest, _> =
+            serde_json::from_value(json!({"uid": "u", "name": null, "namespace": null, "kind": null}));
+        assert!(r.is_ok_and(|r| r.uid == "u" && r.name.is_empty()));
+    }
+
+    #[test]
     fn pods_are_named_as_istio_logs_them() {
         let r = request(Some(json!({"metadata": {"generateName": "web-5d8f-"}})));
         assert_eq!(pod_name(&r), "ns/web-5d8f-***");

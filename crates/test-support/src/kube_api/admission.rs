@@ -168,7 +168,8 @@ pub(crate) async fn call(s: &Shared, webhook: &Value, r: &Request<'_>) -> Result
             "resource": {"group": r.rt.group, "version": r.version, "resource": r.rt.plural},
             "requestKind": {"group": r.rt.group, "version": r.version, "kind": r.rt.kind},
             "requestResource": {"group": r.rt.group, "version": r.version, "resource": r.rt.plural},
-            "name": r.object.pointer("/metadata/name").cloned().unwrap_or(Value::Null),
+            // omitted (empty) for an object to be named from its generateName
+            "name": r.object.pointer("/metadata/name").cloned().unwrap_or(json!("")),
             "namespace": r.namespace,
             "operation": r.operation,
             "userInfo": {"username": "kubernetes-admin"},
