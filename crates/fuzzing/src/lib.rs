@@ -9,6 +9,7 @@ mod admission;
 mod agent_proxy;
 mod config;
 mod dns;
+mod inject;
 mod input;
 mod kube_object;
 mod mesh;
@@ -20,6 +21,7 @@ pub use admission::admission_review;
 pub use agent_proxy::agent_xds_proxy;
 pub use config::config;
 pub use dns::dns_message;
+pub use inject::inject_review;
 pub use kube_object::kube_object;
 pub use sds::sds_request;
 pub use xds::xds_request;
@@ -33,6 +35,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("xds_request", xds_request),
     ("agent_xds_proxy", agent_xds_proxy),
     ("admission_review", admission_review),
+    ("inject_review", inject_review),
     ("dns_message", dns_message),
     ("sds_request", sds_request),
     ("kube_object", kube_object),

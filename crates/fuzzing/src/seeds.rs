@@ -63,6 +63,7 @@ pub fn all() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         ("xds_request", xds_request()),
         ("agent_xds_proxy", agent_xds_proxy()),
         ("admission_review", crate::admission::seeds()),
+        ("inject_review", crate::inject::seeds()),
         ("dns_message", crate::dns::seeds()),
         ("sds_request", crate::sds::seeds()),
         ("kube_object", crate::kube_object::seeds()),

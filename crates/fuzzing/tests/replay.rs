@@ -64,6 +64,11 @@ fn admission_review_corpus() {
 }
 
 #[test]
+fn inject_review_corpus() {
+    replay("inject_review");
+}
+
+#[test]
 fn dns_message_corpus() {
     replay("dns_message");
 }
