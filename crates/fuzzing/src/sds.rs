@@ -47,6 +47,10 @@ struct Harness {
     certs: PathBuf,
     _server: SdsServer,
     _dir: tempfile::TempDir,
+    /// SIGPIPE handled (and ignored): under libFuzzer, whose `main` is not Rust's, a write to a
+    /// connection the server closed would otherwise kill the process, which pilot-agent's Rust
+    /// `main` never lets happen.
+    _sigpipe: tokio::signal::unix::Signal,
 }
 
 /// A self-signed workload certificate for [`IDENTITY`], its key and the same as root, in Istio's
@@ -77,7 +81,9 @@ fn harness() -> &'static Harness {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let certs = dir.path().join("etc/certs");
         write_certs(&certs);
-        let (server, channel, socket) = rt.block_on(async {
+        let (server, channel, socket, sigpipe) = rt.block_on(async {
+            let sigpipe = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::pipe())
+                .unwrap_or_else(|e| panic!("handling SIGPIPE: {e}"));
             let config = SecretConfig {
                 ttl: Duration::from_secs(3600),
                 grace_period_ratio: 0.5,
@@ -88,7 +94,7 @@ fn harness() -> &'static Harness {
             let socket = dir.path().join("SDS");
             let server = SdsServer::start(&socket, secrets).unwrap_or_else(|e| panic!("SDS server: {e}"));
             let channel = connect(&socket).await;
-            (server, channel, socket)
+            (server, channel, socket, sigpipe)
         });
         Harness {
             rt,
@@ -97,6 +103,7 @@ fn harness() -> &'static Harness {
             certs,
             _server: server,
             _dir: dir,
+            _sigpipe: sigpipe,
         }
     })
 }
