@@ -38,6 +38,29 @@ pub(crate) struct Request<'a> {
     pub dry_run: bool,
 }
 
+/// The API server's answer when webhook `name` denied the request with `response`.
+pub(crate) fn denied(name: &str, response: &Value) -> ApiError {
+    let message = response
+        .pointer("/status/message")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let code = response.pointer("/status/code").and_then(Value::as_u64).unwrap_or(400);
+    ApiError::new(
+        u16::try_from(code).unwrap_or(400),
+        "BadRequest",
+        format!("admission webhook \"{name}\" denied the request: {message}"),
+    )
+}
+
+/// The API server's answer when webhook `name` could not be called (and fails closed).
+pub(crate) fn call_failed(name: &str, e: &dyn std::fmt::Display) -> ApiError {
+    ApiError::new(
+        500,
+        "InternalError",
+        format!("Internal error occurred: failed calling webhook \"{name}\": {e}"),
+    )
+}
+
 /// Runs the validating webhooks that match `r`; `Err` is the API server's answer to the client.
 pub(crate) async fn validate(s: &Shared, r: &Request<'_>) -> Result<(), ApiError> {
     let (configs, ns_labels) = configurations(s, "validatingwebhookconfigurations", r.namespace);
@@ -50,26 +73,9 @@ pub(crate) async fn validate(s: &Shared, r: &Request<'_>) -> Result<(), ApiError
             let fail_open = webhook.get("failurePolicy").and_then(Value::as_str) == Some("Ignore");
             match call(s, webhook, r).await {
                 Ok(response) if response.get("allowed") == Some(&Value::Bool(true)) => {}
-                Ok(response) => {
-                    let message = response
-                        .pointer("/status/message")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default();
-                    let code = response.pointer("/status/code").and_then(Value::as_u64).unwrap_or(400);
-                    return Err(ApiError::new(
-                        u16::try_from(code).unwrap_or(400),
-                        "BadRequest",
-                        format!("admission webhook \"{name}\" denied the request: {message}"),
-                    ));
-                }
+                Ok(response) => return Err(denied(name, &response)),
                 Err(_) if fail_open => {}
-                Err(e) => {
-                    return Err(ApiError::new(
-                        500,
-                        "InternalError",
-                        format!("Internal error occurred: failed calling webhook \"{name}\": {e}"),
-                    ));
-                }
+                Err(e) => return Err(call_failed(name, &e)),
             }
         }
     }

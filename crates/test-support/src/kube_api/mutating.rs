@@ -39,25 +39,10 @@ pub(crate) async fn mutate(s: &Shared, r: &Request<'_>) -> Result<Value, ApiErro
             let response = match call(s, webhook, &current).await {
                 Ok(response) => response,
                 Err(_) if fail_open => continue,
-                Err(e) => {
-                    return Err(ApiError::new(
-                        500,
-                        "InternalError",
-                        format!("Internal error occurred: failed calling webhook \"{name}\": {e}"),
-                    ));
-                }
+                Err(e) => return Err(super::admission::call_failed(name, &e)),
             };
             if response.get("allowed") != Some(&Value::Bool(true)) {
-                let message = response
-                    .pointer("/status/message")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
-                let code = response.pointer("/status/code").and_then(Value::as_u64).unwrap_or(400);
-                return Err(ApiError::new(
-                    u16::try_from(code).unwrap_or(400),
-                    "BadRequest",
-                    format!("admission webhook \"{name}\" denied the request: {message}"),
-                ));
+                return Err(super::admission::denied(name, &response));
             }
             if let Some(patch) = response.get("patch").and_then(Value::as_str) {
                 object = patched(object, patch, &response).map_err(|e| {
