@@ -19,10 +19,7 @@ seconds="${1:?usage: scripts/fuzz.sh SECONDS [TARGET...]}"
 shift
 targets=("$@")
 if [[ ${#targets[@]} -eq 0 ]]; then
-  # sds_request is run by name (scripts/fuzz.sh 60 sds_request) until its SIGPIPE fix is proven
-  # over a long run: under libFuzzer (a C main) a write to a connection the server closed raised
-  # SIGPIPE; the harness now handles it.
-  targets=(config xds_request agent_xds_proxy admission_review inject_review dns_message kube_object)
+  targets=(config xds_request agent_xds_proxy admission_review inject_review dns_message kube_object sds_request)
 fi
 
 if ! cargo +nightly --version >/dev/null 2>&1; then
