@@ -6,7 +6,7 @@
 //! creates a Deployment's Pods, is stored with Istio's `istio-init` and `istio-proxy` and the
 //! status annotation; a namespace without the label and `sidecar.istio.io/inject: "false"` are
 //! left alone; a change of the ConfigMap applies to the next Pod and an invalid one keeps the last
-//! good config serving.
+//! good config serving; a change of the `istio` ConfigMap's mesh config applies to the next Pod.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -261,6 +261,37 @@ async fn kubectl_created_pods_are_injected_by_pilot_discovery() -> anyhow::Resul
         "the log names the ConfigMap and the key:\n{}",
         discovery.logs()
     );
+
+    // A change of the `istio` ConfigMap's mesh config applies to the next Pod (istiod's webhook
+    // follows the mesh): its proxyMetadata becomes the proxy's env.
+    let out = kubectl(
+        &cluster.kubeconfig,
+        &["get", "configmap", "istio", "-n", "istio-system", "-o", "json"],
+    )
+    .await?;
+    let mut mesh_cm: Value = serde_json::from_str(&out)?;
+    let mesh = mesh_cm["data"]["mesh"].as_str().unwrap_or_default().replacen(
+        "defaultConfig:\n",
+        "defaultConfig:\n  proxyMetadata:\n    MESH_CHANGE_SEEN: \"yes\"\n",
+        1,
+    );
+    assert!(
+        mesh.contains("MESH_CHANGE_SEEN"),
+        "the install's mesh has no defaultConfig: {mesh_cm}"
+    );
+    mesh_cm["data"]["mesh"] = json!(mesh);
+    mesh_cm["metadata"].as_object_mut().unwrap().remove("resourceVersion");
+    cluster.apply("mesh.json", &mesh_cm).await?;
+    eventually("a Pod injected with the mesh config's new proxyMetadata", || async {
+        let pod = cluster.create_pod("apps", json!({})).await.unwrap();
+        let proxy = &pod["spec"]["initContainers"][1];
+        proxy["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|e| e["name"] == "MESH_CHANGE_SEEN" && e["value"] == "yes")
+    })
+    .await;
 
     let metric = |name: &'static str| {
         let discovery = &discovery;

@@ -8,7 +8,9 @@
 //! the CA took at start (the trust domain and its aliases, discovery selectors, the ingress
 //! settings) still needs a restart: a change of those is named in a warning and counted in
 //! `pilot_mesh_config_changes_ignored`, as is a `mesh` that does not parse (the last good one keeps
-//! serving). `meshNetworks` is not read.
+//! serving). The sidecar injector follows the same `mesh` (as istiod's webhook, through its mesh
+//! handler), whole: its templates read fields the registries took at start too.
+//! `meshNetworks` is not read.
 
 use std::time::Duration;
 
@@ -107,21 +109,30 @@ fn with_start_only_fields(started: &MeshConfig, mut new: MeshConfig) -> MeshConf
     new
 }
 
+/// One valid version of the `mesh` key, as the running process takes it.
+#[derive(Debug, Clone)]
+pub struct LiveMesh {
+    /// The mesh config pushes are built with: the fields read only at start as they were then.
+    pub mesh: std::sync::Arc<MeshConfig>,
+    /// The key's YAML as written (the injector's mesh config, parsed by its own reader).
+    pub yaml: std::sync::Arc<str>,
+}
+
 /// Follows the ConfigMap's `mesh`: each valid change is sent on `live` (the config task applies
-/// it to the next push); a change that does not parse, or of a field read only at start, is
-/// warned about and counted in `ignored`.
+/// it to the next push, the injector injects with it); a change that does not parse, or of a
+/// field read only at start, is warned about and counted in `ignored`.
 pub async fn follow(
     client: kube::Client,
     namespace: String,
     revision: String,
-    (running, started): (String, std::sync::Arc<MeshConfig>),
-    live: tokio::sync::watch::Sender<std::sync::Arc<MeshConfig>>,
+    started: std::sync::Arc<MeshConfig>,
+    live: tokio::sync::watch::Sender<LiveMesh>,
     ignored: Counter,
 ) {
     let name = config_map_name(&revision);
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut last = running;
+    let mut last = live.borrow().yaml.to_string();
     let mut events = watcher(api, config).boxed();
     while let Some(event) = events.next().await {
         let text = match event {
@@ -161,7 +172,11 @@ pub async fn follow(
             );
         }
         tracing::info!("ConfigMap {namespace}/{name}: the mesh config changed; pushing it to every proxy");
-        if live.send(std::sync::Arc::new(mesh)).is_err() {
+        let next = LiveMesh {
+            mesh: std::sync::Arc::new(mesh),
+            yaml: text.into(),
+        };
+        if live.send(next).is_err() {
             return;
         }
     }

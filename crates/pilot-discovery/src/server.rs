@@ -73,7 +73,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     let mut live_mesh = None;
     if let (false, Some(client)) = (mesh_file, &client) {
         let revision = std::env::var("REVISION").unwrap_or_default();
-        let running = match crate::mesh_configmap::load(client, &settings.pod_namespace, &revision).await? {
+        let yaml = match crate::mesh_configmap::load(client, &settings.pod_namespace, &revision).await? {
             Some((from_cluster, text)) => {
                 mesh = from_cluster;
                 text
@@ -81,17 +81,29 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
             None => String::new(),
         };
         let started = Arc::new(mesh.clone());
-        let (tx, rx) = tokio::sync::watch::channel(started.clone());
+        let (tx, rx) = tokio::sync::watch::channel(crate::mesh_configmap::LiveMesh {
+            mesh: started.clone(),
+            yaml: yaml.into(),
+        });
         live_mesh = Some(rx);
         tokio::spawn(crate::mesh_configmap::follow(
             client.clone(),
             settings.pod_namespace.clone(),
             revision,
-            (running, started),
+            started,
             tx,
             mesh_changes_ignored.clone(),
         ));
     }
+    // The injector's mesh: the same, or the mounted file's text (read at start).
+    let injector_mesh = match &live_mesh {
+        Some(rx) => crate::injection::MeshSource::Live(rx.clone()),
+        None if mesh_file => crate::injection::MeshSource::Fixed(
+            std::fs::read_to_string(&args.mesh_config)
+                .with_context(|| format!("reading mesh config {}", args.mesh_config))?,
+        ),
+        None => crate::injection::MeshSource::Fixed(String::new()),
+    };
     let mesh = Arc::new(mesh);
 
     let ConfigSources {
@@ -175,13 +187,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         crate::webhook::patch::PatchMetrics::register(&mut registry),
         crate::webhook::patch::MutatingMetrics::register(&mut registry),
     );
-    let injector = crate::injection::start(
-        &mut registry,
-        client.as_ref(),
-        &args.mesh_config,
-        &settings.pod_namespace,
-    )
-    .await;
+    let injector = crate::injection::start(&mut registry, client.as_ref(), injector_mesh, &settings.pod_namespace);
     let tls_source = crate::serving_cert::Source::detect(&args.tls_flags(), Path::new("."));
     let (secure, plaintext_ca) = init_ca(
         (grpc_addr, secure_grpc_addr),
@@ -649,10 +655,12 @@ async fn shutdown_signal() {
 /// Hands what a change calls for to the xDS server: the push to the debouncer, the proxies whose
 /// workload changed to `proxy_update`.
 /// The next mesh config the `istio` ConfigMap's follower sends; never, without one.
-async fn next_mesh(live: &mut Option<tokio::sync::watch::Receiver<Arc<model::MeshConfig>>>) -> Arc<model::MeshConfig> {
+async fn next_mesh(
+    live: &mut Option<tokio::sync::watch::Receiver<crate::mesh_configmap::LiveMesh>>,
+) -> Arc<model::MeshConfig> {
     if let Some(rx) = live {
         if rx.changed().await.is_ok() {
-            return rx.borrow_and_update().clone();
+            return rx.borrow_and_update().mesh.clone();
         }
         *live = None;
     }

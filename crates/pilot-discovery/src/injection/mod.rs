@@ -13,8 +13,10 @@
 //! - `sidecar_injection_skip_total`: Pods the policy skips (allowed without a patch);
 //! - `sidecar_injection_config_errors_total` (ours): ConfigMap versions not applied.
 //!
-//! The mesh config is the one pilot-discovery runs with (the mesh file, else the `istio`
-//! ConfigMap read at start).
+//! The mesh config is the one pilot-discovery runs with: the mesh file read at start, else the
+//! `istio` ConfigMap's `mesh`, followed live as istiod's webhook follows it (its mesh handler in
+//! `NewWebhook`); a version the injector cannot read is counted in
+//! `sidecar_injection_config_errors_total` and the last good one keeps injecting.
 
 mod configmap;
 mod nodes;
@@ -102,7 +104,8 @@ struct Inner {
     config: RwLock<Option<Arc<InjectorConfig>>>,
     /// `namespace/name` of the ConfigMap, for messages.
     configmap: String,
-    mesh: MeshConfig,
+    /// The last good mesh config.
+    mesh: RwLock<Arc<MeshConfig>>,
     revision: String,
     env: BTreeMap<String, String>,
     compliance_policy: String,
@@ -135,6 +138,7 @@ impl Injector {
         let mesh = match MeshConfig::parse(&opts.mesh_yaml) {
             Ok(m) => m,
             Err(e) => {
+                metrics.config_errors.inc();
                 tracing::error!(
                     "sidecar injection: the mesh config does not parse for the injector ({e}); injecting with Istio's defaults"
                 );
@@ -149,7 +153,7 @@ impl Injector {
         Injector(Arc::new(Inner {
             config: RwLock::new(None),
             configmap: format!("{}/{}", opts.namespace, config_map_name(&revision)),
-            mesh,
+            mesh: RwLock::new(Arc::new(mesh)),
             compliance_policy: opts.env.get("COMPLIANCE_POLICY").cloned().unwrap_or_default(),
             revision,
             env: opts.env,
@@ -164,6 +168,20 @@ impl Injector {
         configmap::apply(self, cm);
     }
 
+    /// Applies one version of the mesh config's YAML; one that does not parse is counted and
+    /// logged, and the last good one stays.
+    pub fn set_mesh(&self, yaml: &str) {
+        match MeshConfig::parse(yaml) {
+            Ok(mesh) => *write(&self.0.mesh) = Arc::new(mesh),
+            Err(e) => {
+                self.0.metrics.config_errors.inc();
+                tracing::error!(
+                    "sidecar injection: the new mesh config does not parse for the injector ({e}); still injecting with the last good one"
+                );
+            }
+        }
+    }
+
     /// The `/inject` routes.
     pub fn routes(self) -> Router {
         Router::new()
@@ -174,12 +192,20 @@ impl Injector {
     }
 }
 
+/// Where the injector's mesh config comes from.
+pub enum MeshSource {
+    /// A mesh config file's YAML (empty: Istio's defaults), read once.
+    Fixed(String),
+    /// The `istio` ConfigMap's `mesh`, followed.
+    Live(tokio::sync::watch::Receiver<crate::mesh_configmap::LiveMesh>),
+}
+
 /// istiod's `initSidecarInjector`: `None` when `INJECT_ENABLED=false`; else the injector,
-/// following the `istio-sidecar-injector` ConfigMap when there is a cluster.
-pub async fn start(
+/// following the `istio-sidecar-injector` ConfigMap when there is a cluster, and the mesh config.
+pub fn start(
     registry: &mut Registry,
     client: Option<&kube::Client>,
-    mesh_config_file: &str,
+    mesh: MeshSource,
     namespace: &str,
 ) -> Option<Injector> {
     let env: BTreeMap<String, String> = std::env::vars().collect();
@@ -188,7 +214,10 @@ pub async fn start(
         return None;
     }
     let revision = env.get("REVISION").cloned().unwrap_or_default();
-    let mesh_yaml = mesh_yaml(client, mesh_config_file, namespace, &revision).await;
+    let mesh_yaml = match &mesh {
+        MeshSource::Fixed(yaml) => yaml.clone(),
+        MeshSource::Live(rx) => rx.borrow().yaml.to_string(),
+    };
     let metrics = InjectionMetrics::register(registry);
     let injector = Injector::new(
         Options {
@@ -200,6 +229,9 @@ pub async fn start(
         client,
         metrics,
     );
+    if let MeshSource::Live(rx) = mesh {
+        tokio::spawn(follow_mesh(injector.clone(), rx));
+    }
     match client {
         Some(client) => {
             tracing::info!(configmap = %injector.0.configmap, "initializing sidecar injector: /inject");
@@ -215,20 +247,12 @@ pub async fn start(
     Some(injector)
 }
 
-async fn mesh_yaml(client: Option<&kube::Client>, file: &str, namespace: &str, revision: &str) -> String {
-    if !file.is_empty() && std::path::Path::new(file).exists() {
-        return std::fs::read_to_string(file).unwrap_or_default();
-    }
-    match client {
-        Some(c) => match crate::mesh_configmap::load(c, namespace, revision).await {
-            Ok(Some((_, text))) => text,
-            Ok(None) => String::new(),
-            Err(e) => {
-                tracing::warn!("sidecar injection: {e:#}; injecting with Istio's default mesh config");
-                String::new()
-            }
-        },
-        None => String::new(),
+/// Applies each new version of the mesh config until its sender is gone.
+async fn follow_mesh(injector: Injector, mut rx: tokio::sync::watch::Receiver<crate::mesh_configmap::LiveMesh>) {
+    while rx.changed().await.is_ok() {
+        let yaml = rx.borrow_and_update().yaml.clone();
+        injector.set_mesh(&yaml);
+        tracing::info!("sidecar injection: the mesh config changed; new Pods are injected with it");
     }
 }
 
@@ -283,8 +307,9 @@ async fn answer(inner: &Inner, path: &str, headers: &HeaderMap, body: Body) -> R
         admitted = true;
         let pod = injection::pod_name(request);
         tracing::info!(path, %pod, "Process sidecar injection request");
+        let mesh = read(&inner.mesh).clone();
         let ctx = injection::Context {
-            mesh: &inner.mesh,
+            mesh: &mesh,
             revision: &inner.revision,
             path,
             compliance_policy: &inner.compliance_policy,

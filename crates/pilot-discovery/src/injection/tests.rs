@@ -298,3 +298,74 @@ async fn a_bad_configmap_version_leaves_the_last_good_one_serving() {
     let text = metrics(&registry);
     assert!(text.contains("sidecar_injection_config_errors_total 4\n"), "{text}");
 }
+
+/// istiod's webhook follows the mesh config (its mesh handler): a change reaches the next Pod,
+/// and a version the injector cannot read leaves the last good one injecting.
+#[tokio::test]
+async fn a_mesh_config_change_reaches_the_next_injected_pod() {
+    let (injector, registry, cm) = injector("false");
+    injector.set_config(&cm);
+    let (_, install_mesh) = install();
+    let live = |yaml: String| crate::mesh_configmap::LiveMesh {
+        mesh: std::sync::Arc::new(model::MeshConfig::default()),
+        yaml: yaml.into(),
+    };
+    let (tx, rx) = tokio::sync::watch::channel(live(install_mesh.clone()));
+    let following = tokio::spawn(super::follow_mesh(injector.clone(), rx));
+    let proxy_env = |injector: Injector| async move {
+        let pod = pod(json!({"app": "web"}));
+        let (status, answer) = post(&injector, "/inject", "application/json", review(pod.clone())).await;
+        assert_eq!(status, 200, "{answer}");
+        let injected = patched(&pod, &answer);
+        let env = injected["spec"]["containers"][1]["env"].clone();
+        let value = |name: &str| {
+            env.as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["name"] == name)
+                .map(|e| e["value"].clone())
+        };
+        value("MESH_CHANGE_SEEN")
+    };
+    assert_eq!(proxy_env(injector.clone()).await, None);
+
+    let changed = install_mesh.replacen(
+        "defaultConfig:\n",
+        "defaultConfig:\n  proxyMetadata:\n    MESH_CHANGE_SEEN: \"yes\"\n",
+        1,
+    );
+    assert_ne!(changed, install_mesh, "the install's mesh has no defaultConfig");
+    tx.send(live(changed)).unwrap_or_else(|e| panic!("{e}"));
+    let mut seen = None;
+    for _ in 0..100 {
+        seen = proxy_env(injector.clone()).await;
+        if seen.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        seen,
+        Some(json!("yes")),
+        "the new mesh config's proxyMetadata is not injected"
+    );
+
+    tx.send(live("[a list, not a mesh config]\n".into()))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut counted = false;
+    for _ in 0..100 {
+        if metrics(&registry).contains("sidecar_injection_config_errors_total 1\n") {
+            counted = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(counted, "{}", metrics(&registry));
+    assert_eq!(
+        proxy_env(injector.clone()).await,
+        Some(json!("yes")),
+        "the last good mesh config stays"
+    );
+    drop(tx);
+    following.await.unwrap_or_else(|e| panic!("{e}"));
+}
