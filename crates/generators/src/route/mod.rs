@@ -1,9 +1,9 @@
 //! Istio's VirtualService HTTP routes to Envoy routes, as `pilot/pkg/networking/core/route/route.go`
-//! (`BuildHTTPRoutesForVirtualService`, `TranslateRoute` and friends). Used by gateway route
-//! configurations today and by sidecar ones later.
+//! (`BuildHTTPRoutesForVirtualService`, `TranslateRoute` and friends), for the route
+//! configurations of gateways and sidecars alike (`rds/`). Delegate VirtualServices arrive here
+//! already merged into their root (`push_index::delegate`, Istio's `mergeVirtualServicesIfNeeded`).
 //!
-//! Not yet here: delegate VirtualServices (`HTTPRoute.delegate`, merged into the root VS by
-//! Istio's push context; such routes are skipped for now), Gateway API semantics, stateful sessions.
+//! Not yet here: Gateway API semantics, stateful sessions.
 
 pub(crate) mod destination;
 pub(crate) mod hash;
