@@ -133,7 +133,7 @@ pub(crate) fn spawn(
                 .collect();
             changed_users.sort();
             changed_users.dedup();
-            crate::server::dispatch(&server, env.set_jwks(keys, changed_users));
+            crate::push::dispatch(&server, env.set_jwks(keys, changed_users));
             let next = entries.values().map(|e| e.next_fetch).min();
             tokio::select! {
                 _ = notified.notified() => {}

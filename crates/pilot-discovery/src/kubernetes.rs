@@ -116,7 +116,7 @@ impl Kubernetes {
     pub fn follow(mut self, env: Arc<Environment>, server: Arc<DiscoveryServer<Environment>>) {
         tokio::spawn(async move {
             while let Some(diff) = self.diffs.recv().await {
-                crate::server::dispatch(&server, env.services_changed(diff));
+                crate::push::dispatch(&server, env.services_changed(diff));
             }
         });
     }

@@ -18,6 +18,7 @@ mod logging;
 mod mesh_configmap;
 mod metrics;
 mod nacks;
+mod push;
 mod registryz;
 mod request;
 mod root_cert;
