@@ -19,7 +19,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use xds_api::type_url;
 
-use crate::http::AppState;
+use crate::app_state::AppState;
 use crate::nacks::{names_config, rejections};
 
 /// Istio's syncz (`SyncStatus`, which Kiali reads): per proxy its ID (`pod.namespace`), type,

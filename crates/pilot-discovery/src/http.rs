@@ -2,7 +2,6 @@
 //! server (`--monitoringAddr`: `/metrics`, `/version`, and the same debug endpoints, as istiod).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{ConnectInfo, Query, Request, State};
@@ -10,35 +9,11 @@ use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
-use config_sources::StoreSnapshot;
-use environment::Environment;
-use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
-use tokio::sync::watch;
 use xds_api::type_url;
-use xds_server::{CurrentResources, CurrentResourcesError, DiscoveryServer};
+use xds_server::{CurrentResources, CurrentResourcesError};
 
-#[derive(Clone)]
-pub struct AppState {
-    pub server: Arc<DiscoveryServer<Environment>>,
-    pub environment: Arc<Environment>,
-    pub registry: Arc<Registry>,
-    /// `process_*`, read at each scrape.
-    pub process: monitoring::process::ProcessMetrics,
-    pub store: watch::Receiver<StoreSnapshot>,
-    /// ENABLE_DEBUG_ENDPOINT_AUTH.
-    pub debug_auth: bool,
-    /// The large debug dumps (`/debug/configz`, ...) are built one at a time: ten concurrent
-    /// dumps of a large config must not hold ten copies of it.
-    pub dumps: Arc<tokio::sync::Semaphore>,
-}
-
-impl AppState {
-    /// One permit: see `dumps`.
-    pub fn dump_permits() -> Arc<tokio::sync::Semaphore> {
-        Arc::new(tokio::sync::Semaphore::new(1))
-    }
-}
+pub use crate::app_state::AppState;
 
 /// The debug routes (and `/ready`), behind Istio's debug endpoint authentication.
 fn debug_routes(state: &AppState) -> Router<AppState> {
@@ -246,6 +221,13 @@ async fn ndsz(State(s): State<AppState>, Query(q): Query<DumpQuery>) -> Response
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use config_sources::StoreSnapshot;
+    use prometheus_client::registry::Registry;
+    use tokio::sync::watch;
+    use xds_server::DiscoveryServer;
+
     use super::*;
     use axum::body::Body;
     use environment::{Environment, ServiceEntries};

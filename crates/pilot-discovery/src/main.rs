@@ -1,8 +1,24 @@
 //! `pilot-discovery`: Istio's control plane. Flags and subcommands as Istio's; wiring lives in
 //! `server`, HTTP endpoints in `http`.
+//!
+//! Read it top down. Each file imports only files of its own layer or below; layers, top first:
+//!
+//! 1. `main`: flags and subcommands.
+//! 2. `server`: the start-up steps, in istiod's order.
+//! 3. `server::listeners`: the ports and what each serves.
+//! 4. `http`, `configz`, `registryz`: the debug and monitoring endpoints.
+//! 5. `server::ca`, `server::cluster_writers`, `server::config`, `server::mesh`: the steps' parts.
+//! 6. `kubernetes`, `secure`, `webhook`, `jwks`, `injection`: what serves and follows.
+//! 7. `ca_server`, `webhook::patch`, `args`, `settings`: the CA service, the patchers, settings.
+//! 8. `metrics`, `leader`, `serving_cert`, `accept`, `ca_limits`, `ca_secret`, `root_cert`: parts.
+//! 9. `app_state`, `istio_flags`, `logging`, `mesh_configmap`, `nacks`, `push`, `request`: leaves.
+//! 10. `token_review`, `validate`, `version`: leaves.
+//!
+//! (`python3 scripts/house/imports.py crates/pilot-discovery --no-tests --check` checks it.)
 #![forbid(unsafe_code)]
 
 mod accept;
+mod app_state;
 mod args;
 mod ca_limits;
 mod ca_secret;

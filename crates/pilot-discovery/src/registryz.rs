@@ -9,7 +9,7 @@ use axum::response::Json;
 use model::Endpoint;
 use serde_json::{Value, json};
 
-use crate::http::AppState;
+use crate::app_state::AppState;
 
 /// Istio's registryz: every service as istiod's `model.Service` JSON (which Kiali parses):
 /// `Attributes` (Go field names), `ports`, `hostname`, `clusterVIPs`, `defaultAddress`,

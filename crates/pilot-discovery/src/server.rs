@@ -14,7 +14,8 @@ mod config;
 mod listeners;
 mod mesh;
 
-use std::net::SocketAddr;
+use listeners::Addresses;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,42 +25,10 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use xds_server::{DiscoveryServer, ServerOptions};
 
-use crate::args::{DiscoveryArgs, parse_listen_addr};
+use crate::args::DiscoveryArgs;
 use crate::http::AppState;
 use crate::metrics::PipelineMetrics;
 use crate::settings::Settings;
-
-/// The addresses of istiod's ports (an empty flag turns a port off) and the gRPC connections'
-/// maximum age.
-struct Addresses {
-    grpc: Option<SocketAddr>,
-    secure_grpc: Option<SocketAddr>,
-    http: Option<SocketAddr>,
-    https: Option<SocketAddr>,
-    monitoring: Option<SocketAddr>,
-    max_connection_age: Duration,
-}
-
-impl Addresses {
-    fn from_args(args: &DiscoveryArgs) -> anyhow::Result<Addresses> {
-        let max_connection_age = model::duration::parse(&args.keepalive_max_server_connection_age)
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| {
-                anyhow::anyhow!(
-                    "--keepaliveMaxServerConnectionAge: {:?} is not a positive duration (e.g. 30m)",
-                    args.keepalive_max_server_connection_age
-                )
-            })?;
-        Ok(Addresses {
-            grpc: parse_listen_addr("grpcAddr", &args.grpc_addr)?,
-            secure_grpc: parse_listen_addr("secureGrpcAddr", &args.secure_grpc_addr)?,
-            http: parse_listen_addr("httpAddr", &args.http_addr)?,
-            https: parse_listen_addr("httpsAddr", &args.https_addr)?,
-            monitoring: parse_listen_addr("monitoringAddr", &args.monitoring_addr)?,
-            max_connection_age,
-        })
-    }
-}
 
 pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> {
     let addrs = Addresses::from_args(&args)?;

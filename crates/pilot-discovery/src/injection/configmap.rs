@@ -14,7 +14,6 @@
 //! Unlike istiod, which registers `/inject` only if the ConfigMap exists when it starts, a
 //! ConfigMap created later is served from then on, without a restart.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -22,8 +21,6 @@ use inject::InjectorConfig;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::runtime::watcher;
-
-use super::Injector;
 
 /// Istio's `getInjectorConfigMapName`.
 pub fn config_map_name(revision: &str) -> String {
@@ -44,8 +41,8 @@ pub fn read(cm: &ConfigMap) -> Result<InjectorConfig, String> {
     InjectorConfig::parse(config, values).map_err(|e| e.to_string())
 }
 
-/// Follows the ConfigMap until the process ends, swapping each good version in.
-pub async fn follow(client: kube::Client, injector: Injector, namespace: String, name: String) {
+/// Follows the ConfigMap until the process ends, handing each new version to `apply`.
+pub async fn follow(client: kube::Client, namespace: String, name: String, apply: impl Fn(&ConfigMap)) {
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut events = watcher(api, config).boxed();
@@ -58,7 +55,7 @@ pub async fn follow(client: kube::Client, injector: Injector, namespace: String,
                     continue;
                 }
                 last_version = version;
-                apply(&injector, &cm);
+                apply(&cm);
             }
             Ok(watcher::Event::Delete(_)) => {
                 last_version = None;
@@ -71,31 +68,6 @@ pub async fn follow(client: kube::Client, injector: Injector, namespace: String,
                 tracing::debug!("watching ConfigMap {namespace}/{name}: {e}");
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
-        }
-    }
-}
-
-/// One version of the ConfigMap: swapped in whole, or logged and counted.
-pub fn apply(injector: &Injector, cm: &ConfigMap) {
-    let inner = &injector.0;
-    match read(cm) {
-        Ok(config) => {
-            let templates: Vec<&str> = config.template_names().collect();
-            tracing::info!(
-                configmap = %inner.configmap,
-                ?templates,
-                "sidecar injection config loaded"
-            );
-            *super::write(&inner.config) = Some(Arc::new(config));
-        }
-        Err(e) => {
-            inner.metrics.config_errors.inc();
-            let serving = if super::read(&inner.config).is_some() {
-                "the last good config keeps serving"
-            } else {
-                "there is no config to inject with yet"
-            };
-            tracing::error!("ConfigMap {}: {e}; {serving}", inner.configmap);
         }
     }
 }

@@ -162,10 +162,29 @@ impl Injector {
         }))
     }
 
-    /// Applies one version of the ConfigMap (as the watch does).
-    #[cfg(test)]
+    /// One version of the ConfigMap: swapped in whole, or logged and counted.
     pub fn set_config(&self, cm: &k8s_openapi::api::core::v1::ConfigMap) {
-        configmap::apply(self, cm);
+        let inner = &self.0;
+        match configmap::read(cm) {
+            Ok(config) => {
+                let templates: Vec<&str> = config.template_names().collect();
+                tracing::info!(
+                    configmap = %inner.configmap,
+                    ?templates,
+                    "sidecar injection config loaded"
+                );
+                *write(&inner.config) = Some(Arc::new(config));
+            }
+            Err(e) => {
+                inner.metrics.config_errors.inc();
+                let serving = if read(&inner.config).is_some() {
+                    "the last good config keeps serving"
+                } else {
+                    "there is no config to inject with yet"
+                };
+                tracing::error!("ConfigMap {}: {e}; {serving}", inner.configmap);
+            }
+        }
     }
 
     /// Applies one version of the mesh config's YAML; one that does not parse is counted and
@@ -235,11 +254,12 @@ pub fn start(
     match client {
         Some(client) => {
             tracing::info!(configmap = %injector.0.configmap, "initializing sidecar injector: /inject");
+            let following = injector.clone();
             tokio::spawn(configmap::follow(
                 client.clone(),
-                injector.clone(),
                 namespace.to_owned(),
                 config_map_name(&revision),
+                move |cm| following.set_config(cm),
             ));
         }
         None => tracing::info!("Skipping sidecar injector, template not found (no cluster to read it from)"),

@@ -10,6 +10,7 @@ use environment::Environment;
 use tokio::net::TcpListener;
 use xds_server::DiscoveryServer;
 
+use crate::args::{DiscoveryArgs, parse_listen_addr};
 use crate::ca_server::MeshCaServer;
 use crate::http::{AppState, debug_router, monitoring_router};
 use crate::metrics::PipelineMetrics;
@@ -53,6 +54,38 @@ fn listen_backlog() -> u32 {
         .unwrap_or(4096)
 }
 
+/// The addresses of istiod's ports (an empty flag turns a port off) and the gRPC connections'
+/// maximum age.
+pub(super) struct Addresses {
+    pub(super) grpc: Option<SocketAddr>,
+    pub(super) secure_grpc: Option<SocketAddr>,
+    pub(super) http: Option<SocketAddr>,
+    pub(super) https: Option<SocketAddr>,
+    pub(super) monitoring: Option<SocketAddr>,
+    pub(super) max_connection_age: Duration,
+}
+
+impl Addresses {
+    pub(super) fn from_args(args: &DiscoveryArgs) -> anyhow::Result<Addresses> {
+        let max_connection_age = model::duration::parse(&args.keepalive_max_server_connection_age)
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--keepaliveMaxServerConnectionAge: {:?} is not a positive duration (e.g. 30m)",
+                    args.keepalive_max_server_connection_age
+                )
+            })?;
+        Ok(Addresses {
+            grpc: parse_listen_addr("grpcAddr", &args.grpc_addr)?,
+            secure_grpc: parse_listen_addr("secureGrpcAddr", &args.secure_grpc_addr)?,
+            http: parse_listen_addr("httpAddr", &args.http_addr)?,
+            https: parse_listen_addr("httpsAddr", &args.https_addr)?,
+            monitoring: parse_listen_addr("monitoringAddr", &args.monitoring_addr)?,
+            max_connection_age,
+        })
+    }
+}
+
 /// The connection setup (TLS handshake and preface timeouts, counted) and the CA's request size
 /// limit (`ISTIO_GPRC_MAXRECVMSGSIZE`), with their metrics registered.
 pub(super) fn register(
@@ -71,7 +104,7 @@ pub(super) fn register(
 
 /// What the ports serve.
 pub(super) struct Served<'a> {
-    pub(super) addrs: &'a super::Addresses,
+    pub(super) addrs: &'a Addresses,
     /// `ISTIO_GPRC_MAXSTREAMS`
     pub(super) max_streams: u32,
     pub(super) ads: &'a Arc<DiscoveryServer<Environment>>,

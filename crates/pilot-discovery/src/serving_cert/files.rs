@@ -16,7 +16,8 @@ use notify::{RecursiveMode, Watcher};
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{mpsc, watch};
 
-use super::{BundleError, Bundles, KeyCertBundle, TlsFiles, log_loaded};
+use super::bundle::{BundleError, Bundles, KeyCertBundle, log_loaded};
+use super::source::TlsFiles;
 
 /// Istio's `watchDebounceDelay`.
 const DEBOUNCE: Duration = Duration::from_millis(100);

@@ -23,7 +23,7 @@ use ca::CertificateAuthority;
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::watch;
 
-use super::{Bundles, KeyCertBundle, log_loaded};
+use super::bundle::{Bundles, KeyCertBundle, log_loaded};
 
 /// The current mesh CA; a new value when the plugged-in CA files are replaced.
 pub(crate) type CaHandle = watch::Receiver<Arc<CertificateAuthority>>;

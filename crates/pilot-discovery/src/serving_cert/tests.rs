@@ -13,6 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::client::TlsStream;
 
+use super::source::TlsFiles;
 use super::*;
 
 fn names(ttl: Duration) -> Names {

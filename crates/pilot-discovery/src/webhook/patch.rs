@@ -12,51 +12,23 @@
 //! patched again; one that fails is retried after its own delay while the others go on.
 
 mod mutating;
+mod patcher;
 pub mod queue;
 mod validating;
 
 use std::collections::BTreeSet;
-use std::fmt::Debug;
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
 use kube::runtime::watcher;
 use kube::{Api, Resource};
-use serde::de::DeserializeOwned;
 
 pub use mutating::{MutatingMetrics, MutatingPatcher};
+pub use patcher::{Outcome, Patcher};
 pub use validating::{PatchMetrics, ValidatingPatcher};
 
 use crate::serving_cert::Bundles;
-
-/// What handling one configuration came to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// Up to date, or not ours to patch: nothing more until it changes.
-    Done,
-    /// Try again after the queue's delay.
-    Retry,
-}
-
-/// One of Istio's patchers: which configurations it watches and how it brings one up to date.
-pub trait Patcher: Send + Sync + 'static {
-    type Config: kube::Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>
-        + Clone
-        + DeserializeOwned
-        + Debug
-        + Send
-        + Sync
-        + 'static;
-    /// For logs: "validation webhook controller", ...
-    const NAME: &'static str;
-    /// The label selector of the watch, if any.
-    fn selector(&self) -> Option<String>;
-    fn limiter(&self) -> queue::Limiter;
-    /// Brings configuration `name` up to date with `ca_bundle` (PEM).
-    fn reconcile(&self, api: &Api<Self::Config>, name: &str, ca_bundle: &str) -> impl Future<Output = Outcome> + Send;
-}
 
 /// Runs `patcher` until the process ends.
 pub async fn run<P: Patcher>(patcher: P, client: kube::Client, mut bundles: Bundles) {

@@ -24,8 +24,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
+use super::patcher::{Outcome, Patcher};
 use super::queue::Limiter;
-use super::{Outcome, Patcher};
 
 /// Istio's `webhookName` of the injector (pilot/pkg/bootstrap/sidecarinjector.go).
 pub const INJECTOR_WEBHOOK_SUFFIX: &str = "sidecar-injector.istio.io";

@@ -22,8 +22,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use serde_json::json;
 
+use super::patcher::{Outcome, Patcher};
 use super::queue::Limiter;
-use super::{Outcome, Patcher};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabel {
