@@ -18,7 +18,7 @@ use xds_api::envoy::config::core::v3 as core;
 use xds_api::envoy::config::endpoint::v3::{ClusterLoadAssignment, LbEndpoint, LocalityLbEndpoints, lb_endpoint};
 use xds_api::pbwkt;
 
-use super::{ClusterWrapper, mesh_connect_timeout, passthrough_cluster, traffic_policy};
+use super::{ClusterWrapper, cluster_traffic_policy, mesh_connect_timeout, passthrough_cluster};
 use crate::names::{self, TrafficDirection};
 
 /// Istio's `InboundPassthroughBindIpv4`: the source address of connections to the local app.
@@ -258,7 +258,7 @@ fn inbound_cluster(push: &PushContext, proxy: &Proxy, scope: &SidecarScope, spec
         .or(from_rule)
         .or(mesh_default)
         .unwrap_or_default();
-    traffic_policy::apply_connection_pool(&mut cw, push.mesh(), &pool);
+    cluster_traffic_policy::apply_connection_pool(&mut cw, push.mesh(), &pool);
     let port = Port {
         name: String::new(),
         port: spec.port,

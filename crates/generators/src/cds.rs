@@ -1,11 +1,11 @@
 //! CDS: the outbound clusters of a proxy, as Istio's `ClusterBuilder` (`cluster.go`,
 //! `cluster_builder.go`): one cluster per visible service port (`outbound|9080||reviews...`), one
 //! per DestinationRule subset (`outbound|9080|v1|reviews...`), plus `BlackHoleCluster` and, for
-//! sidecars, `PassthroughCluster`. Traffic policy is applied in `traffic_policy`, TLS in `tls`.
+//! sidecars, `PassthroughCluster`. Traffic policy is applied in `cluster_traffic_policy`, TLS in `tls`.
 
+mod cluster_traffic_policy;
 pub(crate) mod inbound;
 mod tls;
-mod traffic_policy;
 mod wrapper;
 
 pub(crate) use tls::TLS_MODE_KEY;
@@ -263,7 +263,7 @@ impl Builder<'_> {
         }
         cw.set_upstream_protocol(self.port, self.proxy, preserve_header_case(self.proxy, self.push));
         set_service_metadata(&mut cw.cluster, self.service);
-        traffic_policy::apply(&mut cw, self, policy.as_ref());
+        cluster_traffic_policy::apply(&mut cw, self, policy.as_ref());
         if cw.cluster_type() == cluster::DiscoveryType::Eds {
             cw.cluster.eds_cluster_config = Some(eds_cluster_config(&name));
         }
@@ -409,7 +409,7 @@ pub(crate) fn passthrough_cluster(push: &PushContext, preserve_header_case: bool
             }));
     }
     cw.set_use_downstream_protocol();
-    traffic_policy::apply_connection_pool(&mut cw, push.mesh(), &Default::default());
+    cluster_traffic_policy::apply_connection_pool(&mut cw, push.mesh(), &Default::default());
     cw.build()
 }
 
