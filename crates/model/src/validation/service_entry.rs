@@ -23,6 +23,33 @@ pub(crate) fn check_service_entry(errs: &mut Errors, config: &Config, se: &Servi
             errs.add("spec", "only one of WorkloadSelector or Endpoints can be set");
         }
     }
+    check_hosts_and_addresses(errs, se);
+    let resolution = se.resolution.as_deref().unwrap_or("NONE");
+    let names = check_ports_unique(errs, se);
+    check_resolution(errs, config, se, resolution, &names);
+    // plain TCP cannot tell hosts apart, unless they are ignored (NONE)
+    if resolution != "NONE"
+        && se.hosts.len() > 1
+        && se
+            .ports
+            .iter()
+            .any(|p| !parse_protocol(&p.protocol).is_some_and(|p| p.is_http() || p.is_tls()))
+    {
+        errs.add("spec.ports", "multiple hosts provided with non-HTTP, non-TLS ports");
+    }
+    check_export_to(
+        errs,
+        "spec.exportTo",
+        &config.meta.namespace,
+        &se.export_to,
+        true,
+        false,
+    );
+}
+
+/// At least one host, none `*`; the location; addresses and CIDRs (CIDRs only for NONE and
+/// STATIC resolution).
+fn check_hosts_and_addresses(errs: &mut Errors, se: &ServiceEntry) {
     if se.hosts.is_empty() {
         errs.add("spec.hosts", "service entry must have at least one host");
     }
@@ -50,7 +77,10 @@ pub(crate) fn check_service_entry(errs: &mut Errors, config: &Config, se: &Servi
             "CIDR addresses are allowed only for NONE/STATIC resolution types",
         );
     }
+}
 
+/// Port names and numbers unique, each port valid; the port names, for the endpoints' ports.
+fn check_ports_unique<'a>(errs: &mut Errors, se: &'a ServiceEntry) -> BTreeSet<&'a str> {
     let mut names = BTreeSet::new();
     let mut numbers = BTreeSet::new();
     for (i, port) in se.ports.iter().enumerate() {
@@ -77,7 +107,11 @@ pub(crate) fn check_service_entry(errs: &mut Errors, config: &Config, se: &Servi
         errs.check(&format!("{path}.protocol"), validate_protocol(&port.protocol));
         errs.check(&format!("{path}.number"), validate_port(port.number.into()));
     }
+    names
+}
 
+/// What each resolution allows of endpoints and hosts.
+fn check_resolution(errs: &mut Errors, config: &Config, se: &ServiceEntry, resolution: &str, names: &BTreeSet<&str>) {
     match resolution {
         "NONE" => {
             if !se.endpoints.is_empty() {
@@ -94,7 +128,7 @@ pub(crate) fn check_service_entry(errs: &mut Errors, config: &Config, se: &Servi
                     &format!("spec.endpoints[{i}]"),
                     ep,
                     Addresses::IpOnly,
-                    Some(&names),
+                    Some(names),
                 );
             }
         }
@@ -122,31 +156,12 @@ pub(crate) fn check_service_entry(errs: &mut Errors, config: &Config, se: &Servi
                     );
                 }
                 check_labels(errs, &format!("{path}.labels"), &ep.labels);
-                check_ports(errs, &path, ep, Some(&names));
+                check_ports(errs, &path, ep, Some(names));
             }
         }
         "DYNAMIC_DNS" => check_dynamic_dns(errs, config, se),
         other => errs.add("spec.resolution", format!("unsupported resolution type {other}")),
     }
-
-    // plain TCP cannot tell hosts apart, unless they are ignored (NONE)
-    if resolution != "NONE"
-        && se.hosts.len() > 1
-        && se
-            .ports
-            .iter()
-            .any(|p| !parse_protocol(&p.protocol).is_some_and(|p| p.is_http() || p.is_tls()))
-    {
-        errs.add("spec.ports", "multiple hosts provided with non-HTTP, non-TLS ports");
-    }
-    check_export_to(
-        errs,
-        "spec.exportTo",
-        &config.meta.namespace,
-        &se.export_to,
-        true,
-        false,
-    );
 }
 
 /// DYNAMIC_DNS: wildcard hosts resolved per request by Envoy's dynamic forward proxy.

@@ -16,43 +16,70 @@ const MESH_GATEWAY: &str = "mesh";
 pub(crate) fn check_virtual_service(errs: &mut Errors, config: &Config, vs: &VirtualService) {
     let delegate = vs.hosts.is_empty();
     if delegate {
-        if !vs.gateways.is_empty() {
-            errs.add(
-                "spec.gateways",
-                "delegate virtual service must have no gateways specified",
-            );
-        }
-        if !vs.tls.is_empty() {
-            errs.add("spec.tls", "delegate virtual service must have no tls route specified");
-        }
-        if !vs.tcp.is_empty() {
-            errs.add("spec.tcp", "delegate virtual service must have no tcp route specified");
-        }
+        check_delegate(errs, vs);
     }
     check_gateway_names(errs, "spec.gateways", &vs.gateways);
     let applies_to_gateway = !vs.gateways.is_empty() && !vs.gateways.iter().any(|g| g == MESH_GATEWAY);
-    let applies_to_mesh = !applies_to_gateway;
-
     if !applies_to_gateway {
-        for (i, http) in vs.http.iter().enumerate() {
-            for (j, m) in http.match_.iter().enumerate() {
-                for key in m
-                    .headers
-                    .keys()
-                    .chain(m.without_headers.keys())
-                    .filter(|k| is_jwt_claim_route(k))
-                {
-                    errs.add(
-                        &format!("spec.http[{i}].match[{j}]"),
-                        format!(
-                            "JWT claim based routing (key: {key}) is only supported for gateway, found no gateways"
-                        ),
-                    );
-                }
+        check_no_jwt_claim_routes(errs, vs);
+    }
+    check_hosts(errs, vs, applies_to_gateway);
+    if vs.http.is_empty() && vs.tcp.is_empty() && vs.tls.is_empty() {
+        errs.add("spec", "http, tcp or tls must be provided in virtual service");
+    }
+    for (i, http) in vs.http.iter().enumerate() {
+        check_http_route(errs, &format!("spec.http[{i}]"), http, delegate);
+    }
+    check_tls_routes(errs, vs, applies_to_gateway);
+    check_tcp_routes(errs, vs);
+    check_export_to(
+        errs,
+        "spec.exportTo",
+        &config.meta.namespace,
+        &vs.export_to,
+        false,
+        false,
+    );
+}
+
+/// A delegate (no hosts) is only HTTP routes: no gateways, TLS or TCP routes.
+fn check_delegate(errs: &mut Errors, vs: &VirtualService) {
+    if !vs.gateways.is_empty() {
+        errs.add(
+            "spec.gateways",
+            "delegate virtual service must have no gateways specified",
+        );
+    }
+    if !vs.tls.is_empty() {
+        errs.add("spec.tls", "delegate virtual service must have no tls route specified");
+    }
+    if !vs.tcp.is_empty() {
+        errs.add("spec.tcp", "delegate virtual service must have no tcp route specified");
+    }
+}
+
+/// JWT claim based routing needs a gateway (the claims are read there).
+fn check_no_jwt_claim_routes(errs: &mut Errors, vs: &VirtualService) {
+    for (i, http) in vs.http.iter().enumerate() {
+        for (j, m) in http.match_.iter().enumerate() {
+            for key in m
+                .headers
+                .keys()
+                .chain(m.without_headers.keys())
+                .filter(|k| is_jwt_claim_route(k))
+            {
+                errs.add(
+                    &format!("spec.http[{i}].match[{j}]"),
+                    format!("JWT claim based routing (key: {key}) is only supported for gateway, found no gateways"),
+                );
             }
         }
     }
+}
 
+/// Each host valid for where the VirtualService applies (a gateway's SNI names, or the mesh's,
+/// where `*` is not allowed), and no two hosts that overlap.
+fn check_hosts(errs: &mut Errors, vs: &VirtualService, applies_to_gateway: bool) {
     let sni = vs.tls.iter().any(|t| t.match_.iter().any(|m| !m.sni_hosts.is_empty()));
     let mut all_hosts_valid = true;
     for (i, host) in vs.hosts.iter().enumerate() {
@@ -68,7 +95,7 @@ pub(crate) fn check_virtual_service(errs: &mut Errors, config: &Config, vs: &Vir
                 errs.add(&path, e);
                 all_hosts_valid = false;
             }
-            Ok(()) if applies_to_mesh && host == "*" => {
+            Ok(()) if !applies_to_gateway && host == "*" => {
                 errs.add(
                     &path,
                     "wildcard host * is not allowed for virtual services bound to the mesh gateway",
@@ -87,13 +114,9 @@ pub(crate) fn check_virtual_service(errs: &mut Errors, config: &Config, vs: &Vir
             }
         }
     }
+}
 
-    if vs.http.is_empty() && vs.tcp.is_empty() && vs.tls.is_empty() {
-        errs.add("spec", "http, tcp or tls must be provided in virtual service");
-    }
-    for (i, http) in vs.http.iter().enumerate() {
-        check_http_route(errs, &format!("spec.http[{i}]"), http, delegate);
-    }
+fn check_tls_routes(errs: &mut Errors, vs: &VirtualService, applies_to_gateway: bool) {
     for (i, tls) in vs.tls.iter().enumerate() {
         let path = format!("spec.tls[{i}]");
         if tls.match_.is_empty() {
@@ -124,6 +147,9 @@ pub(crate) fn check_virtual_service(errs: &mut Errors, config: &Config, vs: &Vir
         }
         check_route_destinations(errs, &format!("{path}.route"), &tls.route);
     }
+}
+
+fn check_tcp_routes(errs: &mut Errors, vs: &VirtualService) {
     for (i, tcp) in vs.tcp.iter().enumerate() {
         let path = format!("spec.tcp[{i}]");
         for (j, m) in tcp.match_.iter().enumerate() {
@@ -141,14 +167,6 @@ pub(crate) fn check_virtual_service(errs: &mut Errors, config: &Config, vs: &Vir
         }
         check_route_destinations(errs, &format!("{path}.route"), &tcp.route);
     }
-    check_export_to(
-        errs,
-        "spec.exportTo",
-        &config.meta.namespace,
-        &vs.export_to,
-        false,
-        false,
-    );
 }
 
 /// `ValidateWildcardDomainForVirtualServiceBoundToGateway`: with SNI matches, the auto-generated
