@@ -2,7 +2,7 @@
 //! `GetDestinationCluster`), redirects (`ApplyRedirect`) and direct responses (`ApplyDirectResponse`).
 
 use model::Service;
-use model::networking::{Destination, HttpBody, HttpDirectResponse, HttpRedirect, HttpRoute};
+use model::networking::{Destination, HttpBody, HttpDirectResponse, HttpRedirect, HttpRoute, HttpRouteDestination};
 use xds_api::envoy::config::core::v3::{DataSource, data_source};
 use xds_api::envoy::config::route::v3::{
     DirectResponseAction, RedirectAction, Route, RouteAction, WeightedCluster, redirect_action, route_action,
@@ -49,7 +49,7 @@ pub(crate) fn route_action<P: PushView>(
     ctx: &RouteContext<'_, P>,
     http: &HttpRoute,
     out: &mut Route,
-    mut authority: String,
+    authority: String,
 ) -> Option<RouteAction> {
     let mut action = RouteAction::default();
     let timeout = policy::parse_duration(http.timeout.as_deref()).unwrap_or_default();
@@ -61,6 +61,23 @@ pub(crate) fn route_action<P: PushView>(
     }
     action.timeout = Some(timeout);
 
+    rewrite(ctx, http, &mut action, authority);
+    mirrors(ctx, http, &mut action);
+    let consistent_hash = match http.route.as_slice() {
+        [] => return None,
+        [single] => single_destination(ctx, single, &mut action, out),
+        many => weighted_destinations(ctx, many, &mut action)?,
+    };
+    let retries = http
+        .retries
+        .as_ref()
+        .or(ctx.push.mesh().default_http_retry_policy.as_ref());
+    action.retry_policy = policy::retry_policy(retries, consistent_hash);
+    Some(action)
+}
+
+/// The route's rewrite (URI prefix or regex, authority) and the authority it sends.
+fn rewrite<P: PushView>(ctx: &RouteContext<'_, P>, http: &HttpRoute, action: &mut RouteAction, mut authority: String) {
     if let Some(rewrite) = &http.rewrite {
         action.append_x_forwarded_host =
             ProxyHeaders::of(ctx.proxy, ctx.push.mesh(), ListenerClass::SidecarOutbound).x_forwarded_host;
@@ -79,7 +96,10 @@ pub(crate) fn route_action<P: PushView>(
     if !authority.is_empty() {
         action.host_rewrite_specifier = Some(route_action::HostRewriteSpecifier::HostRewriteLiteral(authority));
     }
+}
 
+/// `mirror` with `mirrorPercentage` (or the deprecated `mirrorPercent`), then `mirrors`.
+fn mirrors<P: PushView>(ctx: &RouteContext<'_, P>, http: &HttpRoute, action: &mut RouteAction) {
     let mirrors = http
         .mirror
         .iter()
@@ -104,77 +124,83 @@ pub(crate) fn route_action<P: PushView>(
             ..Default::default()
         });
     }
+}
 
-    let mut consistent_hash = false;
-    match http.route.as_slice() {
-        [] => return None,
-        [single] => {
-            let host = ctx.resolve_host(&single.destination.host);
-            let service = ctx.service(&host);
-            let cluster = destination_cluster(&single.destination, &host, service.as_deref(), ctx.listen_port);
-            action.cluster_specifier = Some(route_action::ClusterSpecifier::Cluster(cluster));
-            if let Some(headers) = &single.headers {
-                let ops = policy::translate_headers(headers);
-                out.request_headers_to_add.extend(ops.request_headers_to_add);
-                out.request_headers_to_remove.extend(ops.request_headers_to_remove);
-                out.response_headers_to_add.extend(ops.response_headers_to_add);
-                out.response_headers_to_remove.extend(ops.response_headers_to_remove);
-                // the route-level rewrite wins, as Istio (consistent with weighted destinations)
-                if !ops.authority.is_empty() && action.host_rewrite_specifier.is_none() {
-                    action.host_rewrite_specifier =
-                        Some(route_action::HostRewriteSpecifier::HostRewriteLiteral(ops.authority));
-                }
-            }
-            if let Some(h) = destination_hash(ctx, &single.destination, service.as_deref()) {
-                consistent_hash = true;
-                action.hash_policy.extend(hash::hash_policy(&h));
-            }
-        }
-        many => {
-            let mut clusters = Vec::with_capacity(many.len());
-            for dst in many.iter().filter(|d| d.weight > 0) {
-                let host = ctx.resolve_host(&dst.destination.host);
-                let service = ctx.service(&host);
-                let mut cw = weighted_cluster::ClusterWeight {
-                    name: destination_cluster(&dst.destination, &host, service.as_deref(), ctx.listen_port),
-                    weight: Some(UInt32Value {
-                        value: dst.weight as u32,
-                    }),
-                    ..Default::default()
-                };
-                if let Some(headers) = &dst.headers {
-                    let ops = policy::translate_headers(headers);
-                    cw.request_headers_to_add = ops.request_headers_to_add;
-                    cw.request_headers_to_remove = ops.request_headers_to_remove;
-                    cw.response_headers_to_add = ops.response_headers_to_add;
-                    cw.response_headers_to_remove = ops.response_headers_to_remove;
-                    if !ops.authority.is_empty() {
-                        cw.host_rewrite_specifier = Some(
-                            weighted_cluster::cluster_weight::HostRewriteSpecifier::HostRewriteLiteral(ops.authority),
-                        );
-                    }
-                }
-                if let Some(h) = destination_hash(ctx, &dst.destination, service.as_deref()) {
-                    action.hash_policy.extend(hash::hash_policy(&h));
-                }
-                clusters.push(cw);
-            }
-            if clusters.is_empty() {
-                return None;
-            }
-            // no total_weight: deprecated in v3, Envoy uses the sum of the weights
-            action.cluster_specifier = Some(route_action::ClusterSpecifier::WeightedClusters(WeightedCluster {
-                clusters,
-                ..Default::default()
-            }));
+/// One destination: its cluster, its headers on the route, its hash policy. Whether the
+/// destination hashes consistently (retries then keep the host).
+fn single_destination<P: PushView>(
+    ctx: &RouteContext<'_, P>,
+    single: &HttpRouteDestination,
+    action: &mut RouteAction,
+    out: &mut Route,
+) -> bool {
+    let host = ctx.resolve_host(&single.destination.host);
+    let service = ctx.service(&host);
+    let cluster = destination_cluster(&single.destination, &host, service.as_deref(), ctx.listen_port);
+    action.cluster_specifier = Some(route_action::ClusterSpecifier::Cluster(cluster));
+    if let Some(headers) = &single.headers {
+        let ops = policy::translate_headers(headers);
+        out.request_headers_to_add.extend(ops.request_headers_to_add);
+        out.request_headers_to_remove.extend(ops.request_headers_to_remove);
+        out.response_headers_to_add.extend(ops.response_headers_to_add);
+        out.response_headers_to_remove.extend(ops.response_headers_to_remove);
+        // the route-level rewrite wins, as Istio (consistent with weighted destinations)
+        if !ops.authority.is_empty() && action.host_rewrite_specifier.is_none() {
+            action.host_rewrite_specifier = Some(route_action::HostRewriteSpecifier::HostRewriteLiteral(ops.authority));
         }
     }
-    let retries = http
-        .retries
-        .as_ref()
-        .or(ctx.push.mesh().default_http_retry_policy.as_ref());
-    action.retry_policy = policy::retry_policy(retries, consistent_hash);
-    Some(action)
+    match destination_hash(ctx, &single.destination, service.as_deref()) {
+        Some(h) => {
+            action.hash_policy.extend(hash::hash_policy(&h));
+            true
+        }
+        None => false,
+    }
+}
+
+/// Weighted clusters (destinations of weight 0 left out; `None` when none is left), each with
+/// its headers; the hash policies of all. Never consistent-hash for retries, as Istio.
+fn weighted_destinations<P: PushView>(
+    ctx: &RouteContext<'_, P>,
+    many: &[HttpRouteDestination],
+    action: &mut RouteAction,
+) -> Option<bool> {
+    let mut clusters = Vec::with_capacity(many.len());
+    for dst in many.iter().filter(|d| d.weight > 0) {
+        let host = ctx.resolve_host(&dst.destination.host);
+        let service = ctx.service(&host);
+        let mut cw = weighted_cluster::ClusterWeight {
+            name: destination_cluster(&dst.destination, &host, service.as_deref(), ctx.listen_port),
+            weight: Some(UInt32Value {
+                value: dst.weight as u32,
+            }),
+            ..Default::default()
+        };
+        if let Some(headers) = &dst.headers {
+            let ops = policy::translate_headers(headers);
+            cw.request_headers_to_add = ops.request_headers_to_add;
+            cw.request_headers_to_remove = ops.request_headers_to_remove;
+            cw.response_headers_to_add = ops.response_headers_to_add;
+            cw.response_headers_to_remove = ops.response_headers_to_remove;
+            if !ops.authority.is_empty() {
+                cw.host_rewrite_specifier =
+                    Some(weighted_cluster::cluster_weight::HostRewriteSpecifier::HostRewriteLiteral(ops.authority));
+            }
+        }
+        if let Some(h) = destination_hash(ctx, &dst.destination, service.as_deref()) {
+            action.hash_policy.extend(hash::hash_policy(&h));
+        }
+        clusters.push(cw);
+    }
+    if clusters.is_empty() {
+        return None;
+    }
+    // no total_weight: deprecated in v3, Envoy uses the sum of the weights
+    action.cluster_specifier = Some(route_action::ClusterSpecifier::WeightedClusters(WeightedCluster {
+        clusters,
+        ..Default::default()
+    }));
+    Some(false)
 }
 
 /// The consistent hash the destination's DestinationRule asks for, if any.
