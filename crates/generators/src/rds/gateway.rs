@@ -38,15 +38,34 @@ pub(crate) fn build_gateway_http_route_config<P: PushView>(
     let attempt_count =
         crate::proxy_headers::ProxyHeaders::of(proxy, push.mesh(), crate::proxy_headers::ListenerClass::Gateway)
             .include_request_attempt_count;
-    let mut chunks: Vec<Vec<Route>> = Vec::new();
-    let mut chunk_by_vs: BTreeMap<(String, String), Option<usize>> = BTreeMap::new();
-    let mut vs_by_gateway: BTreeMap<String, Vec<Arc<Config>>> = BTreeMap::new();
-    let mut vhosts: BTreeMap<String, VHost> = BTreeMap::new();
+    let mut vhosts = GatewayVirtualHosts::default();
     for server in &servers {
+        vhosts.add_server(push, proxy, server, route_name);
+    }
+    let mut virtual_hosts = vhosts.into_virtual_hosts(attempt_count, servers[0].port(), route_name);
+    virtual_hosts.sort_by(|a, b| a.name.cmp(&b.name));
+    route_config(route_name, virtual_hosts)
+}
+
+/// The virtual hosts of one gateway route configuration as its servers add them: each
+/// VirtualService's routes built once per gateway (a chunk), shared by the hosts it serves.
+#[derive(Default)]
+struct GatewayVirtualHosts {
+    chunks: Vec<Vec<Route>>,
+    chunk_by_vs: BTreeMap<(String, String), Option<usize>>,
+    vs_by_gateway: BTreeMap<String, Vec<Arc<Config>>>,
+    vhosts: BTreeMap<String, VHost>,
+}
+
+impl GatewayVirtualHosts {
+    /// The hosts of `server` that its gateway's VirtualServices route (and, with `httpsRedirect`,
+    /// the server's other hosts, redirected to TLS).
+    fn add_server<P: PushView>(&mut self, push: &P, proxy: &Proxy, server: &MergedServer, route_name: &str) {
         let gateway = &server.gateway_name;
         let port = server.port();
         let https_redirect = server.server.tls.as_ref().is_some_and(|t| t.https_redirect);
-        let virtual_services = vs_by_gateway
+        let virtual_services = self
+            .vs_by_gateway
             .entry(gateway.clone())
             .or_insert_with(|| push.virtual_services_for_gateway(proxy, gateway))
             .clone();
@@ -64,36 +83,11 @@ pub(crate) fn build_gateway_http_route_config<P: PushView>(
             if intersecting.is_empty() {
                 continue;
             }
-            let key = (gateway.clone(), format!("{}/{}", vs_config.meta.name, ns));
-            let chunk = *chunk_by_vs.entry(key).or_insert_with(|| {
-                let gateway_names = [gateway.clone()];
-                let ctx = RouteContext::new(
-                    push,
-                    proxy,
-                    vs_config,
-                    port,
-                    &gateway_names,
-                    server.server.tls.is_some(),
-                );
-                let routes = route::build_http_routes_for_virtual_service(&ctx);
-                if routes.is_empty() {
-                    tracing::debug!(vs = %vs_config.key(), route = route_name, "no routes for this gateway and port");
-                    return None;
-                }
-                chunks.push(routes);
-                Some(chunks.len() - 1)
-            });
-            let Some(chunk) = chunk else {
+            let Some(chunk) = self.chunk(push, proxy, server, vs_config, route_name) else {
                 continue;
             };
             for host in intersecting {
-                let host = host.to_ascii_lowercase();
-                let vhost = vhosts.entry(host.clone()).or_insert_with(|| VHost {
-                    name: domain_name(&host, port),
-                    domains: vec![host.clone()],
-                    chunks: Vec::new(),
-                    require_tls: false,
-                });
+                let vhost = self.vhost(host.to_ascii_lowercase(), port);
                 vhost.chunks.push(chunk);
                 vhost.require_tls |= https_redirect;
             }
@@ -101,31 +95,70 @@ pub(crate) fn build_gateway_http_route_config<P: PushView>(
         if https_redirect {
             // hosts with no VirtualService still redirect to TLS (namespace prefixes dropped)
             for host in &server.server.hosts {
-                let host = host
-                    .split_once('/')
-                    .map_or(host.as_str(), |(_, h)| h)
-                    .to_ascii_lowercase();
-                let vhost = vhosts.entry(host.clone()).or_insert_with(|| VHost {
-                    name: domain_name(&host, port),
-                    domains: vec![host.clone()],
-                    chunks: Vec::new(),
-                    require_tls: true,
-                });
-                vhost.require_tls = true;
+                let host = host.split_once('/').map_or(host.as_str(), |(_, h)| h);
+                self.vhost(host.to_ascii_lowercase(), port).require_tls = true;
             }
         }
     }
 
-    let mut virtual_hosts: Vec<VirtualHost> = if vhosts.is_empty() {
-        let port = servers[0].port();
-        tracing::debug!(route = route_name, "no virtual hosts; default 404 vhost");
-        vec![VirtualHost {
-            name: domain_name("blackhole", port),
-            domains: vec!["*".into()],
-            ..Default::default()
-        }]
-    } else {
-        collapse_duplicate_routes(vhosts)
+    /// The routes of `vs_config` for `server`'s gateway and port, built the first time they are
+    /// asked for; `None` when it has none there.
+    fn chunk<P: PushView>(
+        &mut self,
+        push: &P,
+        proxy: &Proxy,
+        server: &MergedServer,
+        vs_config: &Arc<Config>,
+        route_name: &str,
+    ) -> Option<usize> {
+        let gateway = &server.gateway_name;
+        let key = (
+            gateway.clone(),
+            format!("{}/{}", vs_config.meta.name, vs_config.meta.namespace),
+        );
+        let chunks = &mut self.chunks;
+        *self.chunk_by_vs.entry(key).or_insert_with(|| {
+            let gateway_names = [gateway.clone()];
+            let ctx = RouteContext::new(
+                push,
+                proxy,
+                vs_config,
+                server.port(),
+                &gateway_names,
+                server.server.tls.is_some(),
+            );
+            let routes = route::build_http_routes_for_virtual_service(&ctx);
+            if routes.is_empty() {
+                tracing::debug!(vs = %vs_config.key(), route = route_name, "no routes for this gateway and port");
+                return None;
+            }
+            chunks.push(routes);
+            Some(chunks.len() - 1)
+        })
+    }
+
+    fn vhost(&mut self, host: String, port: u32) -> &mut VHost {
+        self.vhosts.entry(host.clone()).or_insert_with(|| VHost {
+            name: domain_name(&host, port),
+            domains: vec![host],
+            chunks: Vec::new(),
+            require_tls: false,
+        })
+    }
+
+    /// Envoy's virtual hosts: duplicates collapsed, each with its chunks' routes sorted; with
+    /// none, the default 404 virtual host.
+    fn into_virtual_hosts(self, attempt_count: bool, port: u32, route_name: &str) -> Vec<VirtualHost> {
+        if self.vhosts.is_empty() {
+            tracing::debug!(route = route_name, "no virtual hosts; default 404 vhost");
+            return vec![VirtualHost {
+                name: domain_name("blackhole", port),
+                domains: vec!["*".into()],
+                ..Default::default()
+            }];
+        }
+        let chunks = self.chunks;
+        collapse_duplicate_routes(self.vhosts)
             .into_iter()
             .map(|v| VirtualHost {
                 name: v.name,
@@ -140,9 +173,7 @@ pub(crate) fn build_gateway_http_route_config<P: PushView>(
                 ..Default::default()
             })
             .collect()
-    };
-    virtual_hosts.sort_by(|a, b| a.name.cmp(&b.name));
-    route_config(route_name, virtual_hosts)
+    }
 }
 
 /// Istio's `host.NamesForNamespace`: `ns/host` entries apply only to VirtualServices in `ns`

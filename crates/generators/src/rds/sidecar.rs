@@ -80,30 +80,7 @@ pub(crate) fn build_sidecar_outbound_http_route_config<P: SidecarPushView>(
     };
     // a `host:port` name serves that host only (Istio's sniffed listeners), with no catch-all
     let wanted = |h: &str| only_host.is_none_or(|only| h == only || model::host::subset_of(only, h));
-    let scope = push.sidecar_scope(proxy);
-    let listener = scope.egress_listener_for_rds(port, route_name);
-    let services: Vec<Arc<Service>> = match listener {
-        None => Vec::new(),
-        Some(listener) => push
-            .services_for_proxy(proxy)
-            .iter()
-            .filter_map(|s| listener.select_service(s))
-            .filter(|s| {
-                only_host.is_none_or(|only| s.hostname == only)
-                    && s.ports
-                        .iter()
-                        .any(|p| p.port == port && (p.protocol.is_http() || p.protocol == Protocol::Unsupported))
-            })
-            .collect(),
-    };
-    let virtual_services: Vec<Arc<Config>> = match listener {
-        None => Vec::new(),
-        Some(listener) => push
-            .virtual_services_for_mesh(proxy)
-            .into_iter()
-            .filter(|c| listener.imports_virtual_service(c))
-            .collect(),
-    };
+    let (services, virtual_services) = egress_services_and_virtual_services(proxy, push, route_name, only_host, port);
     let owners = VirtualServiceOwners::new(&virtual_services, push.domain());
     let services_by_host: HashMap<&str, &Arc<Service>> = services.iter().map(|s| (s.hostname.as_str(), s)).collect();
     let mut vhosts = VirtualHosts::default();
@@ -114,28 +91,8 @@ pub(crate) fn build_sidecar_outbound_http_route_config<P: SidecarPushView>(
             continue;
         };
         let vs_hosts: Vec<&str> = vs_hosts.iter().map(String::as_str).filter(|h| wanted(h)).collect();
-        // Istio's separateVSHostsAndServices: hosts naming services, else the hosts themselves
-        let mut own_services: Vec<&Arc<Service>> = Vec::new();
-        let mut plain_hosts: Vec<&str> = Vec::new();
-        for h in vs_hosts {
-            let matching: Vec<&Arc<Service>> = if model::host::is_wildcard(h) {
-                services
-                    .iter()
-                    .filter(|s| s.hostname == h || model::host::subset_of(&s.hostname, h))
-                    .collect()
-            } else {
-                services_by_host.get(h).copied().into_iter().collect()
-            };
-            if matching.is_empty() {
-                plain_hosts.push(h);
-            }
-            for s in matching {
-                if owners.owner(&s.hostname) == Some(vs_index) && !own_services.iter().any(|o| o.hostname == s.hostname)
-                {
-                    own_services.push(s);
-                }
-            }
-        }
+        let (own_services, plain_hosts) =
+            separate_vs_hosts_and_services(vs_hosts, &services, &services_by_host, &owners, vs_index);
         // Istio builds vhosts for hosts that are no service only with services, or on port 80
         if own_services.is_empty() && port != 80 {
             continue;
@@ -188,6 +145,74 @@ pub(crate) fn build_sidecar_outbound_http_route_config<P: SidecarPushView>(
         only.domains = vec!["*".into()];
     }
     route_config(route_name, virtual_hosts)
+}
+
+/// The services and VirtualServices the proxy's egress listener for this route imports: services
+/// with an HTTP (or unsniffed) port `port`, only `only_host` for a `host:port` route.
+fn egress_services_and_virtual_services<P: SidecarPushView>(
+    proxy: &Proxy,
+    push: &P,
+    route_name: &str,
+    only_host: Option<&str>,
+    port: u16,
+) -> (Vec<Arc<Service>>, Vec<Arc<Config>>) {
+    let scope = push.sidecar_scope(proxy);
+    let listener = scope.egress_listener_for_rds(port, route_name);
+    let services: Vec<Arc<Service>> = match listener {
+        None => Vec::new(),
+        Some(listener) => push
+            .services_for_proxy(proxy)
+            .iter()
+            .filter_map(|s| listener.select_service(s))
+            .filter(|s| {
+                only_host.is_none_or(|only| s.hostname == only)
+                    && s.ports
+                        .iter()
+                        .any(|p| p.port == port && (p.protocol.is_http() || p.protocol == Protocol::Unsupported))
+            })
+            .collect(),
+    };
+    let virtual_services: Vec<Arc<Config>> = match listener {
+        None => Vec::new(),
+        Some(listener) => push
+            .virtual_services_for_mesh(proxy)
+            .into_iter()
+            .filter(|c| listener.imports_virtual_service(c))
+            .collect(),
+    };
+    (services, virtual_services)
+}
+
+/// Istio's `separateVSHostsAndServices`: the services a VirtualService's hosts name (those it
+/// owns), and the hosts that name no service.
+fn separate_vs_hosts_and_services<'a, 'h>(
+    vs_hosts: Vec<&'h str>,
+    services: &'a [Arc<Service>],
+    services_by_host: &HashMap<&str, &'a Arc<Service>>,
+    owners: &VirtualServiceOwners,
+    vs_index: usize,
+) -> (Vec<&'a Arc<Service>>, Vec<&'h str>) {
+    let mut own_services: Vec<&Arc<Service>> = Vec::new();
+    let mut plain_hosts: Vec<&str> = Vec::new();
+    for h in vs_hosts {
+        let matching: Vec<&Arc<Service>> = if model::host::is_wildcard(h) {
+            services
+                .iter()
+                .filter(|s| s.hostname == h || model::host::subset_of(&s.hostname, h))
+                .collect()
+        } else {
+            services_by_host.get(h).copied().into_iter().collect()
+        };
+        if matching.is_empty() {
+            plain_hosts.push(h);
+        }
+        for s in matching {
+            if owners.owner(&s.hostname) == Some(vs_index) && !own_services.iter().any(|o| o.hostname == s.hostname) {
+                own_services.push(s);
+            }
+        }
+    }
+    (own_services, plain_hosts)
 }
 
 /// A sidecar route name: `<port>`, or `<host>:<port>` (then `Some(host)`).
