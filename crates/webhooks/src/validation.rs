@@ -53,24 +53,6 @@ pub fn validate(request: &AdmissionRequest) -> Verdict {
             reason,
         })
     };
-    let passed = || {
-        Some(Count::Passed {
-            resource: resource.clone(),
-        })
-    };
-    let fail = |reason: &'static str, message: String| {
-        tracing::info!(
-            "validation webhook: {} {}/{} denied: {message}{}",
-            bounded(&request.kind.kind),
-            bounded(&request.namespace),
-            bounded(&request.name),
-            if dry_run { " (dry run)" } else { "" }
-        );
-        Verdict {
-            response: AdmissionResponse::denied(message),
-            count: failed(reason),
-        }
-    };
     if !matches!(request.operation.as_str(), "CREATE" | "UPDATE") {
         tracing::warn!(
             "validation webhook: unsupported operation {:?}",
@@ -81,26 +63,67 @@ pub fn validate(request: &AdmissionRequest) -> Verdict {
             count: failed("unsupported_operation"),
         };
     }
+    match judge(request) {
+        Ok(()) => Verdict {
+            response: AdmissionResponse::allowed(),
+            count: Some(Count::Passed {
+                resource: resource.clone(),
+            }),
+        },
+        Err(denied) => {
+            if denied.logged {
+                tracing::info!(
+                    "validation webhook: {} {}/{} denied: {}{}",
+                    bounded(&request.kind.kind),
+                    bounded(&request.namespace),
+                    bounded(&request.name),
+                    denied.message,
+                    if dry_run { " (dry run)" } else { "" }
+                );
+            }
+            Verdict {
+                response: AdmissionResponse::denied(denied.message),
+                count: failed(denied.reason),
+            }
+        }
+    }
+}
+
+/// Why an object is refused: the metric's reason, the message, and whether it is logged.
+struct Denied {
+    reason: &'static str,
+    message: String,
+    logged: bool,
+}
+
+fn denied(reason: &'static str, message: String) -> Denied {
+    Denied {
+        reason,
+        message,
+        logged: true,
+    }
+}
+
+/// The object of a CREATE or UPDATE judged: allowed (an Istio kind that is valid, or a kind
+/// that is not Istio's), or why not.
+fn judge(request: &AdmissionRequest) -> Result<(), Denied> {
     let Some(Value::Object(object)) = &request.object else {
-        return fail(
+        return Err(denied(
             "yaml_decode_error",
             "cannot decode configuration: the object is not a JSON object".into(),
-        );
+        ));
     };
     let text = |f: &str| object.get(f).and_then(Value::as_str).unwrap_or_default();
     let (api_version, kind) = (text("apiVersion"), text("kind"));
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
     if api_version.is_empty() || kind.is_empty() {
-        return fail(
+        return Err(denied(
             "yaml_decode_error",
             "cannot decode configuration: Object 'Kind' is missing or apiVersion is empty".into(),
-        );
+        ));
     }
     if ConfigKind::from_gvk(group, version, kind).is_none() && !group.ends_with(".istio.io") {
-        return Verdict {
-            response: AdmissionResponse::allowed(),
-            count: passed(),
-        };
+        return Ok(());
     }
     // Istio's internal annotation: always rejected (istiod's readiness check sends it).
     if object
@@ -109,12 +132,11 @@ pub fn validate(request: &AdmissionRequest) -> Verdict {
         .and_then(|a| a.get(ALWAYS_REJECT))
         .is_some()
     {
-        return Verdict {
-            response: AdmissionResponse::denied(format!(
-                "configuration is invalid: {ALWAYS_REJECT:?} annotation found, rejecting"
-            )),
-            count: failed("invalid_resource"),
-        };
+        return Err(Denied {
+            reason: "invalid_resource",
+            message: format!("configuration is invalid: {ALWAYS_REJECT:?} annotation found, rejecting"),
+            logged: false,
+        });
     }
     // The namespace of a namespaced object created without one is the request's.
     let namespace = if request.namespace.is_empty() {
@@ -122,34 +144,9 @@ pub fn validate(request: &AdmissionRequest) -> Verdict {
     } else {
         &request.namespace
     };
-    let outcome = parse_config(Value::Object(object.clone()), namespace);
-    let gvk = || format!("{}/{}/{}", if group.is_empty() { "core" } else { group }, version, kind);
-    match outcome {
-        Ok(_) => {}
-        Err(ConfigError::UnknownKind { .. }) => {
-            return fail("unknown_type", format!("unrecognized type {}", bounded(&gvk())));
-        }
-        Err(ConfigError::NotAResource) => {
-            return fail(
-                "yaml_decode_error",
-                "cannot decode configuration: not an object with apiVersion and kind".into(),
-            );
-        }
-        Err(ConfigError::Decode { reason, .. }) => {
-            return fail(
-                "crd_conversion_error",
-                format!("error decoding configuration: {reason}"),
-            );
-        }
-        Err(ConfigError::Metadata { reason, .. }) => {
-            return fail("invalid_resource", format!("configuration is invalid: {reason}"));
-        }
-        Err(ConfigError::Invalid { errors, .. }) => {
-            return fail(
-                "invalid_resource",
-                format!("configuration is invalid: {}", errors.join("; ")),
-            );
-        }
+    if let Err(e) = parse_config(Value::Object(object.clone()), namespace) {
+        let gvk = format!("{}/{}/{}", if group.is_empty() { "core" } else { group }, version, kind);
+        return Err(config_error(e, &gvk));
     }
     if let Some(field) = object.keys().find(|k| !VALID_FIELDS.contains(&k.as_str())) {
         let name = object
@@ -157,7 +154,7 @@ pub fn validate(request: &AdmissionRequest) -> Verdict {
             .and_then(|m| m.get("name"))
             .and_then(Value::as_str)
             .unwrap_or(&request.name);
-        return fail(
+        return Err(denied(
             "invalid_resource",
             format!(
                 "unknown field {:?} on {} resource {}/{}",
@@ -166,11 +163,30 @@ pub fn validate(request: &AdmissionRequest) -> Verdict {
                 bounded(&request.namespace),
                 bounded(name)
             ),
-        );
+        ));
     }
-    Verdict {
-        response: AdmissionResponse::allowed(),
-        count: passed(),
+    Ok(())
+}
+
+/// What Istio's webhook answers, and counts, for an object the config decoder refuses.
+fn config_error(e: ConfigError, gvk: &str) -> Denied {
+    match e {
+        ConfigError::UnknownKind { .. } => denied("unknown_type", format!("unrecognized type {}", bounded(gvk))),
+        ConfigError::NotAResource => denied(
+            "yaml_decode_error",
+            "cannot decode configuration: not an object with apiVersion and kind".into(),
+        ),
+        ConfigError::Decode { reason, .. } => denied(
+            "crd_conversion_error",
+            format!("error decoding configuration: {reason}"),
+        ),
+        ConfigError::Metadata { reason, .. } => {
+            denied("invalid_resource", format!("configuration is invalid: {reason}"))
+        }
+        ConfigError::Invalid { errors, .. } => denied(
+            "invalid_resource",
+            format!("configuration is invalid: {}", errors.join("; ")),
+        ),
     }
 }
 
