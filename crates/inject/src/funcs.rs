@@ -14,8 +14,16 @@ use crate::template::value::{Kind, Value};
 use crate::yaml::to_yaml;
 
 pub(crate) fn lookup(name: &str) -> Option<Func> {
+    // Istio adds its map after sprig's: its functions win where both define one
+    istio(name)
+        .or_else(|| istio_data(name))
+        .or_else(|| sprig_values(name))
+        .or_else(|| sprig_strings(name))
+}
+
+/// Istio's `InjectionFuncmap`: the Pod, ports, annotations and strings.
+fn istio(name: &str) -> Option<Func> {
     Some(match name {
-        // Istio's InjectionFuncmap
         "formatDuration" => |_, a| Ok(Value::Str(format_duration(&one(a, "formatDuration")?.to_text()))),
         "isset" => |_, a| match a {
             [Value::Map(m), k] => Ok(Value::Bool(m.entries.contains_key(&k.to_text()))),
@@ -48,6 +56,40 @@ pub(crate) fn lookup(name: &str) -> Option<Func> {
             }),
             _ => Err("valueOrDefault takes two arguments".into()),
         },
+        "indent" => |_, a| match a {
+            [n, s] => Ok(Value::Str(istio_indent(n.as_int().unwrap_or(0), &strval(s)))),
+            _ => Err("indent takes a width and a string".into()),
+        },
+        "directory" => |_, a| {
+            let p = strval(one(a, "directory")?);
+            Ok(Value::Str(
+                p.rfind('/').map(|i| p[..=i].to_string()).unwrap_or_default(),
+            ))
+        },
+        "contains" => |_, a| match a {
+            [needle, haystack] => Ok(Value::Bool(strval(haystack).contains(&strval(needle)))),
+            _ => Err("contains takes two strings".into()),
+        },
+        "toLower" | "lower" => |_, a| Ok(Value::Str(strval(one(a, "toLower")?).to_lowercase())),
+        "upper" | "toUpper" => |_, a| Ok(Value::Str(strval(one(a, "upper")?).to_uppercase())),
+        "appendMultusNetwork" => |_, a| match a {
+            [existing, net] => Ok(Value::Str(append_multus_network(&strval(existing), &strval(net)))),
+            _ => Err("appendMultusNetwork takes two strings".into()),
+        },
+        "env" => env,
+        "otelResourceAttributes" => |_, a| match a {
+            [mc, anns, labels, ns, containers] => Ok(Value::Str(crate::otel::resource_attributes(
+                mc, anns, labels, ns, containers,
+            ))),
+            _ => Err("otelResourceAttributes takes five arguments".into()),
+        },
+        _ => return None,
+    })
+}
+
+/// Istio's `InjectionFuncmap`: JSON, YAML, protobuf and maps.
+fn istio_data(name: &str) -> Option<Func> {
+    Some(match name {
         "toJSON" => |_, a| {
             let v = one(a, "toJSON")?;
             Ok(Value::Str(if matches!(v, Value::Nil | Value::Zero) {
@@ -81,27 +123,6 @@ pub(crate) fn lookup(name: &str) -> Option<Func> {
             }))
         },
         "toYaml" => |_, a| Ok(Value::Str(to_yaml(&one(a, "toYaml")?.to_json()))),
-        "indent" => |_, a| match a {
-            [n, s] => Ok(Value::Str(istio_indent(n.as_int().unwrap_or(0), &strval(s)))),
-            _ => Err("indent takes a width and a string".into()),
-        },
-        "directory" => |_, a| {
-            let p = strval(one(a, "directory")?);
-            Ok(Value::Str(
-                p.rfind('/').map(|i| p[..=i].to_string()).unwrap_or_default(),
-            ))
-        },
-        "contains" => |_, a| match a {
-            [needle, haystack] => Ok(Value::Bool(strval(haystack).contains(&strval(needle)))),
-            _ => Err("contains takes two strings".into()),
-        },
-        "toLower" | "lower" => |_, a| Ok(Value::Str(strval(one(a, "toLower")?).to_lowercase())),
-        "upper" | "toUpper" => |_, a| Ok(Value::Str(strval(one(a, "upper")?).to_uppercase())),
-        "appendMultusNetwork" => |_, a| match a {
-            [existing, net] => Ok(Value::Str(append_multus_network(&strval(existing), &strval(net)))),
-            _ => Err("appendMultusNetwork takes two strings".into()),
-        },
-        "env" => env,
         "omit" => |_, a| {
             let (dict, keys) = a.split_first().ok_or("omit needs a map")?;
             let keys: Vec<String> = keys.iter().map(strval).collect();
@@ -125,40 +146,20 @@ pub(crate) fn lookup(name: &str) -> Option<Func> {
             })
         },
         "omitNil" => |_, a| Ok(omit_nil(one(a, "omitNil")?).unwrap_or(Value::Nil)),
-        "otelResourceAttributes" => |_, a| match a {
-            [mc, anns, labels, ns, containers] => Ok(Value::Str(crate::otel::resource_attributes(
-                mc, anns, labels, ns, containers,
-            ))),
-            _ => Err("otelResourceAttributes takes five arguments".into()),
-        },
-        // sprig
+        _ => return None,
+    })
+}
+
+/// sprig's: defaults, lists, maps, quoting.
+fn sprig_values(name: &str) -> Option<Func> {
+    Some(match name {
         "default" => |_, a| match a {
             [d] => Ok(d.clone()),
             [d, v, ..] => Ok(if v.is_empty() { d.clone() } else { v.clone() }),
             [] => Err("default needs an argument".into()),
         },
         "empty" => |_, a| Ok(Value::Bool(one(a, "empty")?.is_empty())),
-        "quote" => |_, a| {
-            let q: Vec<String> = a
-                .iter()
-                .filter(|v| **v != Value::Nil)
-                .map(|v| go_quote(&strval(v)))
-                .collect();
-            Ok(Value::Str(q.join(" ")))
-        },
-        "squote" => |_, a| {
-            let q: Vec<String> = a
-                .iter()
-                .filter(|v| **v != Value::Nil)
-                .map(|v| format!("'{}'", strval(v)))
-                .collect();
-            Ok(Value::Str(q.join(" ")))
-        },
         "toString" => |_, a| Ok(Value::Str(strval(one(a, "toString")?))),
-        "join" => |_, a| match a {
-            [sep, list] => Ok(Value::Str(strslice(list).join(&strval(sep)))),
-            _ => Err("join takes a separator and a list".into()),
-        },
         "list" => |_, a| Ok(Value::list(a.to_vec())),
         "append" | "push" => |_, a| match a {
             [Value::List(l), v] => {
@@ -177,6 +178,33 @@ pub(crate) fn lookup(name: &str) -> Option<Func> {
             }
             Ok(Value::map(m))
         },
+        "join" => |_, a| match a {
+            [sep, list] => Ok(Value::Str(strslice(list).join(&strval(sep)))),
+            _ => Err("join takes a separator and a list".into()),
+        },
+        "quote" => |_, a| {
+            let q: Vec<String> = a
+                .iter()
+                .filter(|v| **v != Value::Nil)
+                .map(|v| go_quote(&strval(v)))
+                .collect();
+            Ok(Value::Str(q.join(" ")))
+        },
+        "squote" => |_, a| {
+            let q: Vec<String> = a
+                .iter()
+                .filter(|v| **v != Value::Nil)
+                .map(|v| format!("'{}'", strval(v)))
+                .collect();
+            Ok(Value::Str(q.join(" ")))
+        },
+        _ => return None,
+    })
+}
+
+/// sprig's: string cutting and indenting.
+fn sprig_strings(name: &str) -> Option<Func> {
+    Some(match name {
         "trunc" => |_, a| match a {
             [n, s] => {
                 let (n, s) = (n.as_int().unwrap_or(0), strval(s));
