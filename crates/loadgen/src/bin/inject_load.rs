@@ -69,7 +69,7 @@ fn rss_kib(pid: u32) -> u64 {
 #[tokio::main]
 async fn main() -> Result<()> {
     let a = Args::parse();
-    let install = a.install.unwrap_or_else(|| PathBuf::from(INSTALL));
+    let install = a.install.clone().unwrap_or_else(|| PathBuf::from(INSTALL));
     let text =
         std::fs::read_to_string(&install).with_context(|| format!("Istio's rendered install {}", install.display()))?;
     let docs: Vec<Value> = serde_saphyr::from_multiple(&text)?;
@@ -81,133 +81,188 @@ async fn main() -> Result<()> {
     let (Some(injector_cm), Some(mesh_cm)) = (configmap("istio-sidecar-injector"), configmap("istio")) else {
         bail!("{}: no istio-sidecar-injector or istio ConfigMap", install.display());
     };
-    let api = FakeApiServer::start().await?;
-    api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}}))?;
-    api.apply(mesh_cm)?;
     let work = tempfile::tempdir()?;
-    let kubeconfig = work.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig)?;
-    let https = free_port();
-    let binary = a.discovery_bin.or_else(|| {
-        let exe = std::env::current_exe().ok()?;
-        let bin = exe.parent()?.join("pilot-discovery");
-        bin.is_file().then_some(bin)
-    });
-    let root_dir = work.path().join("cacerts");
-    std::fs::create_dir(work.path().join("config"))?;
-    let discovery = Discovery::start(
-        &work.path().join("config"),
-        DiscoveryOptions {
-            args: vec![
-                "--kubeconfig".into(),
-                kubeconfig.display().to_string(),
-                "--secureGrpcAddr".into(),
-                format!("127.0.0.1:{}", free_port()),
-                "--httpsAddr".into(),
-                format!("127.0.0.1:{https}"),
-                "--log_output_level".into(),
-                "default:warn".into(),
-            ],
-            env: vec![
-                ("ROOT_CA_DIR".into(), root_dir.display().to_string()),
-                ("ENABLE_NATIVE_SIDECARS".into(), "true".into()),
-            ],
-            binary,
-            ..Default::default()
-        },
-    )
-    .await?;
-    let pid = discovery.pid().context("pilot-discovery's pid")?;
-    let root = std::fs::read(root_dir.join("root-cert.pem")).context("the mesh root in ROOT_CA_DIR")?;
-    let client = reqwest::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(&root)?)
-        .resolve("istiod.istio-system.svc", ([127, 0, 0, 1], https).into())
-        .timeout(Duration::from_secs(30))
-        .build()?;
-    let url = format!("https://istiod.istio-system.svc:{https}/inject");
-    let post = |client: reqwest::Client, body: Vec<u8>| {
-        let url = url.clone();
-        async move {
-            let t0 = Instant::now();
-            let r = client
-                .post(&url)
-                .header("content-type", "application/json")
-                .body(body)
-                .send()
-                .await?;
-            let status = r.status().as_u16();
-            let answer: Value = r.json().await.unwrap_or_default();
-            anyhow::Ok((t0.elapsed(), status, answer))
-        }
-    };
-
+    let istiod = Istiod::start(&a, mesh_cm, work.path()).await?;
+    let pid = istiod.discovery.pid().context("pilot-discovery's pid")?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_before = rss_kib(pid);
-    api.apply(injector_cm)?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, status, _) = post(client.clone(), serde_json::to_vec(&review(0))?).await?;
-        if status == 200 {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "/inject still answers {status} 30 s after the ConfigMap:\n{}",
-                discovery.logs()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    istiod.api.apply(injector_cm)?;
+    istiod.wait_for_injection().await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_loaded = rss_kib(pid);
-
-    let total = (a.rate * a.seconds).round() as usize;
-    let interval = Duration::from_secs_f64(1.0 / a.rate);
-    let latencies = Arc::new(std::sync::Mutex::new(Vec::with_capacity(total)));
-    let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut tasks = tokio::task::JoinSet::new();
-    let start = Instant::now();
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    for i in 1..=total {
-        ticker.tick().await;
-        let body = serde_json::to_vec(&review(i))?;
-        let (latencies, errors, request) = (latencies.clone(), errors.clone(), post(client.clone(), body));
-        tasks.spawn(async move {
-            match request.await {
-                Ok((took, 200, answer))
-                    if answer["response"]["allowed"] == true && answer["response"]["patchType"] == "JSONPatch" =>
-                {
-                    latencies
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .push(took);
-                }
-                Ok((_, status, answer)) => {
-                    errors
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .push(format!(
-                            "{status}: {}",
-                            answer.to_string().chars().take(300).collect::<String>()
-                        ))
-                }
-                Err(e) => errors
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .push(format!("{e:#}")),
-            }
-        });
-    }
-    while tasks.join_next().await.is_some() {}
-    let elapsed = start.elapsed();
+    let run = istiod.load(a.rate, a.seconds).await?;
     let rss_after = rss_kib(pid);
-    let mut l = latencies
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone();
-    l.sort();
-    let errors = errors.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+    let metrics = istiod.discovery.get("/metrics", true).await?.1;
+    report(&a, run, metrics, [rss_before, rss_loaded, rss_after])
+}
+
+/// pilot-discovery as istiod, on a fake API server with the install's `istio` ConfigMap, and an
+/// HTTPS client of its injector that trusts the mesh root.
+struct Istiod {
+    api: FakeApiServer,
+    discovery: Discovery,
+    client: reqwest::Client,
+    url: String,
+}
+
+/// What a run measured: each injected Pod's latency (sorted), the errors, the time it took.
+struct Run {
+    total: usize,
+    latencies: Vec<Duration>,
+    errors: Vec<String>,
+    elapsed: Duration,
+}
+
+impl Istiod {
+    async fn start(a: &Args, mesh_cm: Value, work: &std::path::Path) -> Result<Istiod> {
+        let api = FakeApiServer::start().await?;
+        api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}}))?;
+        api.apply(mesh_cm)?;
+        let kubeconfig = work.join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig)?;
+        let https = free_port();
+        let binary = a.discovery_bin.clone().or_else(|| {
+            let exe = std::env::current_exe().ok()?;
+            let bin = exe.parent()?.join("pilot-discovery");
+            bin.is_file().then_some(bin)
+        });
+        let root_dir = work.join("cacerts");
+        std::fs::create_dir(work.join("config"))?;
+        let discovery = Discovery::start(
+            &work.join("config"),
+            DiscoveryOptions {
+                args: vec![
+                    "--kubeconfig".into(),
+                    kubeconfig.display().to_string(),
+                    "--secureGrpcAddr".into(),
+                    format!("127.0.0.1:{}", free_port()),
+                    "--httpsAddr".into(),
+                    format!("127.0.0.1:{https}"),
+                    "--log_output_level".into(),
+                    "default:warn".into(),
+                ],
+                env: vec![
+                    ("ROOT_CA_DIR".into(), root_dir.display().to_string()),
+                    ("ENABLE_NATIVE_SIDECARS".into(), "true".into()),
+                ],
+                binary,
+                ..Default::default()
+            },
+        )
+        .await?;
+        let root = std::fs::read(root_dir.join("root-cert.pem")).context("the mesh root in ROOT_CA_DIR")?;
+        let client = reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(&root)?)
+            .resolve("istiod.istio-system.svc", ([127, 0, 0, 1], https).into())
+            .timeout(Duration::from_secs(30))
+            .build()?;
+        let url = format!("https://istiod.istio-system.svc:{https}/inject");
+        Ok(Istiod {
+            api,
+            discovery,
+            client,
+            url,
+        })
+    }
+
+    /// One AdmissionReview posted: the time to the answer, its status and body.
+    async fn post(&self, body: Vec<u8>) -> Result<(Duration, u16, Value)> {
+        post(self.client.clone(), self.url.clone(), body).await
+    }
+
+    /// Until `/inject` answers 200 (the ConfigMap read), at most 30 s.
+    async fn wait_for_injection(&self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (_, status, _) = self.post(serde_json::to_vec(&review(0))?).await?;
+            if status == 200 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "/inject still answers {status} 30 s after the ConfigMap:\n{}",
+                    self.discovery.logs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `rate` Pods a second for `seconds`, each its own request, not waiting for the answers.
+    async fn load(&self, rate: f64, seconds: f64) -> Result<Run> {
+        let total = (rate * seconds).round() as usize;
+        let interval = Duration::from_secs_f64(1.0 / rate);
+        let latencies = Arc::new(std::sync::Mutex::new(Vec::with_capacity(total)));
+        let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut tasks = tokio::task::JoinSet::new();
+        let start = Instant::now();
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        for i in 1..=total {
+            ticker.tick().await;
+            let body = serde_json::to_vec(&review(i))?;
+            let request = post(self.client.clone(), self.url.clone(), body);
+            let (latencies, errors) = (latencies.clone(), errors.clone());
+            tasks.spawn(async move {
+                let outcome = match request.await {
+                    Ok((took, 200, answer))
+                        if answer["response"]["allowed"] == true && answer["response"]["patchType"] == "JSONPatch" =>
+                    {
+                        Ok(took)
+                    }
+                    Ok((_, status, answer)) => Err(format!(
+                        "{status}: {}",
+                        answer.to_string().chars().take(300).collect::<String>()
+                    )),
+                    Err(e) => Err(format!("{e:#}")),
+                };
+                match outcome {
+                    Ok(took) => latencies
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push(took),
+                    Err(e) => errors.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(e),
+                }
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+        let elapsed = start.elapsed();
+        let mut latencies = latencies
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        latencies.sort();
+        let errors = errors.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        Ok(Run {
+            total,
+            latencies,
+            errors,
+            elapsed,
+        })
+    }
+}
+
+async fn post(client: reqwest::Client, url: String, body: Vec<u8>) -> Result<(Duration, u16, Value)> {
+    let t0 = Instant::now();
+    let r = client
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await?;
+    let status = r.status().as_u16();
+    let answer: Value = r.json().await.unwrap_or_default();
+    Ok((t0.elapsed(), status, answer))
+}
+
+/// The figures, as lines and as one JSON object; an error when any admission was not injected.
+fn report(a: &Args, run: Run, metrics: String, [rss_before, rss_loaded, rss_after]: [u64; 3]) -> Result<()> {
+    let Run {
+        total,
+        latencies: l,
+        errors,
+        elapsed,
+    } = run;
     let pct = |p: f64| -> f64 {
         if l.is_empty() {
             return f64::NAN;
@@ -215,7 +270,6 @@ async fn main() -> Result<()> {
         let i = ((l.len() as f64 * p).ceil() as usize).clamp(1, l.len()) - 1;
         l[i].as_secs_f64() * 1000.0
     };
-    let metrics = discovery.get("/metrics", true).await?.1;
     let metric = |name: &str| {
         metrics
             .lines()
