@@ -92,41 +92,7 @@ fn slice(ns: &str, svc: usize, index: usize, pods: &[usize]) -> Value {
 
 pub async fn run(opts: &KubeOptions) -> Result<KubeReport> {
     let api = FakeApiServer::start().await?;
-    let ns_of = |s: usize| format!("ns-{}", s % opts.namespaces.max(1));
-    api.apply(
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1",
-        "labels": {"topology.kubernetes.io/region": "r1", "topology.kubernetes.io/zone": "z1"}}}),
-    )?;
-    for n in 0..opts.namespaces.max(1) {
-        api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": format!("ns-{n}")}}))?;
-    }
-    // Per service, its pods' numbers, oldest first, and the pods of each of its slices.
-    let mut pods: Vec<std::collections::VecDeque<usize>> = Vec::with_capacity(opts.services);
-    let mut slices: Vec<Vec<Vec<usize>>> = Vec::with_capacity(opts.services);
-    let per_service = opts.slices_per_service.max(1);
-    let mut next_pod = 0usize;
-    for s in 0..opts.services {
-        let ns = ns_of(s);
-        api.apply(json!({"apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": format!("svc-{s}"), "namespace": ns},
-            "spec": {"clusterIP": format!("10.96.{}.{}", s / 256 % 256, s % 256), "selector": {"app": format!("svc-{s}")},
-                     "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}}))?;
-        let mine: Vec<usize> = (next_pod..next_pod + opts.pods_per_service).collect();
-        next_pod += opts.pods_per_service;
-        for k in &mine {
-            api.apply(pod(&ns, s, *k))?;
-        }
-        let mut dealt = vec![Vec::new(); per_service];
-        for (i, k) in mine.iter().enumerate() {
-            dealt[i % per_service].push(*k);
-        }
-        for (j, members) in dealt.iter().enumerate() {
-            api.apply(slice(&ns, s, j, members))?;
-        }
-        slices.push(dealt);
-        pods.push(mine.into_iter().collect());
-    }
-
+    let mut cluster = Cluster::populate(&api, opts)?;
     let dir = tempfile::tempdir()?;
     let config = dir.path().join("config");
     std::fs::create_dir(&config)?;
@@ -149,7 +115,7 @@ pub async fn run(opts: &KubeOptions) -> Result<KubeReport> {
     let mut report = KubeReport {
         services: opts.services,
         pods: opts.services * opts.pods_per_service,
-        endpoint_slices: opts.services * per_service,
+        endpoint_slices: opts.services * opts.slices_per_service.max(1),
         namespaces: opts.namespaces,
         proxies: opts.proxies.max(1),
         ready_seconds: ready.as_secs_f64(),
@@ -167,102 +133,176 @@ pub async fn run(opts: &KubeOptions) -> Result<KubeReport> {
         peak_rss_mb: None,
         cpu_seconds: None,
     };
-
     if opts.churn_rate > 0.0 {
-        let metadata = json!({"NAMESPACE": "ns-0", "LABELS": {"app": "client"}, "ISTIO_VERSION": "1.28.0"});
-        let mut client = AdsClient::connect(
-            discovery.grpc_addr,
-            "sidecar~10.1.255.1~client-0.ns-0~ns-0.svc.cluster.local",
-            metadata,
-        )
-        .await?;
-        client.handshake(None).await?;
-        let mut others = start_other_sidecars(&discovery, opts).await?;
-        let mut pending: HashMap<String, Instant> = HashMap::new();
-        // (when the change was made, its lag)
-        let mut lags: Vec<(Instant, Duration)> = Vec::new();
-        let period = Duration::from_secs_f64(1.0 / opts.churn_rate);
-        let churn_start = Instant::now();
-        let end = churn_start + Duration::from_secs_f64(opts.churn_seconds);
-        let minute = Duration::from_secs(60);
-        let mut rss_after_first_minute = None;
-        let mut tick = tokio::time::interval(period);
-        let mut i = 0usize;
-        let drain_until = |last: Instant| last + Duration::from_secs(30);
-        let mut last_change = Instant::now();
-        loop {
-            let writing = Instant::now() < end;
-            if !writing && (pending.is_empty() || Instant::now() > drain_until(last_change)) {
-                break;
-            }
-            tokio::select! {
-                _ = tick.tick(), if writing => {
-                    if rss_after_first_minute.is_none() && churn_start.elapsed() >= minute {
-                        rss_after_first_minute = Some(pid.and_then(crate::report::rss_mb));
-                    }
-                    let s = i % opts.services;
-                    i += 1;
-                    let ns = ns_of(s);
-                    let new = next_pod;
-                    next_pod += 1;
-                    api.apply(pod(&ns, s, new))?;
-                    let old = pods[s].pop_front();
-                    pods[s].push_back(new);
-                    // The new Pod takes the old one's place in its slice (or joins the first).
-                    let j = old
-                        .and_then(|o| slices[s].iter().position(|members| members.contains(&o)))
-                        .unwrap_or(0);
-                    let members = &mut slices[s][j];
-                    members.retain(|k| Some(*k) != old);
-                    members.push(new);
-                    api.apply(slice(&ns, s, j, members))?;
-                    let now = Instant::now();
-                    pending.insert(pod_ip(new), now);
-                    last_change = now;
-                    if let Some(old) = old {
-                        api.delete(&pod(&ns, s, old))?;
-                    }
-                    report.churn_changes += 1;
-                }
-                r = client.recv() => {
-                    let r = r?;
-                    if r.type_url() == type_url::ENDPOINT {
-                        let now = Instant::now();
-                        for cla in r.decode::<ClusterLoadAssignment>()? {
-                            for (a, _) in test_support::ads::endpoint_addresses(&cla) {
-                                if let Some(made) = pending.remove(&a) {
-                                    lags.push((made, now - made));
-                                }
-                            }
-                        }
-                    }
-                    client.ack_response(&r)?;
-                }
-                _ = tokio::time::sleep(Duration::from_millis(200)), if !writing => {}
-            }
-        }
-        report.churn_rss_mb_at_end = pid.and_then(crate::report::rss_mb);
-        others.abort_all();
-        report.churn_missed = pending.len();
-        let all: Vec<Duration> = lags.iter().map(|(_, lag)| *lag).collect();
-        report.churn_lag_p50_ms = percentile_ms(&all, 0.5);
-        report.churn_lag_p99_ms = percentile_ms(&all, 0.99);
-        report.churn_lag_max_ms = all.iter().max().map(|d| d.as_secs_f64() * 1000.0);
-        if opts.churn_seconds >= 120.0 {
-            let within = |from: Instant, to: Instant| -> Vec<Duration> {
-                lags.iter()
-                    .filter(|(t, _)| *t >= from && *t < to)
-                    .map(|(_, lag)| *lag)
-                    .collect()
-            };
-            report.churn_lag_first_minute_p99_ms = percentile_ms(&within(churn_start, churn_start + minute), 0.99);
-            report.churn_lag_last_minute_p99_ms = percentile_ms(&within(end - minute, end), 0.99);
-            report.churn_rss_mb_after_first_minute = rss_after_first_minute.flatten();
-        }
+        churn(&api, &discovery, opts, &mut cluster, &mut report).await?;
     }
     report.peak_rss_mb = pid.and_then(peak_rss_mb);
     report.cpu_seconds = pid.and_then(cpu_seconds);
     Ok(report)
+}
+
+/// The synthetic cluster's Pods and EndpointSlices as the churn changes them.
+struct Cluster {
+    /// Per service, its pods' numbers, oldest first.
+    pods: Vec<std::collections::VecDeque<usize>>,
+    /// Per service, the pods of each of its slices.
+    slices: Vec<Vec<Vec<usize>>>,
+    next_pod: usize,
+    namespaces: usize,
+}
+
+impl Cluster {
+    /// The node, namespaces, Services, Pods and EndpointSlices of `opts`, applied.
+    fn populate(api: &FakeApiServer, opts: &KubeOptions) -> Result<Cluster> {
+        api.apply(
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1",
+            "labels": {"topology.kubernetes.io/region": "r1", "topology.kubernetes.io/zone": "z1"}}}),
+        )?;
+        for n in 0..opts.namespaces.max(1) {
+            api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": format!("ns-{n}")}}))?;
+        }
+        let mut cluster = Cluster {
+            pods: Vec::with_capacity(opts.services),
+            slices: Vec::with_capacity(opts.services),
+            next_pod: 0,
+            namespaces: opts.namespaces,
+        };
+        let per_service = opts.slices_per_service.max(1);
+        for s in 0..opts.services {
+            let ns = cluster.ns_of(s);
+            api.apply(json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": format!("svc-{s}"), "namespace": ns},
+                "spec": {"clusterIP": format!("10.96.{}.{}", s / 256 % 256, s % 256), "selector": {"app": format!("svc-{s}")},
+                         "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}}))?;
+            let mine: Vec<usize> = (cluster.next_pod..cluster.next_pod + opts.pods_per_service).collect();
+            cluster.next_pod += opts.pods_per_service;
+            for k in &mine {
+                api.apply(pod(&ns, s, *k))?;
+            }
+            let mut dealt = vec![Vec::new(); per_service];
+            for (i, k) in mine.iter().enumerate() {
+                dealt[i % per_service].push(*k);
+            }
+            for (j, members) in dealt.iter().enumerate() {
+                api.apply(slice(&ns, s, j, members))?;
+            }
+            cluster.slices.push(dealt);
+            cluster.pods.push(mine.into_iter().collect());
+        }
+        Ok(cluster)
+    }
+
+    fn ns_of(&self, s: usize) -> String {
+        format!("ns-{}", s % self.namespaces.max(1))
+    }
+
+    /// Service `s`'s oldest Pod replaced by a new one (which takes its place in its slice, or
+    /// joins the first): the new Pod's IP, and when its slice was applied.
+    fn replace_oldest(&mut self, api: &FakeApiServer, s: usize) -> Result<(String, Instant)> {
+        let ns = self.ns_of(s);
+        let new = self.next_pod;
+        self.next_pod += 1;
+        api.apply(pod(&ns, s, new))?;
+        let old = self.pods[s].pop_front();
+        self.pods[s].push_back(new);
+        let j = old
+            .and_then(|o| self.slices[s].iter().position(|members| members.contains(&o)))
+            .unwrap_or(0);
+        let members = &mut self.slices[s][j];
+        members.retain(|k| Some(*k) != old);
+        members.push(new);
+        api.apply(slice(&ns, s, j, members))?;
+        let applied = Instant::now();
+        if let Some(old) = old {
+            api.delete(&pod(&ns, s, old))?;
+        }
+        Ok((pod_ip(new), applied))
+    }
+}
+
+/// Pods replaced at `churn_rate` for `churn_seconds` while one sidecar (of `proxies`) measures how
+/// long each new endpoint takes to reach it; the lags and memory go into `report`.
+async fn churn(
+    api: &FakeApiServer,
+    discovery: &Discovery,
+    opts: &KubeOptions,
+    cluster: &mut Cluster,
+    report: &mut KubeReport,
+) -> Result<()> {
+    let pid = discovery.pid();
+    let metadata = json!({"NAMESPACE": "ns-0", "LABELS": {"app": "client"}, "ISTIO_VERSION": "1.28.0"});
+    let mut client = AdsClient::connect(
+        discovery.grpc_addr,
+        "sidecar~10.1.255.1~client-0.ns-0~ns-0.svc.cluster.local",
+        metadata,
+    )
+    .await?;
+    client.handshake(None).await?;
+    let mut others = start_other_sidecars(discovery, opts).await?;
+    let mut pending: HashMap<String, Instant> = HashMap::new();
+    // (when the change was made, its lag)
+    let mut lags: Vec<(Instant, Duration)> = Vec::new();
+    let period = Duration::from_secs_f64(1.0 / opts.churn_rate);
+    let churn_start = Instant::now();
+    let end = churn_start + Duration::from_secs_f64(opts.churn_seconds);
+    let minute = Duration::from_secs(60);
+    let mut rss_after_first_minute = None;
+    let mut tick = tokio::time::interval(period);
+    let mut i = 0usize;
+    let drain_until = |last: Instant| last + Duration::from_secs(30);
+    let mut last_change = Instant::now();
+    loop {
+        let writing = Instant::now() < end;
+        if !writing && (pending.is_empty() || Instant::now() > drain_until(last_change)) {
+            break;
+        }
+        tokio::select! {
+            _ = tick.tick(), if writing => {
+                if rss_after_first_minute.is_none() && churn_start.elapsed() >= minute {
+                    rss_after_first_minute = Some(pid.and_then(crate::report::rss_mb));
+                }
+                let (ip, applied) = cluster.replace_oldest(api, i % opts.services)?;
+                i += 1;
+                pending.insert(ip, applied);
+                last_change = applied;
+                report.churn_changes += 1;
+            }
+            r = client.recv() => {
+                let r = r?;
+                if r.type_url() == type_url::ENDPOINT {
+                    let now = Instant::now();
+                    for cla in r.decode::<ClusterLoadAssignment>()? {
+                        for (a, _) in test_support::ads::endpoint_addresses(&cla) {
+                            if let Some(made) = pending.remove(&a) {
+                                lags.push((made, now - made));
+                            }
+                        }
+                    }
+                }
+                client.ack_response(&r)?;
+            }
+            _ = tokio::time::sleep(Duration::from_millis(200)), if !writing => {}
+        }
+    }
+    report.churn_rss_mb_at_end = pid.and_then(crate::report::rss_mb);
+    others.abort_all();
+    report.churn_missed = pending.len();
+    let all: Vec<Duration> = lags.iter().map(|(_, lag)| *lag).collect();
+    report.churn_lag_p50_ms = percentile_ms(&all, 0.5);
+    report.churn_lag_p99_ms = percentile_ms(&all, 0.99);
+    report.churn_lag_max_ms = all.iter().max().map(|d| d.as_secs_f64() * 1000.0);
+    if opts.churn_seconds >= 120.0 {
+        let within = |from: Instant, to: Instant| -> Vec<Duration> {
+            lags.iter()
+                .filter(|(t, _)| *t >= from && *t < to)
+                .map(|(_, lag)| *lag)
+                .collect()
+        };
+        report.churn_lag_first_minute_p99_ms = percentile_ms(&within(churn_start, churn_start + minute), 0.99);
+        report.churn_lag_last_minute_p99_ms = percentile_ms(&within(end - minute, end), 0.99);
+        report.churn_rss_mb_after_first_minute = rss_after_first_minute.flatten();
+    }
+    Ok(())
 }
 
 /// The sidecars besides the measuring one: connected and synced before the churn starts, then
