@@ -10,6 +10,7 @@ pub mod discovery;
 pub mod envoy;
 pub mod figures;
 pub mod kube_api;
+pub mod kubelet;
 pub mod mesh_ca;
 pub mod netns;
 pub mod ports;

@@ -208,6 +208,49 @@ impl FakeApiServer {
         self.shared.addr
     }
 
+    /// A service account token as the API server's TokenRequest issues it for a Pod's projected
+    /// `serviceAccountToken` volume: a JWT (unsigned here) with Kubernetes' claims (`sub`
+    /// `system:serviceaccount:<ns>:<sa>`, `aud`, `exp`, `kubernetes.io` pod and service account)
+    /// that TokenReviews then authenticate for `audiences` ([`add_token`](Self::add_token)).
+    pub fn issue_token(&self, namespace: &str, service_account: &str, pod: &str, audiences: &[&str]) -> String {
+        use base64::Engine;
+        let b64 = |v: Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default();
+        let username = format!("system:serviceaccount:{namespace}:{service_account}");
+        let claims = serde_json::json!({
+            "iss": "https://kubernetes.default.svc.cluster.local",
+            "sub": username,
+            "aud": audiences,
+            "iat": now,
+            "nbf": now,
+            "exp": now + 43_200,
+            "kubernetes.io": {
+                "namespace": namespace,
+                "pod": {"name": pod},
+                "serviceaccount": {"name": service_account},
+            },
+        });
+        let token = format!(
+            "{}.{}.{}",
+            b64(serde_json::json!({"alg": "RS256", "kid": "fake-kubernetes"})),
+            b64(claims),
+            b64(Value::from(format!("{pod}/{}", audiences.join(","))))
+        );
+        self.add_token(&token, &username, audiences);
+        token
+    }
+
+    /// The stored object of `kind` (`api_version` names its group) `namespace/name` (`namespace`
+    /// empty for a cluster-scoped kind), as a GET would answer.
+    pub fn get(&self, api_version: &str, kind: &str, namespace: &str, name: &str) -> Option<Value> {
+        let rt = resources::of_kind(api_version, kind)?;
+        let obj = lock(&self.shared.store).get(store::res_index(rt), namespace, name)?;
+        Some(Value::clone(&obj))
+    }
+
     /// `http://127.0.0.1:<port>` (`https://` when it serves HTTPS).
     pub fn url(&self) -> String {
         let scheme = if self.ca_pem.is_some() { "https" } else { "http" };

@@ -15,7 +15,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context, bail};
 
+mod container;
 mod sidecar;
+
+pub use container::{Container, IMAGE_PATH, Image};
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
@@ -296,6 +299,8 @@ impl Drop for Pod {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     #[test]
@@ -326,5 +331,96 @@ mod tests {
         assert!(!run_out(&["ip", "netns", "list"]).unwrap().contains(&ns));
         assert!(run(&["ip", "link", "show", &host_if]).is_err());
         assert!(!PathBuf::from("/etc/netns").join(&ns).exists());
+    }
+
+    /// A container sees its image's files over the host's, the Pod's /etc/hosts, its volumes
+    /// (read-only where asked) and nothing else writable; it runs as its user with only the
+    /// capabilities it keeps; and nothing of it shows on the host.
+    #[test]
+    fn a_container_runs_in_its_image_with_its_volumes_user_and_a_read_only_root() {
+        if let Err(why) = supported() {
+            panic!("netns tests need network namespaces (root, `ip netns`, iptables, setpriv, curl): {why}");
+        }
+        let net = Network::create().unwrap();
+        let pod = net.pod("box", &["10.9.9.9 istiod.istio-system.svc"]).unwrap();
+        let image = Image::new(&["/bin/sh", "-c"], (0, 0)).unwrap();
+        image.dir("/etc/istio-e2e-image/proxy").unwrap();
+        image.file("/usr/local/bin/e2e-image-sh", Path::new("/bin/sh")).unwrap();
+        let volumes = tempfile::tempdir().unwrap();
+        let (rw, ro) = (volumes.path().join("rw"), volumes.path().join("ro"));
+        std::fs::create_dir(&rw).unwrap();
+        std::fs::create_dir(&ro).unwrap();
+        std::fs::set_permissions(&rw, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        std::fs::write(ro.join("token"), "t0k3n").unwrap();
+        let script = "id -u; id -G; cat /var/run/secrets/tokens/token; echo; grep istiod /etc/hosts; \
+            /usr/local/bin/e2e-image-sh -c 'echo from-image'; \
+            touch /etc/istio-e2e-image/proxy/ok && echo wrote-volume; \
+            touch /etc/e2e-root 2>/dev/null || echo root-ro; \
+            touch /run/e2e-run 2>/dev/null || echo run-ro; \
+            touch /var/run/secrets/tokens/x 2>/dev/null || echo volume-ro; \
+            grep CapEff /proc/self/status";
+        let container = Container {
+            name: "box".into(),
+            argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+            env: vec![("PATH".into(), IMAGE_PATH.into())],
+            mounts: vec![
+                crate::kubelet::Mount {
+                    host: rw.clone(),
+                    path: "/etc/istio-e2e-image/proxy".into(),
+                    read_only: false,
+                },
+                crate::kubelet::Mount {
+                    host: ro,
+                    path: "/var/run/secrets/tokens".into(),
+                    read_only: true,
+                },
+            ],
+            layer: image.layer().to_path_buf(),
+            workdir: "/".into(),
+            uid: 1337,
+            gid: 1337,
+            groups: vec![1338],
+            caps: Vec::new(),
+            no_new_privs: true,
+        };
+        let out = pod.run_container(&container).unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "1337",
+                "1337 1338",
+                "t0k3n",
+                "10.9.9.9 istiod.istio-system.svc",
+                "from-image",
+                "wrote-volume",
+                "root-ro",
+                "run-ro",
+                "volume-ro",
+                "CapEff:\t0000000000000000",
+            ]
+        );
+        assert!(rw.join("ok").exists(), "the write went to the volume");
+        assert!(
+            !Path::new("/etc/istio-e2e-image").exists(),
+            "nothing is mounted or made on the host"
+        );
+        assert!(!Path::new("/usr/local/bin/e2e-image-sh").exists());
+
+        // root keeps only the capabilities it adds (istio-init's NET_ADMIN and NET_RAW)
+        let root = Container {
+            argv: vec!["/bin/sh".into(), "-c".into(), "grep CapEff /proc/self/status".into()],
+            mounts: Vec::new(),
+            uid: 0,
+            gid: 0,
+            groups: Vec::new(),
+            caps: vec!["net_admin".into(), "net_raw".into()],
+            ..container
+        };
+        let out = pod.run_container(&root).unwrap();
+        // CAP_NET_ADMIN is bit 12, CAP_NET_RAW bit 13
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "CapEff:\t0000000000003000");
     }
 }
