@@ -10,7 +10,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -18,17 +18,8 @@ use test_support::discovery::{Discovery, DiscoveryOptions};
 use test_support::kube_api::{FakeApiServer, kubectl};
 use test_support::ports::free_port;
 
-fn corpus_install() -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(
-        "../../shared/corpus/istio/operator/cmd/mesh/testdata/manifest-generate/output/pilot_default.golden.yaml",
-    );
-    assert!(
-        path.exists(),
-        "Istio's rendered install {} is needed: ../shared (the corpus) is missing",
-        path.display()
-    );
-    path
-}
+mod common;
+use common::istiod::corpus_install;
 
 /// A Pod of a Deployment `web`, as its ReplicaSet creates it (generateName, owner, pod-template-hash).
 fn deployment_pod(namespace: &str, extra_labels: Value) -> String {

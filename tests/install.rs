@@ -12,17 +12,8 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use test_support::kube_api::{FakeApiServer, kubectl};
 
-fn corpus_install() -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(
-        "../../shared/corpus/istio/operator/cmd/mesh/testdata/manifest-generate/output/pilot_default.golden.yaml",
-    );
-    assert!(
-        path.exists(),
-        "Istio's rendered install {} is needed: ../shared (the corpus) is missing",
-        path.display()
-    );
-    path
-}
+mod common;
+use common::istiod::corpus_install;
 
 fn project_file(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
@@ -281,75 +272,12 @@ mod docker {
 
 /// istiod's Deployment, run as a Pod would run it: see [`netns::istiods_deployment_runs_as_written`].
 mod netns {
-    use std::os::unix::fs::PermissionsExt;
     use std::time::{Duration, Instant};
 
-    use serde_json::{Value, json};
-    use test_support::kube_api::{FakeApiOptions, FakeApiServer, kubectl};
+    use test_support::kubelet::{Kubelet, Node};
     use test_support::netns::{Network, Pod, tail};
 
-    use super::corpus_install;
-
-    /// The Pod's name and the node's CPUs, for the Deployment's `valueFrom` env.
-    const POD_NAME: &str = "istiod-5f9c7d8b4-x2x7q";
-    const NODE_CPUS: &str = "2";
-
-    /// The container's env as the kubelet gives it: values, and `valueFrom` resolved for this Pod.
-    fn container_env(container: &Value) -> Vec<(String, String)> {
-        container["env"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| {
-                let name = e["name"].as_str().unwrap().to_owned();
-                if let Some(v) = e["value"].as_str() {
-                    return (name, v.to_owned());
-                }
-                let value = match (
-                    e.pointer("/valueFrom/fieldRef/fieldPath").and_then(Value::as_str),
-                    e.pointer("/valueFrom/resourceFieldRef/resource")
-                        .and_then(Value::as_str),
-                ) {
-                    (Some("metadata.name"), _) => POD_NAME,
-                    (Some("metadata.namespace"), _) => "istio-system",
-                    (Some("spec.serviceAccountName"), _) => "istiod",
-                    // no limit set: the node's allocatable CPUs
-                    (_, Some("limits.cpu")) => NODE_CPUS,
-                    other => panic!("env {name}: the test does not resolve {other:?}"),
-                };
-                (name, value.to_owned())
-            })
-            .collect()
-    }
-
-    /// What the kubelet mounts under /var/run/secrets for istiod's Pod: the service account
-    /// (`kubernetes.io/serviceaccount`), the projected `istio-token`, the `local-certs` emptyDir
-    /// (`istio-dns`), and the optional Secrets and ConfigMap that do not exist in a fresh install,
-    /// which are empty directories.
-    fn secrets_volume(dir: &std::path::Path, api: &FakeApiServer) -> anyhow::Result<()> {
-        let sa = dir.join("kubernetes.io/serviceaccount");
-        std::fs::create_dir_all(&sa)?;
-        std::fs::write(sa.join("token"), "istiod-service-account-token")?;
-        std::fs::write(sa.join("ca.crt"), api.ca_pem().unwrap_or_default())?;
-        std::fs::write(sa.join("namespace"), "istio-system")?;
-        std::fs::create_dir_all(dir.join("tokens"))?;
-        std::fs::write(dir.join("tokens/istio-token"), "istiod-istio-ca-token")?;
-        for empty in ["istio-dns", "remote", "istiod/tls", "istiod/ca"] {
-            std::fs::create_dir_all(dir.join(empty))?;
-        }
-        // the emptyDir is writable by the container's user (fsGroup-less: world-writable here)
-        std::fs::set_permissions(dir.join("istio-dns"), std::fs::Permissions::from_mode(0o777))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
-        Ok(())
-    }
-
-    /// In the Pod: a mount namespace whose root file system is read-only
-    /// (`readOnlyRootFilesystem`), with `secrets` at /var/run/secrets, then the container's
-    /// command as user and group 1337 (the image's `USER 1337:1337`) in `/`.
-    const CONTAINER: &str = "set -e; secrets=$1; shift; \
-        mount -t tmpfs tmpfs /run; mkdir -p /run/secrets; mount --bind \"$secrets\" /run/secrets; \
-        mount -o remount,bind,ro /; cd /; \
-        exec setpriv --reuid 1337 --regid 1337 --clear-groups \"$@\"";
+    use crate::common::istiod::{Cluster, Istiod};
 
     fn curl(pod: &Pod, url: &str) -> String {
         let out = pod
@@ -371,85 +299,19 @@ mod netns {
             panic!("this test runs istiod's Pod in a network namespace (root, `ip netns`, setpriv, curl): {why}");
         }
         let net = Network::create().unwrap();
-        let api = FakeApiServer::start_with(FakeApiOptions {
-            ip: net.host_ip().into(),
-            tls: true,
-            ..FakeApiOptions::default()
-        })
-        .await
-        .unwrap();
-        let work = tempfile::tempdir().unwrap();
-        let admin = work.path().join("kubeconfig");
-        api.write_kubeconfig(&admin).unwrap();
-        api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}}))
-            .unwrap();
-        kubectl(&admin, &["apply", "-f", corpus_install().to_str().unwrap()])
-            .await
-            .unwrap();
-        api.authorize_by_bindings("istiod-service-account-token", "istio-system", "istiod");
-        api.add_token(
-            "istiod-istio-ca-token",
-            "system:serviceaccount:istio-system:istiod",
-            &["istio-ca"],
+        let cluster = Cluster::install(&net).await.unwrap();
+        let kubelet = Kubelet::new(
+            &cluster.api,
+            Node {
+                name: "node-1".into(),
+                ip: net.host_ip().into(),
+                cpus: 2,
+                memory: 8 << 30,
+            },
         );
-        let deployment: Value = serde_json::from_str(
-            &kubectl(
-                &admin,
-                &["get", "deployment", "istiod", "-n", "istio-system", "-o", "json"],
-            )
-            .await
-            .unwrap(),
-        )
-        .unwrap();
-        let container = &deployment["spec"]["template"]["spec"]["containers"][0];
-        assert_eq!(container["name"], "discovery");
-        let args: Vec<String> = container["args"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| a.as_str().unwrap().to_owned())
-            .collect();
-        let mut env = container_env(container);
-        let addr = api.addr();
-        env.push(("KUBERNETES_SERVICE_HOST".into(), addr.ip().to_string()));
-        env.push(("KUBERNETES_SERVICE_PORT".into(), addr.port().to_string()));
-
-        let secrets = work.path().join("secrets");
-        secrets_volume(&secrets, &api).unwrap();
-        let mut pod = net.pod("istiod", &[]).unwrap();
-        api.route_service("istiod", "istio-system", (pod.ip, 15017).into());
-        let binary = test_support::bin::cargo_bin("pilot-discovery", "pilot-discovery").unwrap();
-        let mut command = vec![
-            "unshare".to_owned(),
-            "--mount".into(),
-            "--propagation".into(),
-            "private".into(),
-            "sh".into(),
-            "-c".into(),
-            CONTAINER.into(),
-            "sh".into(),
-            secrets.display().to_string(),
-            binary.display().to_string(),
-        ];
-        command.extend(args);
-        let command: Vec<&str> = command.iter().map(String::as_str).collect();
-        // the container's environment is the image's and the Pod's, not the test's
-        let mut full_env = vec![(
-            "PATH".to_owned(),
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
-        )];
-        full_env.extend(env);
-        pod.spawn_clean("istiod.log", &command, &full_env).unwrap();
-
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while curl(&pod, "http://127.0.0.1:8080/ready") != "200" {
-            assert!(
-                Instant::now() < deadline,
-                "istiod's readiness probe (:8080/ready) within 60 s; its log:\n{}",
-                tail(&pod.log("istiod.log"))
-            );
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        kubelet.register().unwrap();
+        let istiod = Istiod::start(&cluster, &net, &kubelet).await.unwrap();
+        let pod = &istiod.pod;
         let listening = String::from_utf8_lossy(&pod.exec(&["ss", "-Hltn"]).unwrap().stdout).into_owned();
         for port in [8080, 15010, 15012, 15014, 15017] {
             assert!(
@@ -457,20 +319,17 @@ mod netns {
                 "the Deployment's containerPort {port} is served:\n{listening}"
             );
         }
-        assert_eq!(curl(&pod, "http://127.0.0.1:15014/metrics"), "200");
+        assert_eq!(curl(pod, "http://127.0.0.1:15014/metrics"), "200");
 
         // istiod's cluster work, as its service account may do it
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let done = kubectl(
-                &admin,
-                &["get", "secret", "istio-ca-secret", "-n", "istio-system", "-o", "name"],
-            )
-            .await
-            .is_ok()
-                && kubectl(
-                    &admin,
-                    &[
+            let done = cluster
+                .kubectl(&["get", "secret", "istio-ca-secret", "-n", "istio-system", "-o", "name"])
+                .await
+                .is_ok()
+                && cluster
+                    .kubectl(&[
                         "get",
                         "configmap",
                         "istio-ca-root-cert",
@@ -478,22 +337,19 @@ mod netns {
                         "istio-system",
                         "-o",
                         "name",
-                    ],
-                )
-                .await
-                .is_ok()
-                && kubectl(
-                    &admin,
-                    &[
+                    ])
+                    .await
+                    .is_ok()
+                && cluster
+                    .kubectl(&[
                         "get",
                         "validatingwebhookconfiguration",
                         "istio-validator-istio-system",
                         "-o",
                         "jsonpath={.webhooks[0].failurePolicy}",
-                    ],
-                )
-                .await
-                .is_ok_and(|p| p == "Fail");
+                    ])
+                    .await
+                    .is_ok_and(|p| p == "Fail");
             if done {
                 break;
             }
@@ -501,14 +357,14 @@ mod netns {
                 Instant::now() < deadline,
                 "the CA Secret, the root-cert ConfigMap and the validation webhook's failurePolicy Fail within 30 s; \
                  refused requests: {:?}; its log:\n{}",
-                api.forbidden(),
-                tail(&pod.log("istiod.log"))
+                cluster.api.forbidden(),
+                tail(&istiod.log())
             );
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        let log = pod.log("istiod.log");
+        let log = istiod.log();
         assert_eq!(
-            api.forbidden(),
+            cluster.api.forbidden(),
             Vec::<String>::new(),
             "istiod's RBAC allows all it asks; its log:\n{}",
             tail(&log)
