@@ -57,6 +57,10 @@ fn main() -> ExitCode {
             if let Some(sub) = matches.subcommand_matches("istio-iptables") {
                 args.apply_additional_env(sub, |var| std::env::var(var).ok());
             }
+            if let Err(e) = args.log.init() {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
             agent::iptables::run(*args)
         }
     }
@@ -64,7 +68,7 @@ fn main() -> ExitCode {
 
 /// Everything is checked before anything starts: bad flags or environment exit with 2.
 fn proxy(args: ProxyArgs) -> ExitCode {
-    if let Err(e) = agent::logging::init(&args.log_output_level, args.log_as_json) {
+    if let Err(e) = args.log.init() {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }

@@ -83,25 +83,9 @@ pub struct ProxyArgs {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub profiling: bool,
 
-    /// The agent's own log levels: `<scope>:<level>,...`, e.g. `default:info,xds:debug`.
-    #[arg(long = "log_output_level", default_value = "default:info")]
-    pub log_output_level: String,
-
-    /// Log as JSON lines (the agent and Envoy).
-    #[arg(long = "log_as_json", default_value_t = false)]
-    pub log_as_json: bool,
-
-    /// Accepted for compatibility with Istio's logging flags; unused.
-    #[arg(long = "log_caller", default_value = "")]
-    pub log_caller: String,
-
-    /// Accepted for compatibility with Istio's logging flags; unused.
-    #[arg(long = "log_stacktrace_level", default_value = "default:none")]
-    pub log_stacktrace_level: String,
-
-    /// Accepted for compatibility with Istio's logging flags; the agent logs to stderr.
-    #[arg(long = "log_target", default_value = "stdout")]
-    pub log_target: Vec<String>,
+    /// Istio's logging flags (`--log_output_level`, `--log_as_json`, ...).
+    #[command(flatten)]
+    pub log: crate::logging::LogArgs,
 }
 
 impl Default for ProxyArgs {
@@ -119,11 +103,7 @@ impl Default for ProxyArgs {
             sts_port: 0,
             token_manager_plugin: String::new(),
             profiling: true,
-            log_output_level: "default:info".into(),
-            log_as_json: false,
-            log_caller: String::new(),
-            log_stacktrace_level: "default:none".into(),
-            log_target: vec!["stdout".into()],
+            log: crate::logging::LogArgs::default(),
         }
     }
 }
@@ -180,7 +160,7 @@ mod tests {
         assert_eq!(p.concurrency, 2);
         assert_eq!(p.template_file, Some(PathBuf::from("/t.json")));
         assert_eq!(p.sts_port, 15463);
-        assert!(p.log_as_json);
+        assert!(p.log.as_json);
         assert!(!p.profiling);
         assert_eq!(p.proxy_log_level, "debug");
     }

@@ -202,8 +202,8 @@ pub(super) fn build(args: &ProxyArgs, env: &dyn Env, files: &dyn Files) -> Resul
         log: LogConfig {
             proxy_log_level: args.proxy_log_level.clone(),
             proxy_component_log_level: args.proxy_component_log_level.clone(),
-            output_level: args.log_output_level.clone(),
-            as_json: args.log_as_json,
+            output_level: args.log.output_level.clone(),
+            as_json: args.log.as_json,
         },
         concurrency: proxy.concurrency,
         proxy_admin_port: proxy.proxy_admin_port,

@@ -166,6 +166,9 @@ pub struct IptablesArgs {
     /// iptables flavour to run: "legacy", "nft" or empty for the `iptables-restore` on PATH.
     #[arg(long = "iptables-version", default_value = "")]
     pub iptables_version: String,
+    /// Istio's logging flags, which the injected istio-init passes (`--log_output_level=...`).
+    #[command(flatten)]
+    pub log: crate::logging::LogArgs,
 }
 
 /// A boolean flag of [`IptablesArgs`], to set.
@@ -180,6 +183,39 @@ pub const ADDITIONAL_ENV: [(&str, &str, BoolFlag); 3] = [
 ];
 
 impl IptablesArgs {
+    /// What Istio's `Config.Print` logs before applying (`tools/common/config`): the settings as
+    /// its variables.
+    pub fn variables(&self) -> String {
+        [
+            ("PROXY_PORT", self.proxy_port.as_str()),
+            ("PROXY_INBOUND_CAPTURE_PORT", &self.inbound_capture_port),
+            ("PROXY_TUNNEL_PORT", &self.inbound_tunnel_port),
+            ("PROXY_UID", &self.proxy_uid),
+            ("PROXY_GID", &self.proxy_gid),
+            ("INBOUND_INTERCEPTION_MODE", &self.inbound_interception_mode),
+            ("INBOUND_TPROXY_MARK", &self.inbound_tproxy_mark),
+            ("INBOUND_TPROXY_ROUTE_TABLE", &self.inbound_tproxy_route_table),
+            ("INBOUND_PORTS_INCLUDE", &self.inbound_ports_include),
+            ("INBOUND_PORTS_EXCLUDE", &self.inbound_ports_exclude),
+            ("OUTBOUND_OWNER_GROUPS_INCLUDE", &self.owner_groups_include),
+            ("OUTBOUND_OWNER_GROUPS_EXCLUDE", &self.owner_groups_exclude),
+            ("OUTBOUND_IP_RANGES_INCLUDE", &self.outbound_ip_ranges_include),
+            ("OUTBOUND_IP_RANGES_EXCLUDE", &self.outbound_ip_ranges_exclude),
+            ("OUTBOUND_PORTS_INCLUDE", &self.outbound_ports_include),
+            ("OUTBOUND_PORTS_EXCLUDE", &self.outbound_ports_exclude),
+            ("KUBE_VIRT_INTERFACES", &self.kube_virt_interfaces),
+            ("ENABLE_INBOUND_IPV6", if self.enable_ipv6 { "true" } else { "false" }),
+            ("DNS_CAPTURE", if self.redirect_dns { "true" } else { "false" }),
+            ("DROP_INVALID", if self.drop_invalid { "true" } else { "false" }),
+            ("CAPTURE_ALL_DNS", if self.capture_all_dns { "true" } else { "false" }),
+            ("EXCLUDE_INTERFACES", &self.exclude_interfaces),
+            ("CLEANUP_ONLY", if self.cleanup_only { "true" } else { "false" }),
+        ]
+        .iter()
+        .map(|(k, v)| format!("{k}={v}\n"))
+        .collect()
+    }
+
     /// Applies [`ADDITIONAL_ENV`] (`env` looks a variable up) to the flags `matches` did not get
     /// on the command line. A value that is not a boolean is reported and ignored, as Istio
     /// ignores it.

@@ -65,6 +65,7 @@ impl Capture {
 
 /// The subcommand: exit 2 on bad flags, 1 when iptables fails.
 pub fn run(args: IptablesArgs) -> ExitCode {
+    tracing::info!("Istio config:\n{}", args.variables());
     let dns_servers = if args.redirect_dns && !args.capture_all_dns {
         DnsServers::from_resolv_conf(&std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default())
     } else {

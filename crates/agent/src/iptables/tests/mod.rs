@@ -40,6 +40,42 @@ fn config(flags: &[&str], dns_v4: &[Ipv4Addr]) -> Result<Config, ConfigError> {
 
 const DNS: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 53);
 
+/// istio-init's args as Istio's injection template writes them (`pkg/kube/inject/testdata/inject/
+/// hello.yaml.injected`), with the logging flags that pilot-agent's root command gives every
+/// subcommand: they parse, and `Config.Print`'s variables show them.
+#[test]
+fn injected_istio_init_args_parse_with_istios_logging_flags() {
+    let a = args(&[
+        "-p",
+        "15001",
+        "-z",
+        "15006",
+        "-u",
+        "1337",
+        "-m",
+        "REDIRECT",
+        "-i",
+        "*",
+        "-x",
+        "",
+        "-b",
+        "*",
+        "-d",
+        "15090,15021,15020",
+        "--log_output_level=default:info",
+        "--log_as_json",
+    ]);
+    assert_eq!(a.log.output_level, "default:info");
+    assert!(a.log.as_json);
+    let vars = a.variables();
+    assert!(
+        vars.starts_with("PROXY_PORT=15001\nPROXY_INBOUND_CAPTURE_PORT=15006\n"),
+        "{vars}"
+    );
+    assert!(vars.contains("\nINBOUND_PORTS_EXCLUDE=15090,15021,15020\n"), "{vars}");
+    assert!(Config::from_args(&a, DnsServers::default()).is_ok());
+}
+
 #[test]
 fn restore_output_is_iptables_restore_input() {
     let cfg = config(&["-b", "*", "-d", "22", "-o", "3306", "-x", "10.1.0.0/16"], &[]).unwrap();
