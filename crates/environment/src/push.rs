@@ -102,7 +102,8 @@ impl SnapshotBuilder for Environment {
 
     /// Istio's `SetWorkloadLabels`: the labels of the proxy's workload as the first registry that
     /// knows it has them (Kubernetes: the Pod its ID names, else the Pod at its IP), else the
-    /// node metadata's; the locality of the node, else the workload's.
+    /// node metadata's; the locality of the node, else the workload's; and, as Istio's
+    /// `SetServiceTargets`, the Service ports that select that workload.
     fn init_proxy(&self, proxy: &mut model::Proxy) {
         let ip = proxy.ip_addresses.first().map(|i| i.to_string()).unwrap_or_default();
         let st = lock(&self.state);
@@ -115,6 +116,7 @@ impl SnapshotBuilder for Environment {
         };
         drop(st);
         proxy.labels = w.labels;
+        proxy.service_targets = w.service_targets;
         if proxy.locality.is_empty() && !w.locality.is_empty() {
             proxy.locality = model::Locality::parse(&w.locality);
         }

@@ -50,6 +50,9 @@ pub struct Workload {
     pub labels: std::collections::BTreeMap<String, String>,
     /// `region/zone/subzone`, empty when unknown.
     pub locality: String,
+    /// The ports of the Services that select it (Kubernetes: the Services whose selector matches
+    /// the Pod's labels); `None`: its service instances are the endpoints at its IPs.
+    pub service_targets: Option<Vec<model::WorkloadTarget>>,
 }
 
 /// A registry shared with whatever keeps it up to date (e.g. its watcher).

@@ -99,6 +99,19 @@ impl KubeRegistry {
         self.lock().objects.pod_of_proxy(ip, id, namespace).cloned()
     }
 
+    /// The ports of the Services selecting `pod` (see `targets::service_targets`).
+    pub fn service_targets(&self, pod: &Pod) -> Option<Vec<model::WorkloadTarget>> {
+        let inner = self.lock();
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let services = inner
+            .objects
+            .services
+            .range((namespace.clone(), String::new())..)
+            .take_while(|((ns, _), _)| *ns == namespace)
+            .filter_map(|(k, svc)| Some((svc, inner.converted.get(k)?.0.as_ref())));
+        crate::targets::service_targets(pod, services)
+    }
+
     /// The ready Pods of a namespace as workloads for other registries' services (Istio's Pod
     /// `WorkloadInstance`s; see `conversion::workload_instance`), built when asked.
     pub fn workload_instances(&self, namespace: &str) -> Vec<Arc<Config>> {

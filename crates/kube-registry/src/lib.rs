@@ -13,8 +13,11 @@ pub mod informer;
 pub mod manifests;
 mod objects;
 pub mod problems;
+mod targets;
 pub mod watch;
 
+#[cfg(test)]
+mod targets_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -49,7 +52,8 @@ impl environment::ServiceRegistry for KubeRegistry {
     }
 
     /// The Pod's labels with its cluster and locality labels (Istio's `GetProxyWorkloadLabels`:
-    /// `AugmentLabels`), and its locality (`istio-locality` label, else its Node's topology).
+    /// `AugmentLabels`), its locality (`istio-locality` label, else its Node's topology), and the
+    /// ports of the Services selecting it (Istio's `GetProxyServiceTargets`).
     fn workload(&self, ip: &str, id: &str, namespace: &str) -> Option<environment::Workload> {
         let pod = self.find_pod(ip, id, namespace)?;
         let node = pod
@@ -60,6 +64,10 @@ impl environment::ServiceRegistry for KubeRegistry {
         let locality = conversion::locality(Some(&pod), node.as_ref());
         let mut labels = registry::augment_labels(&pod.metadata.labels.clone().unwrap_or_default(), &locality, "");
         labels.insert(conversion::CLUSTER_LABEL.to_owned(), self.context().cluster_id.clone());
-        Some(environment::Workload { labels, locality })
+        Some(environment::Workload {
+            labels,
+            locality,
+            service_targets: self.service_targets(&pod),
+        })
     }
 }

@@ -43,7 +43,8 @@ pub(crate) struct Affected {
     /// Namespaces where a Pod changed, or whose Pods may be workloads differently (a Node's
     /// locality, a namespace's selection).
     pub pod_namespaces: BTreeSet<String>,
-    /// IPs of Pods that appeared or whose labels changed (Istio's `ProxyUpdate`).
+    /// IPs of Pods that appeared, whose labels changed, or that a changed Service selects (Istio's
+    /// `ProxyUpdate`).
     pub proxies: BTreeSet<String>,
 }
 
@@ -99,19 +100,28 @@ impl Objects {
 
     pub fn apply(&mut self, e: KubeEvent, affected: &mut Affected) {
         match e {
+            // The proxies of the Pods a Service selects, before or after, have other service
+            // targets (Istio recomputes them at the full push a Service change makes).
             KubeEvent::Service(c) => match c {
                 Change::Apply(s) => {
                     let k = key(&s);
                     affected.services.insert(k.clone());
+                    if let Some(old) = self.services.get(&k) {
+                        affected.proxies.extend(self.selected_pod_ips(old));
+                    }
+                    affected.proxies.extend(self.selected_pod_ips(&s));
                     self.services.insert(k, s);
                 }
                 Change::Delete(s) => {
                     let k = key(&s);
                     affected.services.insert(k.clone());
-                    self.services.remove(&k);
+                    if let Some(old) = self.services.remove(&k) {
+                        affected.proxies.extend(self.selected_pod_ips(&old));
+                    }
                 }
                 Change::Replace(all) => {
                     affected.all = true;
+                    affected.proxies.extend(self.pods.values().flat_map(pod_ips));
                     replace_all(&mut self.services, all, key);
                 }
             },
@@ -214,6 +224,15 @@ impl Objects {
                 }
             }
         }
+    }
+
+    /// The IPs of the Pods of its namespace that `svc` selects.
+    fn selected_pod_ips(&self, svc: &KubeService) -> Vec<String> {
+        let namespace = svc.metadata.namespace.clone().unwrap_or_default();
+        self.pods_in(&namespace)
+            .filter(|(_, p)| crate::targets::selects(svc, p.metadata.labels.as_ref()))
+            .flat_map(|(_, p)| pod_ips(p))
+            .collect()
     }
 
     /// A Pod changed: the Services with an endpoint on it, and the Pod as a workload.

@@ -21,6 +21,6 @@ pub mod validation;
 pub use config::{Config, ConfigKey, ConfigKind, ConfigMeta, ConfigSpec};
 pub use features::Features;
 pub use mesh::MeshConfig;
-pub use proxy::{NodeType, Proxy, ProxyError, VerifiedIdentity};
+pub use proxy::{NodeType, Proxy, ProxyError, VerifiedIdentity, WorkloadTarget};
 pub use push::{Changed, ConfigsUpdated, PushRequest, ReasonStats, TriggerReason};
 pub use service::{Endpoint, Locality, Port, Protocol, Resolution, Service, ServiceAttributes, ServiceKey};

@@ -181,6 +181,21 @@ pub struct Proxy {
     /// server for streams of the secure port only, `None` on the plaintext port. Nothing the node
     /// sends sets it: [`Proxy::parse`] leaves it `None`.
     pub verified_identity: Option<VerifiedIdentity>,
+    /// The ports of the Services that select the proxy's workload, as the registry that knows its
+    /// Pod finds them from the Pod and the Services' selectors, ready or not (Istio's Kubernetes
+    /// `GetProxyServiceTargets`); `None` when no registry does, and the proxy's service
+    /// instances are those of the endpoints at its IPs. Set by the registries, never by the node.
+    pub service_targets: Option<Vec<WorkloadTarget>>,
+}
+
+/// One port of a Service that selects a proxy's workload (Istio's `ServiceTarget` of a Pod).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadTarget {
+    pub service: crate::ServiceKey,
+    /// The name of the service port (the Service's port of that name).
+    pub port_name: String,
+    /// The port the workload listens on (the Service port's `targetPort` in the Pod).
+    pub target_port: u16,
 }
 
 /// A proven workload identity, `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`
@@ -279,6 +294,7 @@ impl Proxy {
             metadata,
             locality: Default::default(),
             verified_identity: None,
+            service_targets: None,
         })
     }
 

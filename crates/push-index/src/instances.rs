@@ -1,7 +1,10 @@
-//! The service instances a proxy runs, as Istio's `GetProxyServiceTargets`: every service port one
-//! of whose endpoints has one of the proxy's IP addresses. Sidecars build their inbound listener
-//! chains and `inbound|<port>||` clusters from them. The instances of every endpoint address are
-//! indexed once per push (on first use), so a lookup costs what the proxy's IPs have.
+//! The service instances a proxy runs, as Istio's `GetProxyServiceTargets`: for a proxy whose
+//! Pod a registry knows, the ports of the Services selecting it (`Proxy::service_targets`, ready
+//! or not, as Istio's Kubernetes controller reads the Pod), with the other registries' (a
+//! ServiceEntry selecting the workload) from their endpoints; for any other proxy, every service
+//! port one of whose endpoints has one of the proxy's IP addresses. Sidecars build their inbound
+//! listener chains and `inbound|<port>||` clusters from them. The instances of every endpoint
+//! address are indexed once per push (on first use), so a lookup costs what the proxy's IPs have.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -10,6 +13,10 @@ use std::sync::{Arc, OnceLock};
 use model::{Port, Proxy, Service};
 
 use crate::PushContext;
+
+/// The provider of Kubernetes Services (`ServiceAttributes::service_registry`), whose instances
+/// come from a proxy's service targets when it has them.
+const KUBERNETES: &str = "Kubernetes";
 
 /// One service port served by the proxy's workload, as Istio's `ServiceTarget`.
 #[derive(Debug, Clone)]
@@ -77,6 +84,13 @@ impl PushContext {
         let Some(service) = self.registry().service(hostname, namespace) else {
             return false;
         };
+        if let Some(targets) = &proxy.service_targets
+            && service.attributes.service_registry == KUBERNETES
+        {
+            return targets
+                .iter()
+                .any(|t| t.service.hostname == hostname && t.service.namespace == namespace);
+        }
         self.endpoints(hostname, namespace).iter().any(|e| {
             service.ports.iter().any(|p| p.name == e.service_port_name)
                 && e.address
@@ -85,9 +99,37 @@ impl PushContext {
         })
     }
 
-    /// The proxy's service instances, in service order (hostname, namespace) then port order; one
-    /// per (service, service port, target port), whatever the number of matching endpoints.
+    /// The proxy's service instances: its service targets (see the module doc) first, in their
+    /// order, then those of its endpoints of other registries; else those of its endpoints.
     pub fn service_instances(&self, proxy: &Proxy) -> Vec<ServiceInstance> {
+        let Some(targets) = &proxy.service_targets else {
+            return self.endpoint_instances(proxy);
+        };
+        let registry = self.registry();
+        let mut out: Vec<ServiceInstance> = targets
+            .iter()
+            .filter_map(|t| {
+                let service = registry.service(&t.service.hostname, &t.service.namespace)?;
+                let port = service.ports.iter().find(|p| p.name == t.port_name)?;
+                Some(ServiceInstance {
+                    service: service.clone(),
+                    service_port: port.clone(),
+                    target_port: t.target_port,
+                })
+            })
+            .collect();
+        out.extend(
+            self.endpoint_instances(proxy)
+                .into_iter()
+                .filter(|i| i.service.attributes.service_registry != KUBERNETES),
+        );
+        out
+    }
+
+    /// The instances of the endpoints at the proxy's IPs, in service order (hostname, namespace)
+    /// then port order; one per (service, service port, target port), whatever the number of
+    /// matching endpoints.
+    fn endpoint_instances(&self, proxy: &Proxy) -> Vec<ServiceInstance> {
         let mut found: Vec<(Position, u16)> = self.with_instances(|by_address| {
             proxy
                 .ip_addresses

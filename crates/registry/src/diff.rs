@@ -24,8 +24,9 @@ pub struct RegistryDiff {
     /// `WorkloadInstance` handlers hear of them: a ServiceEntry there selecting workloads asks the
     /// registries for them again (see `ServiceEntryRegistry::with_workloads`).
     pub workload_namespaces: BTreeSet<String>,
-    /// IPs of workloads that appeared or whose labels changed: the proxies there are initialised
-    /// again from the registry and pushed, as Istio's `ProxyUpdate`.
+    /// IPs of workloads that appeared, whose labels changed, or that a changed Service selects:
+    /// the proxies there are initialised again from the registry and pushed, as Istio's
+    /// `ProxyUpdate`.
     pub proxies: BTreeSet<String>,
 }
 
