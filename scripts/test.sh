@@ -6,10 +6,10 @@
 # `scripts/test.sh envoy`.
 #
 # The network-namespace tests (tests/sidecar.rs, tests/destination_rule.rs, tests/authorization.rs,
-# tests/dns.rs, tests/egress_gateway.rs, tests/readme.rs, the agent's iptables::tests::kernel,
-# test-support's netns::tests) fail on a machine that cannot run them; here they are detected up
-# front (scripts/check-netns-deps.sh) and skipped with a line saying why, so that the runner
-# reports them as skipped, not passed.
+# tests/dns.rs, tests/egress_gateway.rs, tests/readme.rs, tests/install.rs, tests/injected_pod.rs,
+# the agent's iptables::tests::kernel, test-support's netns::tests) fail on a machine that cannot
+# run them; here they are detected up front (scripts/check-netns-deps.sh) and skipped with a line
+# saying why, so that the runner reports them as skipped, not passed.
 #
 #   TEST_SH_DRY_RUN=1   print the test command instead of building and running it
 set -euo pipefail
@@ -30,7 +30,7 @@ fi
 
 # The network-namespace tests, as a nextest filterset and as `cargo test --skip` patterns (test
 # names: e2e's sidecar tests are in its module `netns`).
-NETNS_FILTER='(package(e2e) & (binary(sidecar) | binary(destination_rule) | binary(authorization) | binary(dns) | binary(egress_gateway) | binary(readme) | binary(install)) & test(/^netns::/)) | (package(test-support) & test(/^netns::tests::/)) | (package(agent) & test(/^iptables::tests::kernel::/))'
+NETNS_FILTER='(package(e2e) & (binary(sidecar) | binary(destination_rule) | binary(authorization) | binary(dns) | binary(egress_gateway) | binary(readme) | binary(install) | binary(injected_pod)) & test(/^netns::/)) | (package(test-support) & test(/^netns::tests::/)) | (package(agent) & test(/^iptables::tests::kernel::/))'
 NETNS_SKIP=(netns:: iptables::tests::kernel::)
 TPROXY_FILTER='package(agent) & test(=iptables::tests::kernel::tproxy_applies_and_cleans_up_in_a_network_namespace)'
 TPROXY_SKIP=(iptables::tests::kernel::tproxy_applies_and_cleans_up_in_a_network_namespace)
@@ -51,7 +51,7 @@ case "$status" in
     skip=("${TPROXY_SKIP[@]}")
     ;;
   *)
-    echo "test.sh: skipping the network-namespace tests (e2e sidecar, destination_rule, authorization, dns, egress_gateway, readme and install, agent iptables::tests::kernel, test-support netns::tests): ${why:-check-netns-deps.sh failed}" >&2
+    echo "test.sh: skipping the network-namespace tests (e2e sidecar, destination_rule, authorization, dns, egress_gateway, readme, install and injected_pod, agent iptables::tests::kernel, test-support netns::tests): ${why:-check-netns-deps.sh failed}" >&2
     exclude="$NETNS_FILTER"
     skip=("${NETNS_SKIP[@]}")
     ;;
