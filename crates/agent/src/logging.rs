@@ -11,7 +11,6 @@ pub const SCOPES: Scopes = &[
     ("healthcheck", &["agent::status"]),
     ("status", &["agent::status"]),
     ("bootstrap", &["agent::bootstrap", "agent::config"]),
-    ("iptables", &["agent::iptables"]),
 ];
 
 /// Istio's logging flags, named and defaulted as `pkg/log`'s.

@@ -4,8 +4,9 @@
 //! namespace by [`crate::netns::Pod::start_container`]): the command line and environment
 //! (`env.rs`: `$(VAR)`, `fieldRef`, `resourceFieldRef`, the `kubernetes` service's variables),
 //! the volumes as files (`volumes.rs`), the user, group and capabilities of the
-//! `securityContext`, and the HTTP probes. It also plays the scheduler's binding and writes the
-//! Pod's status (node, IPs, phase, readiness) back, as the kubelet does.
+//! `securityContext`, and the HTTP probes; `pod.rs` runs a whole Pod in the kubelet's order. It
+//! also plays the scheduler's binding and writes the Pod's status (node, IPs, phase, readiness)
+//! back, as the kubelet does.
 //!
 //! Mirrors Kubernetes' `pkg/kubelet` (`kubelet_pods.go`, `prober`, `volumemanager`) and
 //! `pkg/securitycontext`, for what Istio's Pods use; what it cannot do is an error that says so.

@@ -1,7 +1,9 @@
 //! Network namespaces as Kubernetes pods for sidecar end-to-end tests: a host-side bridge on a
 //! private 10.244.<n>.0/24 subnet ([`Network`]), pods joined to it by veth pairs ([`Pod`]), with
 //! their own `/etc/netns/<ns>/{resolv.conf,hosts}`, an HTTP app, Istio's iptables capture and a
-//! `pilot-agent proxy sidecar`. Everything (processes, namespaces, links, files) is removed on drop.
+//! `pilot-agent proxy sidecar`, or a stored Pod's containers as a container runtime runs them
+//! (`container.rs`, with [`crate::kubelet`]). Everything (processes, namespaces, links, files) is
+//! removed on drop.
 //!
 //! As in an injected pod, pilot-agent and Envoy run as istio-proxy (uid and gid 1337), which the
 //! capture excludes (`istio-iptables -u 1337`); apps run as root and test clients as `nobody`
