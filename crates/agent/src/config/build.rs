@@ -6,6 +6,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use model::mesh::ProxyConfig;
+
 use super::env::{Env, Files, Vars, xds_headers};
 use super::metadata::{self, TypedMetadata};
 use super::{
@@ -26,115 +28,16 @@ pub(super) fn build(args: &ProxyArgs, env: &dyn Env, files: &dyn Files) -> Resul
     let (mesh_config, mut proxy) = proxy_config::construct(&args.mesh_config, &vars, files, &annotations)?;
     // From here on, settings an injector would have put in env may also come from proxyMetadata.
     let vars = Vars::new(env).with_proxy_metadata(&proxy.proxy_metadata);
-
-    // Concurrency: ProxyConfig, else ISTIO_CPU_LIMIT, and the legacy flag wins when set.
-    if proxy.concurrency.is_none() {
-        let cpu_limit = vars.u32("ISTIO_CPU_LIMIT", 0)?;
-        if cpu_limit > 0 {
-            proxy.concurrency = Some(cpu_limit);
-        }
-    }
-    if args.concurrency != 0 {
-        proxy.concurrency = Some(args.concurrency);
-    }
-    if proxy.service_cluster.is_empty() {
-        proxy.service_cluster = args.service_cluster.clone();
-    }
-
-    let pod_name = vars
-        .get("POD_NAME")
-        .or_else(|| vars.get("HOSTNAME"))
-        .ok_or(ConfigError::MissingEnv {
-            var: "POD_NAME",
-            hint: "the workload's name; Kubernetes sets it from metadata.name",
-        })?;
-    let pod_namespace = vars.get("POD_NAMESPACE").ok_or(ConfigError::MissingEnv {
-        var: "POD_NAMESPACE",
-        hint: "the workload's namespace; Kubernetes sets it from metadata.namespace",
-    })?;
-    for (var, value) in [("POD_NAME", &pod_name), ("POD_NAMESPACE", &pod_namespace)] {
-        if value.contains('~') || value.contains(char::is_whitespace) {
-            return Err(ConfigError::env(
-                var,
-                value,
-                "must not contain '~' or spaces (it is part of the node ID)",
-            ));
-        }
-    }
-    let instance_ips = match vars.ip("INSTANCE_IP")? {
-        Some(ip) => vec![ip],
-        None => vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
-    };
-    let domain = if args.domain.is_empty() {
-        format!("{pod_namespace}.svc.cluster.local")
-    } else {
-        args.domain.clone()
-    };
-    let node_id = format!(
-        "{}~{}~{pod_name}.{pod_namespace}~{domain}",
-        args.proxy_type.as_str(),
-        instance_ips[0]
-    );
-
-    let drain = DrainConfig {
-        drain_duration: duration_field("drainDuration", &proxy.drain_duration)?,
-        termination_drain_duration: duration_field("terminationDrainDuration", &proxy.termination_drain_duration)?,
-        minimum_drain_duration: vars.duration("MINIMUM_DRAIN_DURATION", Duration::from_secs(5))?,
-        exit_on_zero_active_connections: vars.bool("EXIT_ON_ZERO_ACTIVE_CONNECTIONS", false)?,
-    };
-    let dns = DnsConfig {
-        capture: vars.bool("ISTIO_META_DNS_CAPTURE", false)?,
-        auto_allocate: vars.bool("ISTIO_META_DNS_AUTO_ALLOCATE", false)?,
-        at_gateway: vars.bool("ISTIO_META_ENABLE_DNS_SERVER", false)?,
-        proxy_addr: vars.string("DNS_PROXY_ADDR", "localhost:15053"),
-        forward_parallel: vars.bool("DNS_FORWARD_PARALLEL", false)?,
-    };
-    if !proxy_config::has_port(&dns.proxy_addr) {
-        return Err(ConfigError::env("DNS_PROXY_ADDR", &dns.proxy_addr, "not host:port"));
-    }
-
-    let config_path = PathBuf::from(&proxy.config_path);
-    let workload_identity_socket_file = vars.string("WORKLOAD_IDENTITY_SOCKET_FILE", "socket");
-    if workload_identity_socket_file.contains('/') {
-        return Err(ConfigError::env(
-            "WORKLOAD_IDENTITY_SOCKET_FILE",
-            &workload_identity_socket_file,
-            "must be a file name, not a path",
-        ));
-    }
-    let custom_config_file = Some(proxy.custom_config_file.clone())
-        .filter(|f| !f.is_empty())
-        .map(PathBuf::from);
-    let template_file = match vars.get("ISTIO_BOOTSTRAP") {
-        Some(over) => Some(PathBuf::from(over)),
-        None => args.template_file.clone(),
-    };
-    if let Some(t) = &template_file
-        && t.as_os_str().is_empty()
-    {
-        return Err(ConfigError::Flag {
-            flag: "templateFile",
-            value: String::new(),
-            reason: "empty path".into(),
-        });
-    }
-    let paths = AgentPaths {
-        bootstrap: config_path.join(BOOTSTRAP_FILE),
-        xds_uds: vars
-            .get("XDS_UDS_PATH")
-            .map_or_else(|| config_path.join("XDS"), PathBuf::from),
-        sds_uds: vars.get("SDS_UDS_PATH").map_or_else(
-            || Path::new(WORKLOAD_IDENTITY_DIR).join(&workload_identity_socket_file),
-            PathBuf::from,
-        ),
-        config_path,
-        workload_identity_socket_file,
-        custom_config_file,
-        template_file,
-        mesh_config: args.mesh_config.clone(),
-        pod_labels: pod_labels_path,
-        pod_annotations: pod_annotations_path,
-    };
+    apply_concurrency_and_cluster(args, &vars, &mut proxy)?;
+    let Identity {
+        pod_name,
+        pod_namespace,
+        instance_ips,
+        domain,
+        node_id,
+    } = identity(args, &vars)?;
+    let (drain, dns) = drain_and_dns(&vars, &proxy)?;
+    let paths = agent_paths(args, &vars, &proxy, pod_labels_path, pod_annotations_path)?;
 
     let static_labels = metadata::labels_from_env(&vars)?;
     let mut labels = metadata::merge_labels(&static_labels, pod_labels);
@@ -219,6 +122,159 @@ pub(super) fn build(args: &ProxyArgs, env: &dyn Env, files: &dyn Files) -> Resul
         pod_namespace,
         mesh_config,
         proxy_config: proxy,
+    })
+}
+
+/// Concurrency: ProxyConfig, else ISTIO_CPU_LIMIT, and the legacy flag wins when set; the
+/// service cluster from the flag when ProxyConfig has none.
+fn apply_concurrency_and_cluster(
+    args: &ProxyArgs,
+    vars: &Vars<'_>,
+    proxy: &mut ProxyConfig,
+) -> Result<(), ConfigError> {
+    if proxy.concurrency.is_none() {
+        let cpu_limit = vars.u32("ISTIO_CPU_LIMIT", 0)?;
+        if cpu_limit > 0 {
+            proxy.concurrency = Some(cpu_limit);
+        }
+    }
+    if args.concurrency != 0 {
+        proxy.concurrency = Some(args.concurrency);
+    }
+    if proxy.service_cluster.is_empty() {
+        proxy.service_cluster = args.service_cluster.clone();
+    }
+
+    Ok(())
+}
+
+/// Who the proxy is: Istio's node ID `<type>~<ip>~<pod>.<namespace>~<domain>`, and its parts.
+struct Identity {
+    pod_name: String,
+    pod_namespace: String,
+    instance_ips: Vec<IpAddr>,
+    domain: String,
+    node_id: String,
+}
+
+/// `POD_NAME` (else `HOSTNAME`), `POD_NAMESPACE`, `INSTANCE_IP` and `--domain`, checked.
+fn identity(args: &ProxyArgs, vars: &Vars<'_>) -> Result<Identity, ConfigError> {
+    let pod_name = vars
+        .get("POD_NAME")
+        .or_else(|| vars.get("HOSTNAME"))
+        .ok_or(ConfigError::MissingEnv {
+            var: "POD_NAME",
+            hint: "the workload's name; Kubernetes sets it from metadata.name",
+        })?;
+    let pod_namespace = vars.get("POD_NAMESPACE").ok_or(ConfigError::MissingEnv {
+        var: "POD_NAMESPACE",
+        hint: "the workload's namespace; Kubernetes sets it from metadata.namespace",
+    })?;
+    for (var, value) in [("POD_NAME", &pod_name), ("POD_NAMESPACE", &pod_namespace)] {
+        if value.contains('~') || value.contains(char::is_whitespace) {
+            return Err(ConfigError::env(
+                var,
+                value,
+                "must not contain '~' or spaces (it is part of the node ID)",
+            ));
+        }
+    }
+    let instance_ips = match vars.ip("INSTANCE_IP")? {
+        Some(ip) => vec![ip],
+        None => vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
+    };
+    let domain = if args.domain.is_empty() {
+        format!("{pod_namespace}.svc.cluster.local")
+    } else {
+        args.domain.clone()
+    };
+    let node_id = format!(
+        "{}~{}~{pod_name}.{pod_namespace}~{domain}",
+        args.proxy_type.as_str(),
+        instance_ips[0]
+    );
+    Ok(Identity {
+        pod_name,
+        pod_namespace,
+        instance_ips,
+        domain,
+        node_id,
+    })
+}
+
+/// The drain settings (ProxyConfig's durations, `MINIMUM_DRAIN_DURATION`,
+/// `EXIT_ON_ZERO_ACTIVE_CONNECTIONS`) and the DNS proxy's.
+fn drain_and_dns(vars: &Vars<'_>, proxy: &ProxyConfig) -> Result<(DrainConfig, DnsConfig), ConfigError> {
+    let drain = DrainConfig {
+        drain_duration: duration_field("drainDuration", &proxy.drain_duration)?,
+        termination_drain_duration: duration_field("terminationDrainDuration", &proxy.termination_drain_duration)?,
+        minimum_drain_duration: vars.duration("MINIMUM_DRAIN_DURATION", Duration::from_secs(5))?,
+        exit_on_zero_active_connections: vars.bool("EXIT_ON_ZERO_ACTIVE_CONNECTIONS", false)?,
+    };
+    let dns = DnsConfig {
+        capture: vars.bool("ISTIO_META_DNS_CAPTURE", false)?,
+        auto_allocate: vars.bool("ISTIO_META_DNS_AUTO_ALLOCATE", false)?,
+        at_gateway: vars.bool("ISTIO_META_ENABLE_DNS_SERVER", false)?,
+        proxy_addr: vars.string("DNS_PROXY_ADDR", "localhost:15053"),
+        forward_parallel: vars.bool("DNS_FORWARD_PARALLEL", false)?,
+    };
+    if !proxy_config::has_port(&dns.proxy_addr) {
+        return Err(ConfigError::env("DNS_PROXY_ADDR", &dns.proxy_addr, "not host:port"));
+    }
+    Ok((drain, dns))
+}
+
+/// Where the agent reads and writes: ProxyConfig's `configPath`, the xDS and SDS sockets
+/// (`XDS_UDS_PATH`, `SDS_UDS_PATH`, `WORKLOAD_IDENTITY_SOCKET_FILE`), the bootstrap template
+/// (`ISTIO_BOOTSTRAP`, else `--templateFile`).
+fn agent_paths(
+    args: &ProxyArgs,
+    vars: &Vars<'_>,
+    proxy: &ProxyConfig,
+    pod_labels: PathBuf,
+    pod_annotations: PathBuf,
+) -> Result<AgentPaths, ConfigError> {
+    let config_path = PathBuf::from(&proxy.config_path);
+    let workload_identity_socket_file = vars.string("WORKLOAD_IDENTITY_SOCKET_FILE", "socket");
+    if workload_identity_socket_file.contains('/') {
+        return Err(ConfigError::env(
+            "WORKLOAD_IDENTITY_SOCKET_FILE",
+            &workload_identity_socket_file,
+            "must be a file name, not a path",
+        ));
+    }
+    let custom_config_file = Some(proxy.custom_config_file.clone())
+        .filter(|f| !f.is_empty())
+        .map(PathBuf::from);
+    let template_file = match vars.get("ISTIO_BOOTSTRAP") {
+        Some(over) => Some(PathBuf::from(over)),
+        None => args.template_file.clone(),
+    };
+    if let Some(t) = &template_file
+        && t.as_os_str().is_empty()
+    {
+        return Err(ConfigError::Flag {
+            flag: "templateFile",
+            value: String::new(),
+            reason: "empty path".into(),
+        });
+    }
+    Ok(AgentPaths {
+        bootstrap: config_path.join(BOOTSTRAP_FILE),
+        xds_uds: vars
+            .get("XDS_UDS_PATH")
+            .map_or_else(|| config_path.join("XDS"), PathBuf::from),
+        sds_uds: vars.get("SDS_UDS_PATH").map_or_else(
+            || Path::new(WORKLOAD_IDENTITY_DIR).join(&workload_identity_socket_file),
+            PathBuf::from,
+        ),
+        config_path,
+        workload_identity_socket_file,
+        custom_config_file,
+        template_file,
+        mesh_config: args.mesh_config.clone(),
+        pod_labels,
+        pod_annotations,
     })
 }
 

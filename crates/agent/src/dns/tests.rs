@@ -33,9 +33,20 @@ fn query(name: &str, qtype: RecordType) -> Message {
 /// `big.example.com` TXT with 60 strings (truncated over UDP, whole over TCP); it counts queries.
 async fn fake_upstream() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let udp = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let addr = udp.local_addr().unwrap();
-    let tcp = TcpListener::bind(addr).await.unwrap();
+    // a UDP port whose TCP twin is free too (another process may hold it: try again)
+    let mut attempts = 0;
+    let (udp, addr, tcp) = loop {
+        let udp = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = udp.local_addr().unwrap();
+        match TcpListener::bind(addr).await {
+            Ok(tcp) => break (udp, addr, tcp),
+            Err(e) if attempts < 20 => {
+                attempts += 1;
+                eprintln!("fake upstream: TCP {addr}: {e}; another port");
+            }
+            Err(e) => panic!("fake upstream: no UDP port with a free TCP twin after 20 tries: {e}"),
+        }
+    };
     let count = Arc::new(AtomicUsize::new(0));
     let answer = |q: &[u8], over_udp: bool| -> Vec<u8> {
         let req = Message::from_vec(q).unwrap();
