@@ -3,7 +3,7 @@
 //! Also what both stream kinds share: node parsing, registration, generation off the runtime.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::Notify;
@@ -12,16 +12,11 @@ use xds_api::envoy::config::core::v3::Node;
 use xds_api::type_url;
 
 use crate::clock::rfc3339;
+use crate::lock::lock;
 use crate::server::DiscoveryServer;
 use crate::status::ConnectionStatus;
 use crate::watched::{Names, Version, Watch};
 use crate::{GenerateError, Proxy, PushRequest, PushSnapshot, Resource, SnapshotBuilder, WatchedResource};
-
-/// Locks a mutex, recovering the data if a panicking thread poisoned it: every critical section
-/// here leaves the data consistent.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// `proxy`, as the node's own `Proxy` when it equals the node (parsed node metadata is a few kB
 /// per connection).

@@ -25,7 +25,8 @@ use xds_api::pbwkt::{self, Struct, Timestamp, Value, value::Kind};
 use xds_api::{Resource, type_url};
 
 use crate::SnapshotBuilder;
-use crate::connection::{Connection, lock};
+use crate::connection::Connection;
+use crate::lock::lock;
 use crate::server::DiscoveryServer;
 
 /// Istio's `v3.DebugType` prefix.

@@ -16,7 +16,8 @@ use xds_api::envoy::config::core::v3::Node;
 use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use xds_api::{Resource, type_url};
 
-use crate::connection::{Connection, Generated, lock};
+use crate::connection::{Connection, Generated};
+use crate::lock::lock;
 use crate::response::{Response, Shared};
 use crate::stream::{Cause, Flavour};
 use crate::watched::{NameInterner, Outcome, Respond, Version, Watch, delta_request, version_str};

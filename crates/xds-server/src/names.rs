@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ops::Deref;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::connection::lock;
+use crate::lock::lock;
 
 /// A set of subscribed resource names, shared: the server interns equal sets (and each name), so
 /// the sidecars of a namespace, which subscribe to the same names, hold one set between them.

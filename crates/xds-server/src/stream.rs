@@ -11,8 +11,9 @@ use futures::StreamExt;
 use xds_api::envoy::config::core::v3::Node;
 use xds_api::{Resource, type_url};
 
-use crate::connection::{Connection, Generated, accept, generate, lock, log_generate_error};
+use crate::connection::{Connection, Generated, accept, generate, log_generate_error};
 use crate::grpc::{RequestError, Requests};
+use crate::lock::lock;
 use crate::outbound::{OutSender, Outbound, Slot};
 use crate::server::{Closed, DiscoveryServer};
 use crate::watched::{NameInterner, Outcome, Watch};
