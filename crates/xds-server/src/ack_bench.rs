@@ -1,5 +1,5 @@
 //! The state-of-the-world ACK path for benchmarks (`benches/ack.rs`): one connection's EDS watch
-//! and the reading and applying of an ACK to it, as `grpc.rs` and `watched.rs` do for a stream
+//! and the reading and applying of an ACK to it, as `framing.rs` and `watched.rs` do for a stream
 //! (Istio's `ShouldRespond` on a decoded `DiscoveryRequest`). Hidden from the docs: not an API.
 
 use std::collections::HashMap;

@@ -206,9 +206,9 @@ impl<S> Connection<S> {
 /// Reads a stream's first request and registers its proxy, as both ADS flavours start. A node that
 /// cannot be parsed is refused with `InvalidArgument` naming what is wrong (counted in
 /// `pilot_xds_invalid_node`). `None` when the stream ended or was refused.
-pub(crate) async fn accept<B: SnapshotBuilder, Req: crate::grpc::Decode, Resp>(
+pub(crate) async fn accept<B: SnapshotBuilder, Req: crate::framing::Decode, Resp>(
     server: &Arc<DiscoveryServer<B>>,
-    inbound: &mut crate::grpc::Requests<Req>,
+    inbound: &mut crate::framing::Requests<Req>,
     out: &crate::outbound::OutSender<Resp>,
     peer: String,
     identities: Option<Vec<String>>,

@@ -16,6 +16,7 @@ mod current;
 mod debounce;
 mod debug;
 mod delta;
+mod framing;
 mod grpc;
 mod lock;
 mod metrics;

@@ -1,4 +1,4 @@
-//! The response side of an ADS stream: a small bounded channel to the response body (`grpc`)
+//! The response side of an ADS stream: a small bounded channel to the response body (`framing`)
 //! whose receiving end tells a push when the body has come back for the message after each of
 //! its messages, that is when the message's bytes have been handed to HTTP/2 and the connection
 //! had room for more. A push holds its throttle [`Slot`] while its messages are taken, so the
@@ -42,7 +42,7 @@ pub(crate) fn channel<T>() -> (OutSender<T>, ResponseStream<T>) {
     (tx, ResponseStream { rx, passed: None })
 }
 
-/// What the response body (`grpc::Frames`) reads. Polled again after yielding a message, it signals that message's sender.
+/// What the response body (`framing::Frames`) reads. Polled again after yielding a message, it signals that message's sender.
 pub struct ResponseStream<T> {
     rx: mpsc::Receiver<Outbound<T>>,
     passed: Option<oneshot::Sender<()>>,

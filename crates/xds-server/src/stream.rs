@@ -12,7 +12,7 @@ use xds_api::envoy::config::core::v3::Node;
 use xds_api::{Resource, type_url};
 
 use crate::connection::{Connection, Generated, accept, generate, log_generate_error};
-use crate::grpc::{RequestError, Requests};
+use crate::framing::{RequestError, Requests};
 use crate::lock::lock;
 use crate::outbound::{OutSender, Outbound, Slot};
 use crate::server::{Closed, DiscoveryServer};
@@ -29,7 +29,7 @@ pub(crate) enum Cause {
 
 /// What state of the world and delta streams do differently.
 pub(crate) trait Flavour: Send + Sync + 'static {
-    type Request: crate::grpc::Decode + Send + 'static;
+    type Request: crate::framing::Decode + Send + 'static;
     type Response: crate::response::Framed;
     const DELTA: bool;
     /// "" or "delta ", for logs.
