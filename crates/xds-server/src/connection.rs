@@ -144,7 +144,7 @@ impl<S> Connection<S> {
             .filter(|w| {
                 let t = w.resource.type_url.as_str();
                 // debug types are answered on request only
-                if crate::debug::is_debug_type(t) {
+                if crate::type_filter::is_debug_type(t) {
                     return false;
                 }
                 if req.full {

@@ -28,17 +28,7 @@ use crate::SnapshotBuilder;
 use crate::connection::Connection;
 use crate::lock::lock;
 use crate::server::DiscoveryServer;
-
-/// Istio's `v3.DebugType` prefix.
-pub(crate) const DEBUG_PREFIX: &str = "istio.io/debug/";
-/// Istio's `TypeDebugSyncronization`.
-pub(crate) const SYNCZ: &str = "istio.io/debug/syncz";
-/// Istio's `TypeDebugConfigDump`.
-pub(crate) const CONFIG_DUMP: &str = "istio.io/debug/config_dump";
-
-pub(crate) fn is_debug_type(t: &str) -> bool {
-    t.starts_with(DEBUG_PREFIX)
-}
+use crate::type_filter::{CONFIG_DUMP, SYNCZ, is_debug_type};
 
 impl<B: SnapshotBuilder> DiscoveryServer<B> {
     /// The resources answering a debug request of `requester` for `type_url` and `names`.

@@ -167,7 +167,7 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
         let Some(snapshot) = self.server.current_snapshot() else {
             return Ok(());
         };
-        if crate::debug::is_debug_type(t) {
+        if crate::type_filter::is_debug_type(t) {
             return self.debug(snapshot, target).await;
         }
         lock(&self.conn.last_pushed).get_or_insert_with(|| snapshot.clone());

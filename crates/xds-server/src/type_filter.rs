@@ -1,8 +1,11 @@
 //! Which types a full push sends, by the kinds of config that changed, as Istio's per-generator
 //! `cdsNeedsPush`, `edsNeedsPush`, `ldsNeedsPush` and `rdsNeedsPush` (`skipped*Configs`): a type
 //! is pushed unless every changed config is of a kind that cannot affect it (a changed service
-//! counts as a ServiceEntry). `ConfigsUpdated::All` means "everything". Kinds Istio skips that this project does not model (Secret, DNSName) have
-//! no counterpart here.
+//! counts as a ServiceEntry). `ConfigsUpdated::All` means "everything". Kinds Istio skips that
+//! this project does not model (Secret, DNSName) have no counterpart here.
+//!
+//! Istio's xDS debug types (`istio.io/debug/...`, `pilot/pkg/xds/v3`) are never pushed: they are
+//! answered on request only (`debug.rs`).
 
 use model::{ConfigKind, NodeType};
 use xds_api::type_url;
@@ -10,6 +13,17 @@ use xds_api::type_url;
 use crate::PushRequest;
 
 use ConfigKind::*;
+
+/// Istio's `v3.DebugType` prefix.
+pub(crate) const DEBUG_PREFIX: &str = "istio.io/debug/";
+/// Istio's `TypeDebugSyncronization`.
+pub(crate) const SYNCZ: &str = "istio.io/debug/syncz";
+/// Istio's `TypeDebugConfigDump`.
+pub(crate) const CONFIG_DUMP: &str = "istio.io/debug/config_dump";
+
+pub(crate) fn is_debug_type(t: &str) -> bool {
+    t.starts_with(DEBUG_PREFIX)
+}
 
 /// Istio's `skippedCdsConfigs`.
 const SKIPPED_CDS: &[ConfigKind] = &[
