@@ -13,7 +13,7 @@ use xds_api::type_url;
 
 use crate::clock::rfc3339;
 use crate::lock::lock;
-use crate::server::DiscoveryServer;
+use crate::state::{Registration, ServerState};
 use crate::status::ConnectionStatus;
 use crate::watched::{Names, Version, Watch};
 use crate::{GenerateError, Proxy, PushRequest, PushSnapshot, Resource, SnapshotBuilder, WatchedResource};
@@ -207,7 +207,7 @@ impl<S> Connection<S> {
 /// cannot be parsed is refused with `InvalidArgument` naming what is wrong (counted in
 /// `pilot_xds_invalid_node`). `None` when the stream ended or was refused.
 pub(crate) async fn accept<B: SnapshotBuilder, Req: crate::framing::Decode, Resp>(
-    server: &Arc<DiscoveryServer<B>>,
+    state: &Arc<ServerState<B>>,
     inbound: &mut crate::framing::Requests<Req>,
     out: &crate::outbound::OutSender<Resp>,
     peer: String,
@@ -219,18 +219,18 @@ pub(crate) async fn accept<B: SnapshotBuilder, Req: crate::framing::Decode, Resp
     let first = match inbound.next().await {
         Some(Ok(req)) => req,
         Some(Err(e)) => {
-            crate::stream::end_with(server, out, &peer, e).await;
+            crate::stream::end_with(state, out, &peer, e).await;
             return None;
         }
         None => return None,
     };
     match authorize_node(node(&first), identities.as_deref()) {
-        Ok((node, identity)) => Some((first, server.register(node, peer, identity, delta))),
+        Ok((node, identity)) => Some((first, state.register(node, peer, identity, delta))),
         Err(status) if status.code() == tonic::Code::PermissionDenied => {
             if let Some(suppressed) = monitoring::throttle::allow("ads_unauthorized") {
                 tracing::warn!(suppressed, "ADS: {peer} unauthorized XDS: {}", status.message());
             }
-            server
+            state
                 .metrics
                 .auth_failures
                 .get_or_create(&crate::metrics::ReasonLabel {
@@ -244,7 +244,7 @@ pub(crate) async fn accept<B: SnapshotBuilder, Req: crate::framing::Decode, Resp
             if let Some(suppressed) = monitoring::throttle::allow("ads_refused_node") {
                 tracing::warn!(suppressed, "ADS: {peer} refused: {}", status.message());
             }
-            server.metrics.invalid_nodes.inc();
+            state.metrics.invalid_nodes.inc();
             let _ = out.send(crate::outbound::Outbound::message(Err(status))).await;
             None
         }
@@ -310,18 +310,6 @@ pub(crate) fn parse_node(node: Option<&Node>) -> Result<Proxy, Status> {
         };
     }
     Ok(proxy)
-}
-
-/// Removes the connection from the server when its stream task ends, however it ends.
-pub(crate) struct Registration<B: SnapshotBuilder> {
-    pub server: Arc<DiscoveryServer<B>>,
-    pub conn: Arc<Connection<B::Snapshot>>,
-}
-
-impl<B: SnapshotBuilder> Drop for Registration<B> {
-    fn drop(&mut self) {
-        self.server.unregister(&self.conn);
-    }
 }
 
 /// The resources generated for one watch.

@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use xds_api::Resource;
 
-use crate::server::DiscoveryServer;
-use crate::{PushSnapshot, SnapshotBuilder, WatchedResource};
+use crate::snapshot::{PushSnapshot, SnapshotBuilder};
+use crate::state::ServerState;
+use crate::watched::WatchedResource;
 
 /// A proxy's current resources, per type in the order asked.
 #[derive(Debug)]
@@ -41,11 +42,15 @@ pub enum CurrentResourcesError {
     },
 }
 
-impl<B: SnapshotBuilder> DiscoveryServer<B> {
+impl<B: SnapshotBuilder> ServerState<B> {
     /// The resources of `types` that the proxy `proxy_id` (connection ID, node ID or
     /// `pod.namespace`) would be sent now: the names it watches, or every resource of a type it
     /// watches by wildcard or does not watch at all.
-    pub fn current_resources(&self, proxy_id: &str, types: &[&str]) -> Result<CurrentResources, CurrentResourcesError> {
+    pub(crate) fn current_resources(
+        &self,
+        proxy_id: &str,
+        types: &[&str],
+    ) -> Result<CurrentResources, CurrentResourcesError> {
         let (proxy, status) = self
             .find_proxy(proxy_id)
             .ok_or_else(|| CurrentResourcesError::NotConnected(proxy_id.to_owned()))?;

@@ -24,13 +24,14 @@ use xds_api::envoy::service::status::v3::{ClientConfig, ConfigStatus, client_con
 use xds_api::pbwkt::{self, Struct, Timestamp, Value, value::Kind};
 use xds_api::{Resource, type_url};
 
-use crate::SnapshotBuilder;
 use crate::connection::Connection;
+use crate::current::CurrentResourcesError;
 use crate::lock::lock;
-use crate::server::DiscoveryServer;
+use crate::snapshot::SnapshotBuilder;
+use crate::state::ServerState;
 use crate::type_filter::{CONFIG_DUMP, SYNCZ, is_debug_type};
 
-impl<B: SnapshotBuilder> DiscoveryServer<B> {
+impl<B: SnapshotBuilder> ServerState<B> {
     /// The resources answering a debug request of `requester` for `type_url` and `names`.
     pub(crate) fn debug_resources(
         &self,
@@ -115,7 +116,7 @@ impl<B: SnapshotBuilder> DiscoveryServer<B> {
     }
 
     fn config_dump(&self, proxy_id: &str) -> Result<Vec<Resource>, tonic::Status> {
-        use crate::current::CurrentResourcesError as E;
+        use CurrentResourcesError as E;
         let current = self
             .current_resources(proxy_id, &[type_url::CLUSTER, type_url::LISTENER, type_url::ROUTE])
             .map_err(|e| match e {
@@ -217,7 +218,7 @@ impl HasName for xds_api::envoy::config::listener::v3::Listener {
     }
 }
 
-impl<B: SnapshotBuilder> DiscoveryServer<B> {
+impl<B: SnapshotBuilder> ServerState<B> {
     /// Istio's debug authorization: a caller proven (secure port) to be of the system namespace.
     fn is_system_identity(&self, requester: &Connection<B::Snapshot>) -> bool {
         requester

@@ -15,21 +15,23 @@ use tonic::codegen::{BoxFuture, Service, http};
 use tonic::server::NamedService;
 use tonic::transport::server::TcpConnectInfo;
 
-use crate::SnapshotBuilder;
 use crate::auth::StreamAuthenticator;
 use crate::delta::Delta;
 use crate::framing::{Requests, grpc_response};
-use crate::server::DiscoveryServer;
+use crate::metrics::ReasonLabel;
+use crate::outbound;
+use crate::snapshot::SnapshotBuilder;
 use crate::sotw::Sotw;
-use crate::stream::Flavour;
+use crate::state::ServerState;
+use crate::stream::{Flavour, serve};
 
 const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
 const SOTW_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
 const DELTA_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
 
-/// `AggregatedDiscoveryService` over a [`DiscoveryServer`], for `tonic::transport::Server`.
+/// `AggregatedDiscoveryService` over a `DiscoveryServer`, for `tonic::transport::Server`.
 pub struct AdsService<B: SnapshotBuilder> {
-    server: Arc<DiscoveryServer<B>>,
+    state: Arc<ServerState<B>>,
     /// Set on the secure port: every stream's caller is authenticated first.
     authenticator: Option<Arc<dyn StreamAuthenticator>>,
 }
@@ -37,16 +39,16 @@ pub struct AdsService<B: SnapshotBuilder> {
 impl<B: SnapshotBuilder> Clone for AdsService<B> {
     fn clone(&self) -> Self {
         AdsService {
-            server: self.server.clone(),
+            state: self.state.clone(),
             authenticator: self.authenticator.clone(),
         }
     }
 }
 
 impl<B: SnapshotBuilder> AdsService<B> {
-    pub(crate) fn new(server: Arc<DiscoveryServer<B>>) -> AdsService<B> {
+    pub(crate) fn new(state: Arc<ServerState<B>>) -> AdsService<B> {
         AdsService {
-            server,
+            state,
             authenticator: None,
         }
     }
@@ -73,14 +75,14 @@ impl<B: SnapshotBuilder> Service<http::Request<Body>> for AdsService<B> {
     }
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        let server = self.server.clone();
+        let state = self.state.clone();
         let authenticator = self.authenticator.clone();
         Box::pin(async move {
             let path = req.uri().path().to_owned();
             if path != SOTW_PATH && path != DELTA_PATH {
                 return Ok(Status::unimplemented(format!("{path}: not served here")).into_http());
             }
-            if !server.ready() {
+            if !state.ready() {
                 return Ok(Status::unavailable("server is not ready to serve discovery information").into_http());
             }
             let peer_addr = peer_of(&req);
@@ -95,10 +97,10 @@ impl<B: SnapshotBuilder> Service<http::Request<Body>> for AdsService<B> {
                     match a.authenticate(req.headers().clone(), certs, peer_addr).await {
                         Ok(ids) => Some(ids),
                         Err(reason) => {
-                            server
+                            state
                                 .metrics
                                 .auth_failures
-                                .get_or_create(&crate::metrics::ReasonLabel {
+                                .get_or_create(&ReasonLabel {
                                     reason: "authentication",
                                 })
                                 .inc();
@@ -112,9 +114,9 @@ impl<B: SnapshotBuilder> Service<http::Request<Body>> for AdsService<B> {
             };
             let body = req.into_body();
             Ok(if path == SOTW_PATH {
-                start_stream::<B, Sotw>(server, body, peer, identities)
+                start_stream::<B, Sotw>(state, body, peer, identities)
             } else {
-                start_stream::<B, Delta>(server, body, peer, identities)
+                start_stream::<B, Delta>(state, body, peer, identities)
             })
         })
     }
@@ -122,14 +124,14 @@ impl<B: SnapshotBuilder> Service<http::Request<Body>> for AdsService<B> {
 
 /// Starts the stream's task and returns the response whose body carries what it sends.
 fn start_stream<B: SnapshotBuilder, F: Flavour>(
-    server: Arc<DiscoveryServer<B>>,
+    state: Arc<ServerState<B>>,
     body: Body,
     peer: String,
     identities: Option<Vec<String>>,
 ) -> http::Response<Body> {
-    let inbound = Requests::<F::Request>::new(body, server.max_recv_msg_size());
-    let (tx, rx) = crate::outbound::channel();
-    tokio::spawn(crate::stream::serve::<B, F>(server, inbound, tx, peer, identities));
+    let inbound = Requests::<F::Request>::new(body, state.max_recv_msg_size());
+    let (tx, rx) = outbound::channel();
+    tokio::spawn(serve::<B, F>(state, inbound, tx, peer, identities));
     grpc_response(rx)
 }
 

@@ -28,6 +28,7 @@ mod response;
 mod server;
 mod snapshot;
 mod sotw;
+mod state;
 mod status;
 mod stream;
 mod type_filter;

@@ -15,7 +15,8 @@ use crate::connection::{Connection, Generated, accept, generate, log_generate_er
 use crate::framing::{RequestError, Requests};
 use crate::lock::lock;
 use crate::outbound::{OutSender, Outbound, Slot};
-use crate::server::{Closed, DiscoveryServer};
+use crate::server::Closed;
+use crate::state::ServerState;
 use crate::watched::{NameInterner, Outcome, Watch};
 use crate::{PushRequest, PushSnapshot, SnapshotBuilder, WatchedResource};
 
@@ -63,14 +64,14 @@ pub(crate) trait Flavour: Send + Sync + 'static {
 /// counted, logged and answered with its status (`INVALID_ARGUMENT`, `RESOURCE_EXHAUSTED`, ...);
 /// a transport failure has nobody to tell.
 pub(crate) async fn end_with<B: SnapshotBuilder, T>(
-    server: &DiscoveryServer<B>,
+    state: &ServerState<B>,
     out: &OutSender<T>,
     who: &str,
     e: RequestError,
 ) {
     match e {
         RequestError::Invalid { status, reason } => {
-            server.record_invalid_request(who, reason, &status);
+            state.record_invalid_request(who, reason, &status);
             let _ = out.send(Outbound::message(Err(status))).await;
         }
         RequestError::Transport(status) => tracing::debug!("ADS: {who} receive error: {status}"),
@@ -79,19 +80,19 @@ pub(crate) async fn end_with<B: SnapshotBuilder, T>(
 
 /// Serves one stream until the proxy goes away.
 pub(crate) async fn serve<B: SnapshotBuilder, F: Flavour>(
-    server: Arc<DiscoveryServer<B>>,
+    state: Arc<ServerState<B>>,
     mut inbound: Requests<F::Request>,
     out: OutSender<F::Response>,
     peer: String,
     identities: Option<Vec<String>>,
 ) {
-    let Some((first, registration)) = accept(&server, &mut inbound, &out, peer, identities, F::DELTA, F::node).await
+    let Some((first, registration)) = accept(&state, &mut inbound, &out, peer, identities, F::DELTA, F::node).await
     else {
         return;
     };
     let conn = registration.conn.clone();
     let mut stream = Stream::<B, F> {
-        server,
+        state,
         conn: conn.clone(),
         out,
         nonce: 0,
@@ -101,7 +102,7 @@ pub(crate) async fn serve<B: SnapshotBuilder, F: Flavour>(
 }
 
 struct Stream<B: SnapshotBuilder, F: Flavour> {
-    server: Arc<DiscoveryServer<B>>,
+    state: Arc<ServerState<B>>,
     conn: Arc<Connection<B::Snapshot>>,
     out: OutSender<F::Response>,
     nonce: u64,
@@ -121,7 +122,7 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
                 msg = inbound.next() => match msg {
                     Some(Ok(req)) => Box::pin(self.on_request(req)).await?,
                     Some(Err(e)) => {
-                        end_with(&self.server, &self.out, &self.conn.id, e).await;
+                        end_with(&self.state, &self.out, &self.conn.id, e).await;
                         return Ok(());
                     }
                     None => return Ok(()),
@@ -145,9 +146,9 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
             }
             return Ok(());
         }
-        let (outcome, target) = F::on_request(&mut lock(&self.conn.watched), &req, &self.server.names);
+        let (outcome, target) = F::on_request(&mut lock(&self.conn.watched), &req, &self.state.names);
         let watched = lock(&self.conn.watched).get(t).map_or(0, |w| w.resource.names.len());
-        let max = self.server.max_resource_names();
+        let max = self.state.max_resource_names();
         if watched > max {
             let status = tonic::Status::resource_exhausted(format!(
                 "{watched} resource names of {} exceed PILOT_XDS_MAX_RESOURCE_NAMES ({max})",
@@ -157,14 +158,14 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
                 status,
                 reason: "too_many_names",
             };
-            end_with(&self.server, &self.out, &self.conn.id, e).await;
+            end_with(&self.state, &self.out, &self.conn.id, e).await;
             return Err(Closed);
         }
-        self.server.record_outcome(&self.conn, t, &outcome);
+        self.state.record_outcome(&self.conn, t, &outcome);
         let Some(target) = target else {
             return Ok(());
         };
-        let Some(snapshot) = self.server.current_snapshot() else {
+        let Some(snapshot) = self.state.current_snapshot() else {
             return Ok(());
         };
         if crate::type_filter::is_debug_type(t) {
@@ -182,7 +183,7 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
         targets.extend(follow_up);
         // Answers take a throttle slot as pushes do: a thousand proxies connecting at once must
         // not hold a thousand full responses in memory.
-        let mut slot = Slot::new(self.server.throttle().await, self.server.stall_time());
+        let mut slot = Slot::new(self.state.throttle().await, self.state.stall_time());
         for g in generate(snapshot.clone(), self.conn.proxy(), targets, F::DELTA).await {
             // the follow-up is sent only if it carries something, as a push is
             let cause = if g.watched.type_url == t {
@@ -218,7 +219,7 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
     async fn debug(&mut self, snapshot: Arc<B::Snapshot>, target: WatchedResource) -> Result<(), Closed> {
         let t0 = Instant::now();
         let names: Vec<String> = target.names.iter().map(|n| n.to_string()).collect();
-        let resources = match self.server.debug_resources(&self.conn, &target.type_url, &names) {
+        let resources = match self.state.debug_resources(&self.conn, &target.type_url, &names) {
             Ok(r) => r,
             Err(status) => {
                 let _ = self.out.send(Outbound::message(Err(status))).await;
@@ -242,14 +243,14 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
             versions,
             elapsed: t0.elapsed(),
         };
-        let mut slot = Slot::new(self.server.throttle().await, self.server.stall_time());
+        let mut slot = Slot::new(self.state.throttle().await, self.state.stall_time());
         self.send(snapshot.as_ref(), g, Cause::Request, &mut slot).await?;
         slot.release().await;
         Ok(())
     }
 
     async fn push(&mut self, req: PushRequest) -> Result<(), Closed> {
-        let Some(snapshot) = self.server.current_snapshot() else {
+        let Some(snapshot) = self.state.current_snapshot() else {
             return Ok(());
         };
         let last_pushed = lock(&self.conn.last_pushed).clone();
@@ -263,7 +264,7 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
             return Ok(());
         }
         // The slot is held from generation until the responses have left (see `outbound`).
-        let mut slot = Slot::new(self.server.throttle().await, self.server.stall_time());
+        let mut slot = Slot::new(self.state.throttle().await, self.state.stall_time());
         let generated = generate(snapshot.clone(), proxy, targets, F::DELTA).await;
         if req.full {
             *lock(&self.conn.last_pushed) = Some(snapshot.clone());
@@ -273,7 +274,7 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
         }
         self.send_warming_endpoints(&snapshot, &mut slot).await?;
         slot.release().await;
-        self.server
+        self.state
             .metrics
             .convergence
             .observe(req.start.elapsed().as_secs_f64());
@@ -292,30 +293,30 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
             Ok(r) => r,
             Err(e) => {
                 if matches!(e, crate::GenerateError::Failed { .. }) {
-                    self.server.metrics.internal_errors.inc();
+                    self.state.metrics.internal_errors.inc();
                 }
                 log_generate_error(&self.conn.id, t, e);
                 return Ok(());
             }
         };
         let version = snapshot.version();
-        let Some((mut resp, n, removed)) = F::response(&self.conn, &self.server.names, &g, resources, version, cause)
+        let Some((mut resp, n, removed)) = F::response(&self.conn, &self.state.names, &g, resources, version, cause)
         else {
             return Ok(());
         };
         self.nonce += 1;
-        let nonce = self.server.nonce(self.nonce);
+        let nonce = self.state.nonce(self.nonce);
         F::set_nonce(&mut resp, nonce.clone());
         let bytes = prost::Message::encoded_len(&resp);
         let t0 = Instant::now();
         if slot.send(&self.out, resp).await.is_err() {
             if cause == Cause::Push {
-                self.server.metrics.record_send_error(t);
+                self.state.metrics.record_send_error(t);
             }
             return Err(Closed);
         }
         self.conn.record_sent(t, &nonce, version);
-        self.server.record_sent(t, version, n, bytes, g.elapsed + t0.elapsed());
+        self.state.record_sent(t, version, n, bytes, g.elapsed + t0.elapsed());
         tracing::debug!(
             "{}: {} for node:{} resources:{n}{removed} nonce:{nonce} version:{version}",
             type_url::short(t).to_uppercase(),
