@@ -1,22 +1,23 @@
-//! One xDS connection's shared part: the proxy, the watches (read by the debug views), and the
-//! pending push slot that the push loop merges requests into (never a queue that grows per push).
-//! Also what both stream kinds share: node parsing, registration, generation off the runtime.
+//! One xDS connection's state, shared by its stream task, the push loop and the debug views, as
+//! Istio's `Connection` (`pilot/pkg/xds/ads.go`, `pkg/xds/server.go`): the proxy, the watches,
+//! and the pending push slot that the push loop merges requests into (never a queue that grows
+//! per push; Istio's `pushChannel` of one event). What a push covers of the watches is read here
+//! too (Istio's `watchedResourcesByOrder` and the per-type `*NeedsPush`).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::SystemTime;
 
 use tokio::sync::Notify;
-use tonic::Status;
-use xds_api::envoy::config::core::v3::Node;
 use xds_api::type_url;
 
 use crate::clock::rfc3339;
 use crate::lock::lock;
-use crate::state::{Registration, ServerState};
+use crate::snapshot::PushSnapshot;
 use crate::status::ConnectionStatus;
-use crate::watched::{Names, Version, Watch};
-use crate::{GenerateError, Proxy, PushRequest, PushSnapshot, Resource, SnapshotBuilder, WatchedResource};
+use crate::type_filter::{is_debug_type, type_needs_push};
+use crate::watched::{Names, Watch, WatchedResource};
+use crate::{Proxy, PushRequest};
 
 /// `proxy`, as the node's own `Proxy` when it equals the node (parsed node metadata is a few kB
 /// per connection).
@@ -144,11 +145,11 @@ impl<S> Connection<S> {
             .filter(|w| {
                 let t = w.resource.type_url.as_str();
                 // debug types are answered on request only
-                if crate::type_filter::is_debug_type(t) {
+                if is_debug_type(t) {
                     return false;
                 }
                 if req.full {
-                    crate::type_filter::type_needs_push(t, self.node.node_type, req)
+                    type_needs_push(t, self.node.node_type, req)
                 } else {
                     t == type_url::ENDPOINT
                 }
@@ -203,125 +204,6 @@ impl<S> Connection<S> {
     }
 }
 
-/// Reads a stream's first request and registers its proxy, as both ADS flavours start. A node that
-/// cannot be parsed is refused with `InvalidArgument` naming what is wrong (counted in
-/// `pilot_xds_invalid_node`). `None` when the stream ended or was refused.
-pub(crate) async fn accept<B: SnapshotBuilder, Req: crate::framing::Decode, Resp>(
-    state: &Arc<ServerState<B>>,
-    inbound: &mut crate::framing::Requests<Req>,
-    out: &crate::outbound::OutSender<Resp>,
-    peer: String,
-    identities: Option<Vec<String>>,
-    delta: bool,
-    node: impl Fn(&Req) -> Option<&Node>,
-) -> Option<(Req, Registration<B>)> {
-    use futures::StreamExt;
-    let first = match inbound.next().await {
-        Some(Ok(req)) => req,
-        Some(Err(e)) => {
-            crate::stream::end_with(state, out, &peer, e).await;
-            return None;
-        }
-        None => return None,
-    };
-    match authorize_node(node(&first), identities.as_deref()) {
-        Ok((node, identity)) => Some((first, state.register(node, peer, identity, delta))),
-        Err(status) if status.code() == tonic::Code::PermissionDenied => {
-            if let Some(suppressed) = monitoring::throttle::allow("ads_unauthorized") {
-                tracing::warn!(suppressed, "ADS: {peer} unauthorized XDS: {}", status.message());
-            }
-            state
-                .metrics
-                .auth_failures
-                .get_or_create(&crate::metrics::ReasonLabel {
-                    reason: "authorization",
-                })
-                .inc();
-            let _ = out.send(crate::outbound::Outbound::message(Err(status))).await;
-            None
-        }
-        Err(status) => {
-            if let Some(suppressed) = monitoring::throttle::allow("ads_refused_node") {
-                tracing::warn!(suppressed, "ADS: {peer} refused: {}", status.message());
-            }
-            state.metrics.invalid_nodes.inc();
-            let _ = out.send(crate::outbound::Outbound::message(Err(status))).await;
-            None
-        }
-    }
-}
-
-/// The proxy of a stream's first node and the identity it is served as: on the secure port
-/// (`identities`, those its caller proved) one of them that the proxy belongs to, else
-/// `PermissionDenied`. That identity becomes the proxy's `verified_identity` (Istio's
-/// `VerifiedIdentity`, never one a node's metadata names), which the generators read (SDS serves
-/// credentials only to a proxy that has one); on the plaintext port it stays `None`.
-fn authorize_node(node: Option<&Node>, identities: Option<&[String]>) -> Result<(Proxy, Option<String>), Status> {
-    let mut proxy = parse_node(node)?;
-    match identities {
-        Some(ids) => {
-            let id = crate::auth::authorize(&proxy, ids)?;
-            proxy.verified_identity = model::VerifiedIdentity::from_spiffe(&id);
-            Ok((proxy, Some(id)))
-        }
-        None => Ok((proxy, None)),
-    }
-}
-
-/// The longest node ID accepted (Envoy's are `type~ip~pod.namespace~domain`).
-pub(crate) const MAX_NODE_ID: usize = 1024;
-/// The most node metadata accepted, encoded, per stream (Envoy's and the agent's are a few KB).
-pub(crate) const MAX_NODE_METADATA: usize = 256 * 1024;
-
-/// Parses the node of the first request, refusing it with `InvalidArgument` naming what is wrong:
-/// an ID with control characters (it would forge log lines) or too long, metadata over
-/// [`MAX_NODE_METADATA`], or what `Proxy::parse` refuses.
-pub(crate) fn parse_node(node: Option<&Node>) -> Result<Proxy, Status> {
-    let Some(node) = node.filter(|n| !n.id.is_empty()) else {
-        return Err(Status::invalid_argument(
-            "missing node information (the first request must carry node.id)",
-        ));
-    };
-    if node.id.len() > MAX_NODE_ID || node.id.chars().any(char::is_control) {
-        return Err(Status::invalid_argument(format!(
-            "node.id {:?} has control characters or is over {MAX_NODE_ID} bytes",
-            node.id.chars().take(128).collect::<String>()
-        )));
-    }
-    let metadata_size = node.metadata.as_ref().map_or(0, prost::Message::encoded_len);
-    if metadata_size > MAX_NODE_METADATA {
-        return Err(Status::invalid_argument(format!(
-            "node {:?}: metadata of {metadata_size} bytes is over the limit of {MAX_NODE_METADATA} bytes",
-            node.id
-        )));
-    }
-    let metadata = match &node.metadata {
-        Some(s) => model::proxy::NodeMetadata::from_json(&node.id, &xds_api::struct_to_json(s)),
-        None => Ok(model::proxy::NodeMetadata::default()),
-    };
-    let mut proxy = metadata
-        .and_then(|md| Proxy::parse(&node.id, md))
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
-    if let Some(l) = &node.locality {
-        proxy.locality = model::Locality {
-            region: l.region.clone(),
-            zone: l.zone.clone(),
-            subzone: l.sub_zone.clone(),
-        };
-    }
-    Ok(proxy)
-}
-
-/// The resources generated for one watch.
-pub(crate) struct Generated {
-    pub watched: WatchedResource,
-    pub resources: Result<Vec<Resource>, GenerateError>,
-    /// Delta only: the version of each resource (a hash of its bytes, computed once per shared
-    /// resource, shared with it), same order.
-    pub versions: Vec<Version>,
-    pub elapsed: Duration,
-}
-
 /// A VHDS watch covers every route configuration the proxy watches: Envoy subscribes to VHDS
 /// without names (a wildcard), and the names of its RDS watch are what the virtual hosts are
 /// generated for. Without an RDS watch (a reconnecting proxy or an agent replaying its requests
@@ -350,67 +232,10 @@ fn partial_eds(w: WatchedResource, req: &PushRequest) -> Option<WatchedResource>
     (!names.is_empty()).then_some(WatchedResource { names, ..w })
 }
 
-/// Generates `targets` in the blocking pool, so a large generation never stalls the runtime.
-/// Resources of non-wildcard types are limited to the watched names.
-pub(crate) async fn generate<S: PushSnapshot>(
-    snapshot: Arc<S>,
-    proxy: Arc<Proxy>,
-    targets: Vec<WatchedResource>,
-    delta: bool,
-) -> Vec<Generated> {
-    let work = move || {
-        targets
-            .into_iter()
-            .map(|watched| {
-                let t0 = Instant::now();
-                let resources = snapshot.generate(&proxy, &watched, delta).map(|mut rs| {
-                    if !watched.wildcard {
-                        rs.retain(|r| watched.covers(&r.name));
-                    }
-                    rs
-                });
-                let versions = match (&resources, delta) {
-                    (Ok(rs), true) => rs
-                        .iter()
-                        .map(|r| {
-                            r.version();
-                            r.version.clone()
-                        })
-                        .collect(),
-                    _ => Vec::new(),
-                };
-                Generated {
-                    watched,
-                    resources,
-                    versions,
-                    elapsed: t0.elapsed(),
-                }
-            })
-            .collect()
-    };
-    match tokio::task::spawn_blocking(work).await {
-        Ok(g) => g,
-        Err(e) => {
-            tracing::error!("xDS generation panicked: {e}");
-            Vec::new()
-        }
-    }
-}
-
-/// Logs why nothing was sent for a type: a type the generators do not serve (e.g. a proxy asking
-/// for SDS) at debug, as it repeats on every push; a failure at warn.
-pub(crate) fn log_generate_error(conn_id: &str, t: &str, e: &GenerateError) {
-    match e {
-        GenerateError::UnsupportedType { .. } => {
-            tracing::debug!("ADS:{}: {conn_id} nothing sent: {e}", type_url::short(t))
-        }
-        GenerateError::Failed { .. } => tracing::warn!("ADS:{}: {conn_id} nothing sent: {e}", type_url::short(t)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{GenerateError, Resource};
 
     #[test]
     fn an_endpoint_push_in_sotw_covers_only_the_clusters_of_the_moved_services() {
@@ -468,41 +293,9 @@ mod tests {
 
     /// A connection of the sidecar `app.a` (namespace `a`), its proxy as its node describes it.
     fn sidecar_connection() -> (Proxy, Connection<OfNamespace>) {
-        let node = Node {
-            id: "sidecar~10.0.0.1~app.a~a.svc.cluster.local".into(),
-            ..Default::default()
-        };
-        let proxy = parse_node(Some(&node)).unwrap();
+        let proxy = proxy_of("sidecar~10.0.0.1~app.a~a.svc.cluster.local");
         let conn = Connection::new("c-1".into(), proxy.clone(), proxy.clone(), "peer".into(), false);
         (proxy, conn)
-    }
-
-    /// The secure port's proven identity becomes the proxy's `verified_identity`; the plaintext
-    /// port gives none, whatever the node's metadata says.
-    #[test]
-    fn only_the_secure_ports_proven_identity_is_the_proxys_verified_identity() {
-        let metadata = xds_api::json_to_struct(&serde_json::json!({
-            "NAMESPACE": "a",
-            "VERIFIED_IDENTITY": "spiffe://cluster.local/ns/a/sa/admin",
-        }));
-        let node = Node {
-            id: "router~10.0.0.1~gw.a~a.svc.cluster.local".into(),
-            metadata: Some(metadata),
-            ..Default::default()
-        };
-        let (plaintext, id) = authorize_node(Some(&node), None).unwrap();
-        assert_eq!((plaintext.verified_identity, id), (None, None));
-        let proven = ["spiffe://cluster.local/ns/a/sa/gw".to_owned()];
-        let (secure, id) = authorize_node(Some(&node), Some(&proven)).unwrap();
-        let verified = secure.verified_identity.unwrap();
-        assert_eq!(
-            (verified.namespace.as_str(), verified.service_account.as_str()),
-            ("a", "gw")
-        );
-        assert_eq!(id.as_deref(), Some("spiffe://cluster.local/ns/a/sa/gw"));
-        let other = ["spiffe://cluster.local/ns/b/sa/gw".to_owned()];
-        let refused = authorize_node(Some(&node), Some(&other)).unwrap_err();
-        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
     }
 
     /// A proxy the registries did not complete is the node's own `Proxy`, not a copy.
@@ -531,77 +324,9 @@ mod tests {
         assert!(!conn.concerned_by(&OfNamespace("b"), &req));
     }
 
-    #[test]
-    fn refuses_bad_nodes_with_invalid_argument_naming_the_node() {
-        let e = parse_node(None).unwrap_err();
-        assert_eq!(e.code(), tonic::Code::InvalidArgument);
-        let node = Node {
-            id: "sidecar~not-an-ip~a.ns~ns.svc.cluster.local".into(),
-            ..Default::default()
-        };
-        let e = parse_node(Some(&node)).unwrap_err();
-        assert_eq!(e.code(), tonic::Code::InvalidArgument);
-        assert!(e.message().contains("not-an-ip"), "{}", e.message());
-        let md = xds_api::json_to_struct(&serde_json::json!({"LABELS": "x"}));
-        let node = Node {
-            id: "sidecar~1.2.3.4~a.ns~ns.svc.cluster.local".into(),
-            metadata: Some(md),
-            ..Default::default()
-        };
-        let e = parse_node(Some(&node)).unwrap_err();
-        assert!(
-            e.message().contains("LABELS") && e.message().contains("sidecar~1.2.3.4"),
-            "{}",
-            e.message()
-        );
-    }
-
-    #[test]
-    fn refuses_control_characters_in_the_id_and_oversized_metadata() {
-        let forged = Node {
-            id: "sidecar~1.2.3.4~a.ns~ns.svc.cluster.local\nERROR forged line".into(),
-            ..Default::default()
-        };
-        let e = parse_node(Some(&forged)).unwrap_err();
-        assert_eq!(e.code(), tonic::Code::InvalidArgument);
-        assert!(
-            e.message().contains("\\n") && !e.message().contains('\n'),
-            "{}",
-            e.message()
-        );
-        let big = xds_api::json_to_struct(&serde_json::json!({"PADDING": "x".repeat(MAX_NODE_METADATA)}));
-        let heavy = Node {
-            id: "sidecar~1.2.3.4~a.ns~ns.svc.cluster.local".into(),
-            metadata: Some(big),
-            ..Default::default()
-        };
-        let e = parse_node(Some(&heavy)).unwrap_err();
-        assert!(
-            e.message().contains("over the limit of 262144 bytes"),
-            "{}",
-            e.message()
-        );
-    }
-
-    #[test]
-    fn parses_node_locality() {
-        let node = Node {
-            id: "router~1.2.3.4~gw.ns~ns.svc.cluster.local".into(),
-            locality: Some(xds_api::envoy::config::core::v3::Locality {
-                region: "r".into(),
-                zone: "z".into(),
-                sub_zone: "s".into(),
-            }),
-            ..Default::default()
-        };
-        let p = parse_node(Some(&node)).unwrap();
-        assert_eq!(p.locality.zone, "z");
-        assert!(p.is_router());
-    }
-
     #[tokio::test]
     async fn pending_pushes_merge_into_one_slot() {
-        let p = parse_node(Some(&node())).unwrap();
+        let p = proxy_of("sidecar~1.2.3.4~a.ns~ns.svc.cluster.local");
         let c = Connection::<()>::new("a-1".into(), p.clone(), p, "p".into(), false);
         c.enqueue(&PushRequest::all_endpoints());
         c.enqueue(&PushRequest::full(model::TriggerReason::ConfigUpdate));
@@ -611,10 +336,8 @@ mod tests {
         assert!(lock(&c.pending).is_none());
     }
 
-    fn node() -> Node {
-        Node {
-            id: "sidecar~1.2.3.4~a.ns~ns.svc.cluster.local".into(),
-            ..Default::default()
-        }
+    /// The proxy of a node that sends only its ID, as the stream's `parse_node` reads it.
+    fn proxy_of(id: &str) -> Proxy {
+        Proxy::parse(id, model::proxy::NodeMetadata::default()).unwrap()
     }
 }

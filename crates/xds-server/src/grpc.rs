@@ -16,13 +16,13 @@ use tonic::server::NamedService;
 use tonic::transport::server::TcpConnectInfo;
 
 use crate::auth::StreamAuthenticator;
-use crate::delta::Delta;
 use crate::framing::{Requests, grpc_response};
 use crate::metrics::ReasonLabel;
 use crate::outbound;
 use crate::snapshot::SnapshotBuilder;
-use crate::sotw::Sotw;
 use crate::state::ServerState;
+use crate::stream::delta::Delta;
+use crate::stream::sotw::Sotw;
 use crate::stream::{Flavour, serve};
 
 const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";

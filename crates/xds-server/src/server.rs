@@ -7,13 +7,14 @@
 //! connection's own task generates (bounded by the push throttle) and sends, so a slow proxy
 //! holds up nobody but itself. Everything the streams share with the server is its `state`.
 
+mod debounce;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 use std::time::{Instant, SystemTime};
 
 use crate::clock::rfc3339;
 use crate::current::{CurrentResources, CurrentResourcesError};
-use crate::debounce::{self, DebounceOptions, Debounced};
 use crate::grpc::AdsService;
 use crate::lock::lock;
 use crate::options::ServerOptions;
@@ -21,10 +22,7 @@ use crate::snapshot::{PushSnapshot, SnapshotBuilder};
 use crate::state::ServerState;
 use crate::status::{ConnectionStatus, PushStatus};
 use crate::{Proxy, PushRequest, TriggerReason};
-
-/// The stream ended (the proxy went away); nothing more to send.
-#[derive(Debug)]
-pub(crate) struct Closed;
+use debounce::{DebounceOptions, Debounced};
 
 pub struct DiscoveryServer<B: SnapshotBuilder> {
     state: Arc<ServerState<B>>,

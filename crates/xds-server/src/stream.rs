@@ -1,74 +1,44 @@
 //! One ADS stream, state of the world or delta, as Istio's `StreamAggregatedResources` /
-//! `StreamDeltas`, `pushConnection` and `pushXds`: one task per stream that answers requests and
-//! runs the pushes marked in its pending slot, in CDS, EDS, LDS, RDS order. What differs between
-//! the two protocols (request bookkeeping, response shape) is a [`Flavour`].
+//! `StreamDeltas`, `pushConnection` and `pushXds` (`pilot/pkg/xds/ads.go`, `delta.go`): one task
+//! per stream that answers requests and runs the pushes marked in its pending slot, in CDS, EDS,
+//! LDS, RDS order. What differs between the two protocols (request bookkeeping, response shape)
+//! is a [`Flavour`]: [`sotw::Sotw`] or [`delta::Delta`]. Below the loop: the stream's start
+//! (`accept`) and its generation off the runtime (`generate`).
 
-use std::collections::HashMap;
+mod accept;
+pub(crate) mod delta;
+mod flavour;
+mod generate;
+pub(crate) mod sotw;
+
 use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
-use xds_api::envoy::config::core::v3::Node;
-use xds_api::{Resource, type_url};
+use xds_api::type_url;
 
-use crate::connection::{Connection, Generated, accept, generate, log_generate_error};
+use crate::PushRequest;
+use crate::connection::Connection;
 use crate::framing::{RequestError, Requests};
 use crate::lock::lock;
 use crate::outbound::{OutSender, Outbound, Slot};
-use crate::server::Closed;
+use crate::snapshot::{PushSnapshot, SnapshotBuilder};
 use crate::state::ServerState;
-use crate::watched::{NameInterner, Outcome, Watch};
-use crate::{PushRequest, PushSnapshot, SnapshotBuilder, WatchedResource};
+use crate::type_filter::is_debug_type;
+use crate::watched::WatchedResource;
+use accept::accept;
+use flavour::Cause;
+pub(crate) use flavour::Flavour;
+use generate::{Generated, generate, log_generate_error};
 
-/// Why a response is being built: answering a request always answers; a push (delta) only when
-/// something changed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Cause {
-    Request,
-    Push,
-}
-
-/// What state of the world and delta streams do differently.
-pub(crate) trait Flavour: Send + Sync + 'static {
-    type Request: crate::framing::Decode + Send + 'static;
-    type Response: crate::response::Framed;
-    const DELTA: bool;
-    /// "" or "delta ", for logs.
-    const LOG: &'static str;
-
-    fn node(req: &Self::Request) -> Option<&Node>;
-    fn type_url(req: &Self::Request) -> &str;
-
-    /// Records `req` in the connection's watches: what it meant, and what to answer with.
-    fn on_request(
-        watched: &mut HashMap<String, Watch>,
-        req: &Self::Request,
-        names: &NameInterner,
-    ) -> (Outcome, Option<WatchedResource>);
-
-    /// The response for `resources` (generated for `g.watched`), without its nonce: the resources
-    /// it carries and, for logs, what it removes. `None` when there is nothing to send.
-    fn response(
-        conn: &Connection<impl PushSnapshot>,
-        names: &NameInterner,
-        g: &Generated,
-        resources: &[Resource],
-        version: &str,
-        cause: Cause,
-    ) -> Option<(Self::Response, usize, String)>;
-
-    fn set_nonce(resp: &mut Self::Response, nonce: String);
-}
+/// The stream ended (the proxy went away); nothing more to send.
+#[derive(Debug)]
+pub(crate) struct Closed;
 
 /// Ends a stream whose request side failed: a request the client sent that cannot be read is
 /// counted, logged and answered with its status (`INVALID_ARGUMENT`, `RESOURCE_EXHAUSTED`, ...);
 /// a transport failure has nobody to tell.
-pub(crate) async fn end_with<B: SnapshotBuilder, T>(
-    state: &ServerState<B>,
-    out: &OutSender<T>,
-    who: &str,
-    e: RequestError,
-) {
+async fn end_with<B: SnapshotBuilder, T>(state: &ServerState<B>, out: &OutSender<T>, who: &str, e: RequestError) {
     match e {
         RequestError::Invalid { status, reason } => {
             state.record_invalid_request(who, reason, &status);
@@ -86,8 +56,15 @@ pub(crate) async fn serve<B: SnapshotBuilder, F: Flavour>(
     peer: String,
     identities: Option<Vec<String>>,
 ) {
-    let Some((first, registration)) = accept(&state, &mut inbound, &out, peer, identities, F::DELTA, F::node).await
-    else {
+    let first = match inbound.next().await {
+        Some(Ok(req)) => req,
+        Some(Err(e)) => {
+            end_with(&state, &out, &peer, e).await;
+            return;
+        }
+        None => return,
+    };
+    let Some(registration) = accept(&state, &out, F::node(&first), peer, identities, F::DELTA).await else {
         return;
     };
     let conn = registration.conn.clone();
@@ -168,7 +145,7 @@ impl<B: SnapshotBuilder, F: Flavour> Stream<B, F> {
         let Some(snapshot) = self.state.current_snapshot() else {
             return Ok(());
         };
-        if crate::type_filter::is_debug_type(t) {
+        if is_debug_type(t) {
             return self.debug(snapshot, target).await;
         }
         lock(&self.conn.last_pushed).get_or_insert_with(|| snapshot.clone());

@@ -16,12 +16,13 @@ use xds_api::envoy::config::core::v3::Node;
 use xds_api::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use xds_api::{Resource, type_url};
 
-use crate::connection::{Connection, Generated};
+use super::flavour::{Cause, Flavour};
+use super::generate::Generated;
+use crate::connection::Connection;
 use crate::lock::lock;
 use crate::response::{Response, Shared};
-use crate::stream::{Cause, Flavour};
-use crate::watched::{NameInterner, Outcome, Respond, Version, Watch, delta_request, version_str};
-use crate::{PushSnapshot, WatchedResource};
+use crate::snapshot::PushSnapshot;
+use crate::watched::{NameInterner, Outcome, Respond, Version, Watch, WatchedResource, delta_request, version_str};
 
 pub(crate) struct Delta;
 

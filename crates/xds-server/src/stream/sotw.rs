@@ -7,12 +7,13 @@ use xds_api::Resource;
 use xds_api::envoy::config::core::v3::Node;
 use xds_api::envoy::service::discovery::v3::DiscoveryResponse;
 
-use crate::connection::{Connection, Generated};
+use super::flavour::{Cause, Flavour};
+use super::generate::Generated;
+use crate::connection::Connection;
 use crate::request::SotwRequest;
 use crate::response::{Response, Shared};
-use crate::stream::{Cause, Flavour};
-use crate::watched::{NameInterner, Outcome, Respond, Watch, sotw_request};
-use crate::{PushSnapshot, WatchedResource};
+use crate::snapshot::PushSnapshot;
+use crate::watched::{NameInterner, Outcome, Respond, Watch, WatchedResource, sotw_request};
 
 pub(crate) struct Sotw;
 
