@@ -22,14 +22,17 @@ their `mod` declarations (`#[path]` too), so `foo.rs` + `foo/` and `foo/mod.rs` 
 files under `src/` that no root declares are listed as unreached.
 
 Layers come from `--layers` (layers separated by `|` or `;`, top first; inside a layer, module
-names separated by spaces or commas), or else from the crate root's doc comment: a line that
-mentions "layers" and ends with ":", followed by a list (`1.`, `-` or `*` items), each item one
-layer whose members are the backticked module names it gives (`stream`, `stream::sotw`,
-`stream/sotw.rs`; other backticked words are ignored). A module covers its file and every file
-under it unless one of those is named in a layer itself. The crate root stays above every layer
-unless a layer names it (`lib`, `main`, or `crate`). An import from a file to a file of a higher
-layer is a back-up arrow; one within a layer is sideways (allowed, but counted, and any circle is
-still a circle).
+names separated by spaces or commas), or else from the crate root's doc comment: a line ending
+with ":" in a paragraph that mentions "layers", then a list (`1.`, `-` or `*` items, continued on
+indented lines), each item one layer whose members are the backticked module names before the
+item's first ": " (`stream`, `stream::sotw`, `stream/sotw.rs`; other backticked words are
+ignored). A module covers its file and every file under it unless one of those is named in a
+layer itself. The crate root stays above every layer unless a layer names it (`lib`, `main`, or
+`crate`). An import from a file to a file of a higher layer is a back-up arrow; one within a
+layer is sideways (allowed, but counted; any circle is still a circle).
+
+What it cannot see: a method that one file defines in an `impl` block on another file's type is
+reached by method calls, which name no module; such a dependency is not counted.
 
 Standard library only. Exit status 0 always (it measures, it does not judge) unless the crate
 cannot be read; `--check` makes it exit 1 when there are circles or back-up arrows.
@@ -124,7 +127,7 @@ ATTR = re.compile(r"#\s*\[")
 
 
 def attributes_before(text, at):
-    """The outer attributes (`#[...]`) right before offset `at`, as strings."""
+    """The outer attributes (`#[...]`) right before offset `at`: (start, end) of each one's inside."""
     attrs = []
     k = at
     while True:
@@ -148,7 +151,7 @@ def attributes_before(text, at):
             q -= 1
         if q < 0 or text[q] != "#":
             return attrs
-        attrs.append(text[p + 1:j - 1])
+        attrs.append((p + 1, j - 1))
         k = q
 
 
@@ -263,14 +266,13 @@ def scan_module_body(f, mod, start, end, files):
             continue
         name, kind = m.group(1), m.group(2)
         attrs = attributes_before(code, m.start())
-        test = mod.test or any(is_test_cfg(a) for a in attrs)
+        test = mod.test or any(is_test_cfg(code[a:b]) for a, b in attrs)
         path_attr = None
-        for a in attrs:
-            pm = re.match(r'\s*path\s*=\s*', a)
+        for a, b in attrs:
+            # the attribute's string is blanked in `code`: read it from the source
+            pm = re.match(r'\s*path\s*=\s*"([^"]+)"', f.text[a:b])
             if pm:
-                # the string was blanked in `code`: read it from the source
-                am = re.search(r'path\s*=\s*"([^"]+)"', f.text[m.start() - 200 if m.start() > 200 else 0:m.start()])
-                path_attr = am.group(1) if am else None
+                path_attr = pm.group(1)
         if kind == "{":
             open_at = m.end() - 1
             close = matching_brace(code, open_at)
@@ -626,34 +628,43 @@ def parse_layers(spec):
 
 def layers_from_doc(root_file):
     """The layer list in the crate root's doc comment (see the module doc)."""
-    lines = root_file.text.splitlines()
     docs = []
-    for line in lines:
+    for line in root_file.text.splitlines():
         s = line.strip()
         if s.startswith("//!"):
             docs.append(s[3:])
-        elif s.startswith("#!") or s.startswith("#![") or not s:
+        elif not s or s.startswith("#!"):
             continue
         else:
             break
-    layers, started, current = [], False, None
+    items, started, paragraph = [], False, ""
     for d in docs:
         t = d.strip()
         if not started:
-            if re.search(r"\blayers?\b", t, re.I) and t.endswith(":"):
-                started = True
+            paragraph = f"{paragraph} {t}" if t else ""
+            started = bool(re.search(r"\blayers?\b", paragraph, re.I) and t.endswith(":"))
             continue
         item = re.match(r"^(\d+\.|[-*])\s+(.*)$", t)
         if item:
-            current = re.findall(r"`([^`]+)`", item.group(2).split(":", 1)[0] if ":" in item.group(2) else item.group(2))
-            layers.append(current)
-        elif t and current is not None and d.startswith("  "):
-            pass  # a continuation line: its words describe the layer, its members are on the first line
-        elif not t and not layers:
+            items.append(item.group(2))
+        elif t and items and d.startswith("  "):
+            items[-1] += " " + t  # a continuation line of the item
+        elif not t and not items:
             continue
         else:
             break
-    return layers
+    return [re.findall(r"`([^`]+)`", members(text)) for text in items]
+
+
+def members(item):
+    """The part of a list item before its first `: ` outside backticks: where the members are."""
+    quoted = False
+    for k, ch in enumerate(item):
+        if ch == "`":
+            quoted = not quoted
+        elif ch == ":" and not quoted and (k + 1 == len(item) or item[k + 1] == " "):
+            return item[:k]
+    return item
 
 
 def norm_module(name):
