@@ -1,8 +1,9 @@
 //! One xDS connection's state, shared by its stream task, the push loop and the debug views, as
 //! Istio's `Connection` (`pilot/pkg/xds/ads.go`, `pkg/xds/server.go`): the proxy, the watches,
 //! and the pending push slot that the push loop merges requests into (never a queue that grows
-//! per push; Istio's `pushChannel` of one event). What a push covers of the watches is read here
-//! too (Istio's `watchedResourcesByOrder` and the per-type `*NeedsPush`).
+//! per push: Istio's `PushQueue` merges a connection's pending requests the same way). What a
+//! push covers of the watches is read here too (Istio's `watchedResourcesByOrder` and the
+//! per-type `*NeedsPush`).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};

@@ -26,7 +26,7 @@ use crate::snapshot::{PushSnapshot, SnapshotBuilder};
 use crate::state::ServerState;
 use crate::type_filter::is_debug_type;
 use crate::watched::WatchedResource;
-use accept::accept;
+use accept::{accept, end_with};
 use flavour::Cause;
 pub(crate) use flavour::Flavour;
 use generate::{Generated, generate, log_generate_error};
@@ -34,19 +34,6 @@ use generate::{Generated, generate, log_generate_error};
 /// The stream ended (the proxy went away); nothing more to send.
 #[derive(Debug)]
 pub(crate) struct Closed;
-
-/// Ends a stream whose request side failed: a request the client sent that cannot be read is
-/// counted, logged and answered with its status (`INVALID_ARGUMENT`, `RESOURCE_EXHAUSTED`, ...);
-/// a transport failure has nobody to tell.
-async fn end_with<B: SnapshotBuilder, T>(state: &ServerState<B>, out: &OutSender<T>, who: &str, e: RequestError) {
-    match e {
-        RequestError::Invalid { status, reason } => {
-            state.record_invalid_request(who, reason, &status);
-            let _ = out.send(Outbound::message(Err(status))).await;
-        }
-        RequestError::Transport(status) => tracing::debug!("ADS: {who} receive error: {status}"),
-    }
-}
 
 /// Serves one stream until the proxy goes away.
 pub(crate) async fn serve<B: SnapshotBuilder, F: Flavour>(
@@ -56,15 +43,8 @@ pub(crate) async fn serve<B: SnapshotBuilder, F: Flavour>(
     peer: String,
     identities: Option<Vec<String>>,
 ) {
-    let first = match inbound.next().await {
-        Some(Ok(req)) => req,
-        Some(Err(e)) => {
-            end_with(&state, &out, &peer, e).await;
-            return;
-        }
-        None => return,
-    };
-    let Some(registration) = accept(&state, &out, F::node(&first), peer, identities, F::DELTA).await else {
+    let Some((first, registration)) = accept(&state, &mut inbound, &out, peer, identities, F::DELTA, F::node).await
+    else {
         return;
     };
     let conn = registration.conn.clone();

@@ -1,34 +1,46 @@
-//! The start of a stream, as Istio's `initConnection` and `initProxyMetadata`
-//! (`pilot/pkg/xds/ads.go`) with `authorize` (`auth.go`): the node of the first request parsed
-//! into a proxy (refused with `InvalidArgument` naming what is wrong), checked against the
-//! identities the caller proved on the secure port, and registered as a connection.
+//! The start of a stream, as Istio's `Receive` of a first request (`pkg/xds/server.go`) with
+//! `initConnection` and `initProxyMetadata` (`pilot/pkg/xds/ads.go`) and `authorize` (`auth.go`):
+//! the node of the first request parsed into a proxy (refused with `InvalidArgument` naming what
+//! is wrong), checked against the identities the caller proved on the secure port, and registered
+//! as a connection. Also how a stream whose request side fails ends, at its start or later.
 
 use std::sync::Arc;
 
+use futures::StreamExt;
 use tonic::Status;
 use xds_api::envoy::config::core::v3::Node;
 
 use crate::Proxy;
 use crate::auth::authorize;
+use crate::framing::{Decode, RequestError, Requests};
 use crate::metrics::ReasonLabel;
 use crate::outbound::{OutSender, Outbound};
 use crate::snapshot::SnapshotBuilder;
 use crate::state::{Registration, ServerState};
 
-/// Registers the proxy of a stream's first request (its `node`), as both ADS flavours start. A
-/// node that cannot be parsed is refused with `InvalidArgument` naming what is wrong (counted in
+/// Reads a stream's first request and registers its proxy, as both ADS flavours start. A node that
+/// cannot be parsed is refused with `InvalidArgument` naming what is wrong (counted in
 /// `pilot_xds_invalid_node`), one the caller may not serve as with `PermissionDenied`. `None`
-/// when the stream was refused.
-pub(crate) async fn accept<B: SnapshotBuilder, Resp>(
+/// when the stream ended or was refused.
+pub(super) async fn accept<B: SnapshotBuilder, Req: Decode, Resp>(
     state: &Arc<ServerState<B>>,
+    inbound: &mut Requests<Req>,
     out: &OutSender<Resp>,
-    node: Option<&Node>,
     peer: String,
     identities: Option<Vec<String>>,
     delta: bool,
-) -> Option<Registration<B>> {
-    match authorize_node(node, identities.as_deref()) {
-        Ok((node, identity)) => Some(state.register(node, peer, identity, delta)),
+    node: impl Fn(&Req) -> Option<&Node>,
+) -> Option<(Req, Registration<B>)> {
+    let first = match inbound.next().await {
+        Some(Ok(req)) => req,
+        Some(Err(e)) => {
+            end_with(state, out, &peer, e).await;
+            return None;
+        }
+        None => return None,
+    };
+    match authorize_node(node(&first), identities.as_deref()) {
+        Ok((node, identity)) => Some((first, state.register(node, peer, identity, delta))),
         Err(status) if status.code() == tonic::Code::PermissionDenied => {
             if let Some(suppressed) = monitoring::throttle::allow("ads_unauthorized") {
                 tracing::warn!(suppressed, "ADS: {peer} unauthorized XDS: {}", status.message());
@@ -51,6 +63,24 @@ pub(crate) async fn accept<B: SnapshotBuilder, Resp>(
             let _ = out.send(Outbound::message(Err(status))).await;
             None
         }
+    }
+}
+
+/// Ends a stream whose request side failed: a request the client sent that cannot be read is
+/// counted, logged and answered with its status (`INVALID_ARGUMENT`, `RESOURCE_EXHAUSTED`, ...);
+/// a transport failure has nobody to tell.
+pub(super) async fn end_with<B: SnapshotBuilder, T>(
+    state: &ServerState<B>,
+    out: &OutSender<T>,
+    who: &str,
+    e: RequestError,
+) {
+    match e {
+        RequestError::Invalid { status, reason } => {
+            state.record_invalid_request(who, reason, &status);
+            let _ = out.send(Outbound::message(Err(status))).await;
+        }
+        RequestError::Transport(status) => tracing::debug!("ADS: {who} receive error: {status}"),
     }
 }
 
