@@ -29,7 +29,8 @@ const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
 const SOTW_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
 const DELTA_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
 
-/// `AggregatedDiscoveryService` over a `DiscoveryServer`, for `tonic::transport::Server`.
+/// `AggregatedDiscoveryService` over a [`DiscoveryServer`](crate::DiscoveryServer), for
+/// `tonic::transport::Server`.
 pub struct AdsService<B: SnapshotBuilder> {
     state: Arc<ServerState<B>>,
     /// Set on the secure port: every stream's caller is authenticated first.
