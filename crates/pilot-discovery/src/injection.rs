@@ -295,22 +295,9 @@ async fn answer(inner: &Inner, path: &str, headers: &HeaderMap, body: Body) -> R
         tracing::error!(path, "{message}");
         (status, format!("{message}\n")).into_response()
     };
-    let body = match axum::body::to_bytes(body, admission::MAX_REQUEST_BODY_BYTES + 1).await {
+    let body = match crate::admission_body::read(body).await {
         Ok(b) => b,
-        Err(e) => {
-            let too_large = std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            return if too_large {
-                http_error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!(
-                        "request entity too large: limit is {}",
-                        admission::MAX_REQUEST_BODY_BYTES
-                    ),
-                )
-            } else {
-                http_error(StatusCode::BAD_REQUEST, format!("reading the request: {e}"))
-            };
-        }
+        Err((status, message)) => return http_error(status, message),
     };
     let Some(config) = read(&inner.config).clone() else {
         return http_error(

@@ -12,12 +12,13 @@
 //! 7. `ca_server`, `webhook::patch`, `args`, `settings`: the CA service, the patchers, settings.
 //! 8. `metrics`, `leader`, `serving_cert`, `accept`, `ca_limits`, `ca_secret`, `root_cert`: parts.
 //! 9. `app_state`, `istio_flags`, `logging`, `mesh_configmap`, `nacks`, `push`, `request`: leaves.
-//! 10. `token_review`, `validate`, `version`: leaves.
+//! 10. `token_review`, `validate`, `version`, `admission_body`: leaves.
 //!
 //! (`python3 scripts/house/imports.py crates/pilot-discovery --no-tests --check` checks it.)
 #![forbid(unsafe_code)]
 
 mod accept;
+mod admission_body;
 mod app_state;
 mod args;
 mod ca_limits;

@@ -45,22 +45,9 @@ async fn validate(State(metrics): State<PipelineMetrics>, headers: HeaderMap, bo
         let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
         (code, format!("{message}\n")).into_response()
     };
-    let body = match axum::body::to_bytes(body, admission::MAX_REQUEST_BODY_BYTES + 1).await {
+    let body = match crate::admission_body::read(body).await {
         Ok(b) => b,
-        Err(e) => {
-            let too_large = std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            return if too_large {
-                http_error(
-                    413,
-                    format!(
-                        "request entity too large: limit is {}",
-                        admission::MAX_REQUEST_BODY_BYTES
-                    ),
-                )
-            } else {
-                http_error(400, format!("reading the request: {e}"))
-            };
-        }
+        Err((status, message)) => return http_error(status.as_u16(), message),
     };
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
     let admit = |request: &admission::AdmissionRequest| {
