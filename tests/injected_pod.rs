@@ -21,7 +21,7 @@ mod netns {
 
     use anyhow::bail;
     use serde_json::{Value, json};
-    use test_support::kubelet::{Kubelet, Node, Run, RunningPod, container_spec};
+    use test_support::kubelet::{Kubelet, Run, RunningPod, container_spec};
     use test_support::netns::{Image, Network, Pod, tail};
 
     use crate::common::istiod::{Cluster, Istiod};
@@ -399,16 +399,7 @@ mod netns {
         let start = Instant::now();
         let net = Network::create().unwrap();
         let cluster = Cluster::install(&net).await.unwrap();
-        let kubelet = Kubelet::new(
-            &cluster.api,
-            Node {
-                name: "node-1".into(),
-                ip: net.host_ip().into(),
-                cpus: 4,
-                memory: 8 << 30,
-            },
-        );
-        kubelet.register().unwrap();
+        let kubelet = cluster.kubelet(&net, 4).unwrap();
         let istiod = Istiod::start(&cluster, &net, &kubelet).await.unwrap();
         cluster.apply("apps.yaml", &apps()).await.unwrap();
         let [web_pod, sleep_pod] = app_pods();

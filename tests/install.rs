@@ -274,7 +274,6 @@ mod docker {
 mod netns {
     use std::time::{Duration, Instant};
 
-    use test_support::kubelet::{Kubelet, Node};
     use test_support::netns::{Network, Pod, tail};
 
     use crate::common::istiod::{Cluster, Istiod};
@@ -300,16 +299,7 @@ mod netns {
         }
         let net = Network::create().unwrap();
         let cluster = Cluster::install(&net).await.unwrap();
-        let kubelet = Kubelet::new(
-            &cluster.api,
-            Node {
-                name: "node-1".into(),
-                ip: net.host_ip().into(),
-                cpus: 2,
-                memory: 8 << 30,
-            },
-        );
-        kubelet.register().unwrap();
+        let kubelet = cluster.kubelet(&net, 2).unwrap();
         let istiod = Istiod::start(&cluster, &net, &kubelet).await.unwrap();
         let pod = &istiod.pod;
         let listening = String::from_utf8_lossy(&pod.exec(&["ss", "-Hltn"]).unwrap().stdout).into_owned();

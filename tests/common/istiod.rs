@@ -61,6 +61,22 @@ impl Cluster {
         Ok(cluster)
     }
 
+    /// The kubelet of this cluster's one node, `node-1` on the host side of `net`, with `cpus`
+    /// and 8 GiB, registered.
+    pub fn kubelet<'a>(&'a self, net: &Network, cpus: u32) -> anyhow::Result<Kubelet<'a>> {
+        let kubelet = Kubelet::new(
+            &self.api,
+            test_support::kubelet::Node {
+                name: "node-1".into(),
+                ip: net.host_ip().into(),
+                cpus,
+                memory: 8 << 30,
+            },
+        );
+        kubelet.register()?;
+        Ok(kubelet)
+    }
+
     pub async fn kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
         kubectl(&self.kubeconfig, args).await
     }
