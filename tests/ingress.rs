@@ -5,7 +5,7 @@
 //! ignored; deleting the Ingress takes its routes away; an EnvoyFilter and a Telemetry are listed
 //! in `/debug/config_errors` as not yet supported, and so is an Ingress path whose port name does
 //! not resolve (as a warning: the rest of that Ingress is served, on the same port 80).
-//! pilot-discovery runs with the README's ClusterRole and Role, which the fake API server enforces.
+//! pilot-discovery runs with the README's ClusterRole, which the fake API server enforces.
 //!
 //! Istio's Ingress gateway listens on port 80 (Gateway servers bind their own port here; see
 //! generators' `merged_gateway.rs`): the test needs to bind it (root, or
@@ -175,7 +175,6 @@ async fn an_istio_ingress_routes_through_a_real_gateway_and_other_kinds_are_repo
     let restricted = dir.path().join("pilot-discovery.kubeconfig");
     api.write_kubeconfig_with_token(&restricted, "pilot-discovery")?;
     api.bind_cluster_role("pilot-discovery", &readme_yaml("ClusterRole")?)?;
-    api.bind_role("pilot-discovery", &readme_yaml("Role")?)?;
     let opts = DiscoveryOptions {
         args: vec!["--kubeconfig".into(), restricted.display().to_string()],
         env: vec![("PILOT_DEBOUNCE_AFTER".into(), "10ms".into())],

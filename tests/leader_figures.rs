@@ -2,10 +2,10 @@
 //! over the cluster-wide writes when the leader goes.
 //!
 //! A fake API server (test-support's) with a few namespaces; `--replicas` pilot-discovery
-//! replicas (default 3; `--binary`, else this build's) with `--lease` second Leases (default 30,
+//! replicas (default 3; `--binary`, else this build's) with `--lease` second locks (default 30,
 //! istiod's). Each round stops the replica that holds `istio-namespace-controller-election`
-//! at a random point of its renew period (`--stop kill`: SIGKILL, it cannot give the Lease up; `--stop term`: SIGTERM, it releases
-//! its Leases as it exits), deletes a namespace's `istio-ca-root-cert` once it is gone, and
+//! at a random point of its renew period (`--stop kill`: SIGKILL, it cannot give the lock up; `--stop term`: SIGTERM, it releases
+//! its locks as it exits), deletes a namespace's `istio-ca-root-cert` once it is gone, and
 //! measures from the signal until that ConfigMap is written again by the new leader; a fresh replica then
 //! replaces the stopped one. Prints one JSON line: the lease, each round's takeover in seconds,
 //! and their minimum, median and maximum.
@@ -84,7 +84,7 @@ async fn replica(api: &FakeApiServer, work: &Path, name: &str, o: &Options) -> a
     Discovery::start(&dir.join("config"), opts).await
 }
 
-/// The index of the replica that holds the Lease, waiting up to two lease durations.
+/// The index of the replica that holds the lock, waiting up to two lease durations.
 async fn holder(replicas: &[Discovery], lease_secs: u64) -> anyhow::Result<usize> {
     let deadline = Instant::now() + Duration::from_secs(2 * lease_secs + 5);
     loop {
@@ -185,8 +185,8 @@ async fn main() -> anyhow::Result<()> {
         drop(stopped);
         started += 1;
         replicas.push(replica(&api, work.path(), &format!("istiod-{started}"), &o).await?);
-        // The new replica has read the Lease and waits as the others do (a replica starting as
-        // the leader stops would take the Lease at once, and measure its start instead).
+        // The new replica has read the lock and waits as the others do (a replica starting as
+        // the leader stops would take the lock at once, and measure its start instead).
         tokio::time::sleep(Duration::from_secs((o.lease / 4).max(1) + 2)).await;
     }
     let mut sorted = takeovers.clone();

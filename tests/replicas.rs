@@ -1,7 +1,7 @@
 //! pilot-discovery replicas on one cluster (the fake API server), as istiod's Deployment runs
 //! them: all sign with the one root of the `istio-ca-secret` Secret, so a workload certificate of
-//! either verifies with the root of the other, and only the holder of each controller's Lease
-//! (Istio's names) writes: the `istio-ca-root-cert` ConfigMaps once each, the webhook
+//! either verifies with the root of the other, and only the holder of each controller's lock
+//! (Istio's ConfigMap locks and names) writes: the `istio-ca-root-cert` ConfigMaps once each, the webhook
 //! configuration; a killed leader is replaced within the lease duration.
 //!
 //! Before the shared root each replica made its own in its `ROOT_CA_DIR` and the two overwrote
@@ -17,12 +17,12 @@ use test_support::discovery::{Discovery, DiscoveryOptions};
 use test_support::kube_api::FakeApiServer;
 use test_support::ports::free_port;
 
-/// How long the replicas' Leases last here (istiod's 30 s would make the takeover test slow).
+/// How long the replicas' locks last here (istiod's 30 s would make the takeover test slow).
 const LEASE_SECS: u64 = 3;
 
 /// A replica named `name` (its `POD_NAME`, and the bearer token of its requests to the API
 /// server, so that the fake's request log tells the replicas apart), serving TLS and the
-/// webhooks, with `LEASE_SECS` Leases.
+/// webhooks, with `LEASE_SECS` leader election locks.
 async fn replica(api: &FakeApiServer, work: &Path, name: &str) -> anyhow::Result<(Discovery, std::path::PathBuf, u16)> {
     let dir = work.join(name);
     std::fs::create_dir_all(dir.join("config"))?;
@@ -82,25 +82,16 @@ async fn verifies(port: u16, root: &Path) -> bool {
 }
 
 /// The writes (create, update, patch, delete; dry runs are not writes) a replica made, as
-/// `METHOD resource` (`POST configmaps`), from the fake API server's request log.
+/// `METHOD resource` (`POST configmaps`), from the fake API server's log, but for those of the
+/// leader election locks (the ConfigMaps named `*-election`, renewed every retry period).
 fn writes(api: &FakeApiServer, replica: &str) -> Vec<String> {
-    api.requests_by(replica)
+    api.writes_by(replica)
         .iter()
-        .filter(|r| !r.contains("dryRun=All"))
-        .filter_map(|r| {
-            let (method, uri) = r.split_once(' ')?;
-            if !matches!(method, "POST" | "PUT" | "PATCH" | "DELETE") {
-                return None;
-            }
-            let path = uri.split('?').next()?;
+        .filter_map(|w| {
+            let (method, path) = w.split_once(' ')?;
             let segs: Vec<&str> = path.split('/').collect();
-            // .../<plural> (create) or .../<plural>/<name>
-            let plural = if method == "POST" {
-                segs.last()?
-            } else {
-                segs.get(segs.len().checked_sub(2)?)?
-            };
-            Some(format!("{method} {plural}"))
+            let (plural, name) = (segs.get(segs.len().checked_sub(2)?)?, segs.last()?);
+            (!name.ends_with("-election")).then(|| format!("{method} {plural}"))
         })
         .collect()
 }
@@ -113,16 +104,18 @@ fn writes_of(api: &FakeApiServer, replica: &str, resource: &str) -> usize {
         .count()
 }
 
-/// The ConfigMap writes in `namespace`, by anyone.
-fn config_map_writes_in(api: &FakeApiServer, namespace: &str) -> usize {
-    api.requests()
+/// The writes of `istio-ca-root-cert` in `namespace`, by anyone.
+fn config_map_writes_in(api: &FakeApiServer, replicas: &[&str], namespace: &str) -> usize {
+    let path = format!("/namespaces/{namespace}/configmaps/istio-ca-root-cert");
+    replicas
         .iter()
-        .filter(|r| r.starts_with("PUT ") || r.starts_with("POST "))
-        .filter(|r| r.contains(&format!("/namespaces/{namespace}/configmaps")))
+        .flat_map(|r| api.writes_by(r))
+        .filter(|w| w.starts_with("PUT ") || w.starts_with("POST "))
+        .filter(|w| w.ends_with(&path))
         .count()
 }
 
-/// Which of `replicas` holds the Lease `lease` now, by their `leader_election_master_status`.
+/// Which of `replicas` holds the lock of `lease` now, by their `leader_election_master_status`.
 async fn holders(replicas: &[(&str, &Discovery)], lease: &str) -> anyhow::Result<Vec<String>> {
     let mut out = Vec::new();
     for (name, d) in replicas {
@@ -198,23 +191,21 @@ async fn two_replicas_share_one_root_and_write_the_root_configmaps_once() -> any
     );
 
     // Only the holder of istio-namespace-controller-election writes the ConfigMaps: once each,
-    // then leaves them alone. The other writes Leases only (and tries to create the CA Secret).
+    // then leaves them alone. The other writes only its lock (and tries to create the CA Secret).
     let replicas = [("a", &a), ("b", &b)];
     let leader = one_holder(&replicas, NAMESPACES).await?;
     let other = if leader == "a" { "b" } else { "a" };
     tokio::time::sleep(Duration::from_secs(2)).await;
     for ns in namespaces {
         assert_eq!(
-            config_map_writes_in(&api, ns),
+            config_map_writes_in(&api, &["a", "b", "c"], ns),
             1,
             "istio-ca-root-cert of {ns} written once"
         );
     }
     assert_eq!(writes_of(&api, &leader, "configmaps"), namespaces.len());
     assert!(
-        writes(&api, other)
-            .iter()
-            .all(|w| w.ends_with(" leases") || w == "POST secrets"),
+        writes(&api, other).iter().all(|w| w == "POST secrets"),
         "the replica that is not the leader wrote {:?}",
         writes(&api, other)
     );
@@ -225,9 +216,9 @@ async fn two_replicas_share_one_root_and_write_the_root_configmaps_once() -> any
     Ok(())
 }
 
-/// Three replicas: exactly one holds each Lease and only it writes what that controller owns
+/// Three replicas: exactly one holds each lock and only it writes what that controller owns
 /// (the root ConfigMaps, the webhook configuration). The leader is killed (SIGKILL: it cannot
-/// give its Lease up); meanwhile a namespace appears and a ConfigMap is deleted; another replica
+/// give its lock up); meanwhile a namespace appears and a ConfigMap is deleted; another replica
 /// takes over within the lease duration and writes exactly what changed: no ConfigMap is written
 /// twice, none is lost.
 #[tokio::test]
@@ -314,7 +305,7 @@ async fn three_replicas_one_writer_and_a_killed_leader_is_replaced_within_the_le
     // Each ConfigMap written once, and the deleted one once more: none twice, none lost.
     for (ns, n) in [("default", 1), ("istio-system", 1), ("bookinfo", 2), ("late", 1)] {
         assert_eq!(
-            config_map_writes_in(&api, ns),
+            config_map_writes_in(&api, &["a", "b", "c"], ns),
             n,
             "writes of istio-ca-root-cert in {ns}"
         );
@@ -329,7 +320,7 @@ async fn three_replicas_one_writer_and_a_killed_leader_is_replaced_within_the_le
         "taken over after {took_over:?}"
     );
     for (name, d) in &refs {
-        assert_eq!(d.metric("pilot_leader_election_lease_invalid").await?, 0.0, "{name}");
+        assert_eq!(d.metric("pilot_leader_election_record_invalid").await?, 0.0, "{name}");
     }
     Ok(())
 }

@@ -187,19 +187,6 @@ mod tests {
         out
     }
 
-    /// The README's Role in istiod's namespace has istiod's Lease verbs (its Role in
-    /// `pilot_default.golden.yaml`), what leader election (`leader/`) asks.
-    #[test]
-    fn the_readme_role_allows_leader_election_leases() {
-        let role = readme_role("Role");
-        for verb in ["get", "update", "patch", "create"] {
-            assert!(
-                role.contains(&("coordination.k8s.io".to_owned(), "leases".to_owned(), verb.to_owned())),
-                "the README's Role does not allow {verb} of leases"
-            );
-        }
-    }
-
     /// The README's ClusterRole lets pilot-discovery do what it does against a cluster: watch
     /// the registry's kinds and every config kind, keep the root certificate ConfigMaps, review
     /// tokens.
@@ -213,8 +200,14 @@ mod tests {
             ("", "pods", &["list", "watch"]),
             ("", "nodes", &["list", "watch"]),
             ("", "namespaces", &["list", "watch"]),
-            // root_cert.rs
+            // root_cert.rs, and the leader election locks (leader/config_map_lock.rs)
             ("", "configmaps", &["get", "list", "watch", "create", "update"]),
+            // the default revision for the prioritized election (leader/elector.rs)
+            (
+                "admissionregistration.k8s.io",
+                "mutatingwebhookconfigurations",
+                &["get"],
+            ),
             // token_review.rs
             ("authentication.k8s.io", "tokenreviews", &["create"]),
         ];

@@ -28,11 +28,13 @@ pub struct Settings {
     pub pod_namespace: String,
     /// POD_NAME: this replica's name, its identity in leader election.
     pub pod_name: String,
+    /// REVISION: istiod's revision, its key in leader election (empty is `default`).
+    pub revision: String,
     /// ENABLE_LEADER_ELECTION: the cluster-wide writers run only in the replica holding their
-    /// Lease (Istio's default); false runs them in every replica.
+    /// lock (Istio's default); false runs them in every replica.
     pub enable_leader_election: bool,
     /// PILOT_LEADER_ELECTION_LEASE_DURATION (pilot-rs's own; istiod's is fixed at 30s): how long
-    /// a Lease lasts without renewal, in whole seconds, at least 3.
+    /// a leader election lock lasts without renewal, in whole seconds, at least 3.
     pub leader_lease: crate::leader::LeaseTiming,
     /// K8S_INGRESS_NS: the namespace of the Gateways made from Kubernetes Ingresses (Istio's
     /// default: `istio-system`).
@@ -120,6 +122,7 @@ impl Settings {
                 .filter(|v| !v.is_empty())
                 .unwrap_or_else(|| "istio-system".into()),
             pod_name: get("POD_NAME").unwrap_or_default(),
+            revision: get("REVISION").unwrap_or_default(),
             enable_leader_election: boolean("ENABLE_LEADER_ELECTION", true)?,
             leader_lease: lease_timing(&get)?,
             ingress_namespace: get("K8S_INGRESS_NS")
@@ -213,7 +216,7 @@ mod tests {
         let s = Settings::from_env(env(&[])).unwrap();
         assert!(s.enable_leader_election);
         assert_eq!(s.leader_lease, crate::leader::LeaseTiming::ISTIOD);
-        assert_eq!(s.leader_lease.renew_period(), Duration::from_secs(7));
+        assert_eq!(s.leader_lease.retry_period(), Duration::from_millis(7500));
         let s = Settings::from_env(env(&[
             ("ENABLE_LEADER_ELECTION", "false"),
             ("PILOT_LEADER_ELECTION_LEASE_DURATION", "4s"),

@@ -1,6 +1,6 @@
 //! The cluster-wide writers and their leader election (Istio's `pilot/pkg/leaderelection` as
-//! `NewServer` wires it): the webhook configuration patchers and the Lease identity of this
-//! replica.
+//! `NewServer` wires it): the webhook configuration patchers and the leader election identity
+//! of this replica.
 
 use prometheus_client::registry::Registry;
 
@@ -50,7 +50,7 @@ pub(super) fn start(
 }
 
 /// istiod's webhook configuration patchers, both following the serving certificate's CA bundle:
-/// the validation controller, only while this replica holds its Lease (a new leader proves the
+/// the validation controller, only while this replica holds its lock (a new leader proves the
 /// webhook again before `Fail`), and (Istio's `INJECTION_WEBHOOK_CONFIG_NAME`, by default
 /// `istio-sidecar-injector`, not empty) the injector's webhook cert patcher, in every replica as
 /// istiod's ("No leader election - different istiod revisions will patch their own cert").
@@ -106,6 +106,7 @@ fn elections(
         client: client.clone(),
         namespace: settings.pod_namespace.clone(),
         identity: crate::leader::identity(&settings.pod_name),
+        revision: settings.revision.clone(),
         timing: settings.leader_lease,
         enabled: settings.enable_leader_election,
         metrics,
@@ -122,6 +123,7 @@ fn elections(
         namespace = %e.namespace,
         enabled = e.enabled,
         lease_duration_secs = e.timing.duration_secs,
+        revision = %e.revision,
         "leader election"
     );
     e

@@ -231,6 +231,24 @@ fn bookmark(rt: &ResourceType, version: &str, rv: u64, initial_end: bool) -> Byt
     )
 }
 
+/// Logs a write (not a dry run) as `METHOD path`, its path ending with the object's name (for a
+/// create, taken from the body).
+fn log_write(s: &Shared, token: String, method: &Method, uri: &Uri, body: &Bytes) {
+    let write = matches!(*method, Method::POST | Method::PUT | Method::PATCH | Method::DELETE);
+    if !write || uri.query().is_some_and(|q| q.contains("dryRun=All")) {
+        return;
+    }
+    let mut path = uri.path().to_owned();
+    if *method == Method::POST
+        && let Some(name) = serde_json::from_slice::<Value>(body)
+            .ok()
+            .and_then(|v| v.pointer("/metadata/name")?.as_str().map(str::to_owned))
+    {
+        path = format!("{path}/{name}");
+    }
+    lock(&s.writes).push((token, format!("{method} {path}")));
+}
+
 pub(crate) async fn handle(
     State(s): State<Arc<Shared>>,
     method: Method,
@@ -244,7 +262,8 @@ pub(crate) async fn handle(
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or_default()
         .to_owned();
-    lock(&s.requests).push((token, format!("{method} {uri}")));
+    lock(&s.requests).push((token.clone(), format!("{method} {uri}")));
+    log_write(&s, token, &method, &uri, &body);
     let Some(target) = parse_path(uri.path()) else {
         return error(&ApiError::new(
             404,

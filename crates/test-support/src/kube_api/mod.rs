@@ -66,6 +66,8 @@ pub(crate) struct Shared {
     drops: watch::Sender<u64>,
     /// (bearer token, `METHOD path?query`) of every request.
     requests: Mutex<Vec<(String, String)>>,
+    /// (bearer token, `METHOD path/name`) of every write that is not a dry run.
+    writes: Mutex<Vec<(String, String)>>,
     addr: SocketAddr,
     bookmark_interval: Duration,
     /// TokenReview answers: token → (username, audiences).
@@ -163,6 +165,7 @@ impl FakeApiServer {
             raw: broadcast::channel(64).0,
             drops: watch::Sender::new(0),
             requests: Mutex::default(),
+            writes: Mutex::default(),
             addr,
             bookmark_interval: opts.bookmark_interval,
             tokens: Mutex::default(),
@@ -399,6 +402,18 @@ impl FakeApiServer {
     /// [`write_kubeconfig_with_token`](Self::write_kubeconfig_with_token)), as `METHOD path?query`.
     pub fn requests_by(&self, token: &str) -> Vec<String> {
         lock(&self.shared.requests)
+            .iter()
+            .filter(|(t, _)| t == token)
+            .map(|(_, r)| r.clone())
+            .collect()
+    }
+
+    /// The writes (create, update, patch, delete; not dry runs) so far that bore the bearer
+    /// token `token`, as `METHOD path` where the path ends with the object's name, also for a
+    /// create (`POST /api/v1/namespaces/default/configmaps/istio-ca-root-cert`), whose name is
+    /// in the body.
+    pub fn writes_by(&self, token: &str) -> Vec<String> {
+        lock(&self.shared.writes)
             .iter()
             .filter(|(t, _)| t == token)
             .map(|(_, r)| r.clone())

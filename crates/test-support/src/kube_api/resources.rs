@@ -164,7 +164,7 @@ pub const RESOURCES: &[ResourceType] = &[
     ),
     group_kind(RBAC, V1, "roles", "role", "Role", true, &[]),
     group_kind(RBAC, V1, "rolebindings", "rolebinding", "RoleBinding", true, &[]),
-    // leader election (kube-lease-manager applies them server-side)
+    // leader election locks (istiod's status and gateway controllers use Leases)
     group_kind("coordination.k8s.io", V1, "leases", "lease", "Lease", true, &[]),
     ResourceType {
         group: "discovery.k8s.io",
