@@ -403,3 +403,63 @@ async fn the_mesh_config_comes_from_the_istio_configmap() -> anyhow::Result<()> 
     assert!(running.contains("\"rootNamespace\":\"mesh-root\""), "{running}");
     Ok(())
 }
+
+/// meshNetworks comes from the same ConfigMap (its `meshNetworks` key) and is followed live:
+/// `/debug/networkz` lists the gateways it names by address, as istiod's; a change that does not
+/// validate (Istio's `ValidateMeshNetworks`) is counted and the last valid one stays.
+#[tokio::test]
+async fn mesh_networks_come_from_the_istio_configmap_and_are_followed() -> anyhow::Result<()> {
+    let api = FakeApiServer::start().await?;
+    api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}}))?;
+    let configmap = |networks: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "istio", "namespace": "istio-system"},
+            "data": {"mesh": "", "meshNetworks": networks}})
+    };
+    api.apply(configmap(
+        "networks:\n  network1:\n    endpoints:\n    - fromRegistry: Kubernetes\n    gateways:\n    - address: 192.168.100.1\n      port: 15443\n",
+    ))?;
+    let work = tempfile::tempdir()?;
+    let (d, _, _) = replica(&api, work.path(), "a").await?;
+    let networkz = || async {
+        let (_, body) = d.get("/debug/networkz", false).await?;
+        anyhow::Ok(serde_json::from_str::<serde_json::Value>(&body)?)
+    };
+    assert_eq!(
+        networkz().await?,
+        json!([{"Network": "network1", "Cluster": "", "Addr": "192.168.100.1", "Port": 15443, "HBONEPort": 0,
+            "ServiceAccount": {"Namespace": "", "Name": ""}}])
+    );
+    api.apply(configmap(
+        "networks:\n  network2:\n    gateways:\n    - address: 10.9.0.1\n      port: 443\n    - registryServiceName: eastwest.istio-system.svc.cluster.local\n      port: 15443\n",
+    ))?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while networkz().await?[0]["Network"] != "network2" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the change not followed: {}",
+            d.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(networkz().await?.as_array().map(Vec::len), Some(1));
+    // Invalid: a CIDR that is none.
+    api.apply(configmap(
+        "networks:\n  network3:\n    endpoints:\n    - fromCidr: 10.0.0.0/40\n",
+    ))?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while d.metric("pilot_mesh_config_changes_ignored").await? < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the invalid change not counted: {}",
+            d.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        d.logs().contains("10.0.0.0/40 is not a valid CIDR block"),
+        "{}",
+        d.logs()
+    );
+    assert_eq!(networkz().await?[0]["Addr"], "10.9.0.1", "the last valid networks stay");
+    Ok(())
+}

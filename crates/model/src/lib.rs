@@ -8,6 +8,7 @@ pub mod duration;
 pub mod features;
 pub mod host;
 pub mod mesh;
+pub mod mesh_networks;
 pub mod networking;
 pub mod proxy;
 pub mod proxy_headers;

@@ -6,7 +6,7 @@ mod common;
 mod destination_rule;
 mod gateway;
 mod headers;
-mod hosts;
+pub(crate) mod hosts;
 mod http_policy;
 mod http_route;
 mod load_balancer;

@@ -19,6 +19,8 @@ pub struct AppState {
     /// `process_*`, read at each scrape.
     pub process: monitoring::process::ProcessMetrics,
     pub store: watch::Receiver<StoreSnapshot>,
+    /// meshNetworks, as last read (`mesh_networks.rs`).
+    pub networks: watch::Receiver<Arc<model::mesh_networks::MeshNetworks>>,
     /// ENABLE_DEBUG_ENDPOINT_AUTH.
     pub debug_auth: bool,
     /// The large debug dumps (`/debug/configz`, ...) are built one at a time: ten concurrent

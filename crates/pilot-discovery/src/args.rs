@@ -57,6 +57,10 @@ pub struct DiscoveryArgs {
     /// File name for Istio mesh configuration. If not specified, a default mesh is used.
     #[arg(long = "meshConfig", default_value = "./etc/istio/config/mesh")]
     pub mesh_config: String,
+    /// File name for mesh networks configuration (else the `meshNetworks` key of the `istio`
+    /// ConfigMap on a cluster).
+    #[arg(long = "networksConfig", default_value = "./etc/istio/config/meshNetworks")]
+    pub networks_config: String,
     /// DNS domain suffix.
     #[arg(long = "domain", default_value = "cluster.local")]
     pub domain: String,

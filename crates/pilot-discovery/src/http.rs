@@ -30,6 +30,7 @@ fn debug_routes(state: &AppState) -> Router<AppState> {
         .route("/debug/ndsz", get(ndsz))
         .route("/debug/push_status", get(push_status))
         .route("/debug/mesh", get(mesh))
+        .route("/debug/networkz", get(networkz))
         .route("/debug", get(index))
         .route_layer(middleware::from_fn_with_state(state.clone(), debug_auth))
 }
@@ -71,7 +72,7 @@ pub fn monitoring_router(state: AppState) -> Router {
 async fn index() -> Json<Value> {
     Json(json!({"endpoints": [
         "/debug/adsz", "/debug/syncz", "/debug/configz", "/debug/config_errors", "/debug/registryz", "/debug/endpointShardz", "/debug/endpointz",
-        "/debug/config_dump?proxyID=", "/debug/ndsz?proxyID=", "/debug/push_status", "/debug/mesh", "/ready", "/metrics", "/version"
+        "/debug/config_dump?proxyID=", "/debug/ndsz?proxyID=", "/debug/push_status", "/debug/mesh", "/debug/networkz", "/ready", "/metrics", "/version"
     ]}))
 }
 
@@ -107,6 +108,12 @@ async fn adsz(State(s): State<AppState>) -> Json<Value> {
 
 async fn mesh(State(s): State<AppState>) -> Json<Value> {
     Json(json!(s.environment.mesh()))
+}
+
+/// Istio's `/debug/networkz`: the cross-network gateways (those meshNetworks names by address).
+async fn networkz(State(s): State<AppState>) -> Json<Value> {
+    let gateways = s.networks.borrow().address_gateways();
+    Json(json!(gateways))
 }
 
 async fn push_status(State(s): State<AppState>) -> Json<Value> {
@@ -249,6 +256,7 @@ mod tests {
             registry: Arc::new(registry),
             process,
             store: watch::channel(StoreSnapshot::default()).1,
+            networks: watch::channel(Arc::default()).1,
             debug_auth,
             dumps: AppState::dump_permits(),
         }

@@ -18,6 +18,7 @@
 //! `PILOT_LEADER_ELECTION_LEASE_DURATION` says otherwise.
 
 mod config_map_lock;
+mod elections;
 mod elector;
 mod record;
 #[cfg(test)]
@@ -26,13 +27,13 @@ mod tests;
 use std::future::Future;
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+
+pub use elections::{Elections, LeaderMetrics, LeaseTiming};
+#[cfg(test)]
+use elections::{FieldLabel, ReasonLabel};
+use elector::{Running, stopped};
 
 /// Istio's `NamespaceController` election: the `istio-ca-root-cert` ConfigMaps (`root_cert.rs`).
 pub const NAMESPACE_CONTROLLER: &str = "istio-namespace-controller-election";
@@ -40,112 +41,6 @@ pub const NAMESPACE_CONTROLLER: &str = "istio-namespace-controller-election";
 /// its validation controller was leader-elected (Istio 1.6 to 1.9); istiod at HEAD patches from
 /// every replica.
 pub const VALIDATION_CONTROLLER: &str = "istio-validation-controller-election";
-
-/// How long a lock lasts without renewal (client-go's `LeaseDuration`, istiod's `ttl`), and so
-/// how often it is renewed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct LeaseTiming {
-    /// Whole seconds, at least 3.
-    pub duration_secs: u64,
-}
-
-impl LeaseTiming {
-    /// istiod's: `ttl` 30 s.
-    pub const ISTIOD: LeaseTiming = LeaseTiming { duration_secs: 30 };
-    pub const MIN_SECS: u64 = 3;
-
-    /// istiod's `RetryPeriod`, ttl/4: how often the holder renews and candidates read the lock.
-    pub fn retry_period(&self) -> Duration {
-        Duration::from_secs(self.duration_secs) / 4
-    }
-
-    /// istiod's `RenewDeadline`, ttl/2: a holder that cannot renew for this long after its
-    /// renewal was due steps down, before any other replica may take the lock.
-    fn renew_deadline(&self) -> Duration {
-        Duration::from_secs(self.duration_secs) / 2
-    }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct NameLabel {
-    name: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct FieldLabel {
-    election: String,
-    field: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReasonLabel {
-    election: String,
-    reason: String,
-}
-
-/// `leader_election_master_status{name}` (client-go's: 1 while this replica leads), the corrupt
-/// record fields found and the election's errors.
-#[derive(Clone, Debug, Default)]
-pub struct LeaderMetrics {
-    status: Family<NameLabel, Gauge>,
-    invalid: Family<FieldLabel, Counter>,
-    errors: Family<ReasonLabel, Counter>,
-}
-
-impl LeaderMetrics {
-    pub fn register(registry: &mut Registry) -> LeaderMetrics {
-        let m = LeaderMetrics::default();
-        registry.register(
-            "leader_election_master_status",
-            "1 while this replica holds the leader election lock `name`, else 0",
-            m.status.clone(),
-        );
-        registry.register(
-            "pilot_leader_election_record_invalid",
-            "Corrupt fields found in a leader election record (taken as unset, replaced by the next write)",
-            m.invalid.clone(),
-        );
-        registry.register(
-            "pilot_leader_election_errors",
-            "Leader election failures: reading, creating, updating or releasing the lock, a race lost (conflict), stepping down (renew_deadline, superseded)",
-            m.errors.clone(),
-        );
-        m
-    }
-
-    fn leading(&self, election: &str, leading: bool) {
-        self.status
-            .get_or_create(&NameLabel {
-                name: election.to_owned(),
-            })
-            .set(i64::from(leading));
-    }
-
-    fn error(&self, election: &str, reason: &str) {
-        self.errors
-            .get_or_create(&ReasonLabel {
-                election: election.to_owned(),
-                reason: reason.to_owned(),
-            })
-            .inc();
-    }
-}
-
-/// What every election of this replica shares.
-#[derive(Clone)]
-pub struct Elections {
-    pub client: kube::Client,
-    /// istiod's namespace (`POD_NAMESPACE`), where the locks are.
-    pub namespace: String,
-    /// `POD_NAME`, else `unknown-<hostname>` (Istio's).
-    pub identity: String,
-    /// `REVISION`; empty is Istio's `default`.
-    pub revision: String,
-    pub timing: LeaseTiming,
-    /// `ENABLE_LEADER_ELECTION`.
-    pub enabled: bool,
-    pub metrics: LeaderMetrics,
-}
 
 /// One controller's election, running in the background.
 pub struct Leadership {
@@ -172,25 +67,7 @@ impl Leadership {
     }
 }
 
-/// A running controller, stopped when dropped.
-struct Running(JoinHandle<()>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 impl Elections {
-    /// This replica's key in the record (Istio's `holderKey`): its revision.
-    fn key(&self) -> String {
-        if self.revision.is_empty() {
-            "default".into()
-        } else {
-            self.revision.clone()
-        }
-    }
-
     /// Runs `controller` whenever this replica holds the lock of `election`: started anew on
     /// each gain (so it re-syncs what it owns), stopped on each loss.
     pub fn spawn<F, Fut>(&self, election: &'static str, controller: F) -> Leadership
@@ -218,11 +95,6 @@ impl Elections {
         });
         Leadership { stop, leading, task }
     }
-}
-
-/// Until `stop` says so (or its sender is gone).
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await.map(|_| ());
 }
 
 /// Istio's identity of a replica: `POD_NAME`, else `unknown-<hostname>`.

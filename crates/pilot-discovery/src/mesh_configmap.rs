@@ -10,7 +10,7 @@
 //! `pilot_mesh_config_changes_ignored`, as is a `mesh` that does not parse (the last good one keeps
 //! serving). The sidecar injector follows the same `mesh` (as istiod's webhook, through its mesh
 //! handler), whole: its templates read fields the registries took at start too.
-//! `meshNetworks` is not read.
+//! The `meshNetworks` key is `mesh_networks.rs`'s.
 
 use std::time::Duration;
 

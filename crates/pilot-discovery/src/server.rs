@@ -39,7 +39,20 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     let kube_is_registry = args.registries.iter().any(|r| r == "Kubernetes");
     let client = kube_client(&args, kube_is_registry).await?;
     let ignored = mesh_changes_ignored(&mut registry);
-    let mesh = mesh::init(&args.mesh_config, &settings.pod_namespace, client.as_ref(), ignored).await?;
+    let mesh = mesh::init(
+        &args.mesh_config,
+        &settings.pod_namespace,
+        client.as_ref(),
+        ignored.clone(),
+    )
+    .await?;
+    let networks = crate::mesh_networks::Source {
+        file: &args.networks_config,
+        namespace: &settings.pod_namespace,
+        revision: &settings.revision,
+        resolve_hostname_gateways: settings.resolve_hostname_gateways,
+    };
+    let networks = crate::mesh_networks::init(networks, client.as_ref(), ignored).await?;
     let sources = config::start_config_sources(
         &args,
         &mesh.config,
@@ -83,6 +96,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         registry: Arc::new(registry),
         process,
         store: sources.state,
+        networks,
         debug_auth: settings.enable_debug_endpoint_auth,
         dumps: AppState::dump_permits(),
     };
@@ -177,7 +191,7 @@ fn mesh_changes_ignored(registry: &mut Registry) -> Counter {
     let counter = Counter::default();
     registry.register(
         "pilot_mesh_config_changes_ignored",
-        "Changes of the istio ConfigMap's mesh config not applied: invalid, or of fields read only at start",
+        "Changes of the istio ConfigMap's mesh config or mesh networks not applied: invalid, or of fields read only at start",
         counter.clone(),
     );
     counter

@@ -28,6 +28,9 @@ pub struct Settings {
     pub pod_namespace: String,
     /// POD_NAME: this replica's name, its identity in leader election.
     pub pod_name: String,
+    /// RESOLVE_HOSTNAME_GATEWAYS (Istio's default true): a meshNetworks gateway address may be a
+    /// DNS name.
+    pub resolve_hostname_gateways: bool,
     /// REVISION: istiod's revision, its key in leader election (empty is `default`).
     pub revision: String,
     /// ENABLE_LEADER_ELECTION: the cluster-wide writers run only in the replica holding their
@@ -123,6 +126,7 @@ impl Settings {
                 .unwrap_or_else(|| "istio-system".into()),
             pod_name: get("POD_NAME").unwrap_or_default(),
             revision: get("REVISION").unwrap_or_default(),
+            resolve_hostname_gateways: boolean("RESOLVE_HOSTNAME_GATEWAYS", true)?,
             enable_leader_election: boolean("ENABLE_LEADER_ELECTION", true)?,
             leader_lease: lease_timing(&get)?,
             ingress_namespace: get("K8S_INGRESS_NS")

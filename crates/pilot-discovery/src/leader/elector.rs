@@ -20,7 +20,9 @@ use tokio::time::Instant;
 
 use super::config_map_lock::{ConfigMapLock, LockError};
 use super::record::{Record, steals};
-use super::{Elections, FieldLabel, Running, stopped};
+use tokio::task::JoinHandle;
+
+use super::elections::{Elections, FieldLabel};
 
 /// The `istio.io/rev` of this webhook configuration is the default revision (Istio's
 /// `revisions.DefaultWatcher`).
@@ -326,4 +328,18 @@ fn jitter(period: Duration) -> Duration {
     use std::hash::{BuildHasher, Hasher};
     let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
     period + period.mul_f64((random % 1000) as f64 / 5000.0)
+}
+
+/// A running controller, stopped when dropped.
+pub(super) struct Running(pub(super) JoinHandle<()>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Until `stop` says so (or its sender is gone).
+pub(super) async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await.map(|_| ());
 }
