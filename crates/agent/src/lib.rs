@@ -2,6 +2,7 @@
 //! bootstrap, runs and drains Envoy, proxies xDS between Envoy (Unix socket) and pilot-discovery,
 //! and serves readiness and merged stats.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 pub mod bootstrap;
 pub mod cmd;

@@ -17,12 +17,12 @@ use crate::status::{KubeAppProbers, ScrapeMetrics, StatusServer, StatusServerOpt
 use crate::xds_proxy::{UpstreamTls, XdsProxy, XdsProxyConfig};
 
 /// Where Istio mounts the mesh root certificate for the xDS connection.
-pub const DEFAULT_ROOT_CERT: &str = "./var/run/secrets/istio/root-cert.pem";
+pub(crate) const DEFAULT_ROOT_CERT: &str = "./var/run/secrets/istio/root-cert.pem";
 /// Istio's projected service-account token, sent as a bearer token to pilot-discovery.
-pub const DEFAULT_TOKEN: &str = "./var/run/secrets/tokens/istio-token";
+pub(crate) const DEFAULT_TOKEN: &str = "./var/run/secrets/tokens/istio-token";
 /// Certificates whose change triggers a hot restart when ENABLE_ENVOY_HOT_RESTART is on
 /// (Istio's legacy `/etc/certs` mount, relative as Istio's other agent paths).
-pub const CERT_WATCH_DIR: &str = "./etc/certs";
+pub(crate) const CERT_WATCH_DIR: &str = "./etc/certs";
 
 /// What `pilot-agent proxy` reads from its environment besides [`AgentConfig`].
 #[derive(Debug, Clone, Default)]
@@ -35,7 +35,7 @@ pub struct ProxyRuntime {
 /// The upstream TLS settings, as Istio's agent decides them: plaintext for pilot's plaintext port
 /// (15010) or `controlPlaneAuthPolicy: NONE`; otherwise TLS verified with `XDS_ROOT_CA` (or
 /// Istio's mounted root) and the istiod name (`ISTIOD_SAN`, else `istiod.istio-system.svc`).
-pub fn upstream_tls(cfg: &AgentConfig) -> Option<UpstreamTls> {
+pub(crate) fn upstream_tls(cfg: &AgentConfig) -> Option<UpstreamTls> {
     let port = cfg.discovery_address.rsplit(':').next().unwrap_or_default();
     if port == "15010" || cfg.proxy_config.control_plane_auth_policy == "NONE" {
         return None;
@@ -55,7 +55,7 @@ pub fn upstream_tls(cfg: &AgentConfig) -> Option<UpstreamTls> {
 /// in plaintext when it ends in `:15010`, else over TLS verified with `XDS_ROOT_CA` (or Istio's
 /// mounted root) and the istiod name (`ISTIOD_SAN`, else `istiod.istio-system.svc`); with the
 /// pod's token from Istio's path whenever the file is there.
-pub fn ca_client(cfg: &AgentConfig) -> crate::sds::CaClient {
+pub(crate) fn ca_client(cfg: &AgentConfig) -> crate::sds::CaClient {
     let root = cfg.xds_root_ca.clone().unwrap_or_else(|| DEFAULT_ROOT_CERT.to_owned());
     let defaults = UpstreamTls::new(PathBuf::from(&root));
     let tls = crate::sds::CaTls {
@@ -76,7 +76,7 @@ pub fn workload_identity(cfg: &AgentConfig) -> String {
     format!("spiffe://{}/ns/{}/sa/{sa}", cfg.trust_domain, cfg.pod_namespace)
 }
 
-pub fn envoy_config(cfg: &AgentConfig, bootstrap: PathBuf, runtime: &ProxyRuntime) -> EnvoyConfig {
+pub(crate) fn envoy_config(cfg: &AgentConfig, bootstrap: PathBuf, runtime: &ProxyRuntime) -> EnvoyConfig {
     let binary = runtime
         .envoy_binary
         .clone()

@@ -7,6 +7,7 @@
 //! [`CertificateAuthority::sign_csr`] for the identities the caller proved; the gRPC service and
 //! caller authentication are the `security` crate's.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 mod certs;
 mod csr;

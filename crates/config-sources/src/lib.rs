@@ -2,6 +2,7 @@
 //! file under a directory into typed, validated `Config`s, keeps each file's last good contents,
 //! and watches the directory, emitting `ConfigEvent`s for what changed.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 mod error;
 mod events;

@@ -25,7 +25,7 @@ pub(crate) struct Listing {
 
 impl Listing {
     /// True when `file` sits under a directory this walk could not read.
-    pub fn under_unreadable_dir(&self, file: &Path) -> bool {
+    pub(crate) fn under_unreadable_dir(&self, file: &Path) -> bool {
         self.unreadable_dirs.iter().any(|d| file.starts_with(d))
     }
 }

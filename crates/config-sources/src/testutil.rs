@@ -3,11 +3,11 @@
 use std::path::Path;
 
 /// A valid ServiceEntry document named `name` in `default`, for host `<name>.example.com`.
-pub fn service_entry(name: &str) -> String {
+pub(crate) fn service_entry(name: &str) -> String {
     service_entry_with_host(name, &format!("{name}.example.com"))
 }
 
-pub fn service_entry_with_host(name: &str, host: &str) -> String {
+pub(crate) fn service_entry_with_host(name: &str, host: &str) -> String {
     format!(
         "apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -22,7 +22,7 @@ spec:
 }
 
 /// Writes `text` to `dir/rel`, creating parent directories.
-pub fn write(dir: &Path, rel: &str, text: &str) {
+pub(crate) fn write(dir: &Path, rel: &str, text: &str) {
     let path = dir.join(rel);
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).unwrap();

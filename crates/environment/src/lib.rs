@@ -14,6 +14,7 @@
 //! [`ServiceRegistry`] and reports its own changes with [`Environment::services_changed`]. The
 //! xDS server sees neither: it asks for a snapshot per push and generates from it.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 mod environment;
 mod push;

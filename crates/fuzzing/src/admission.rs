@@ -30,7 +30,7 @@ pub fn admission_review(data: &[u8]) {
 }
 
 /// Reviews the API server sends: valid and invalid objects, v1 and v1beta1, another operation.
-pub fn seeds() -> Vec<Vec<u8>> {
+pub(crate) fn seeds() -> Vec<Vec<u8>> {
     let review = |version: &str, operation: &str, object: Value| {
         serde_json::json!({
             "apiVersion": version,

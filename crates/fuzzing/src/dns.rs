@@ -284,7 +284,7 @@ async fn over_tcp(proxy: SocketAddr, messages: &[&[u8]]) -> usize {
 
 /// Queries a pod sends: mesh names (full, short, search-list forms), external names forwarded,
 /// other types, EDNS, TCP, a truncated resolver answer, and a packet that does not parse.
-pub fn seeds() -> Vec<Vec<u8>> {
+pub(crate) fn seeds() -> Vec<Vec<u8>> {
     use crate::input::join;
     use hickory_proto::op::{Edns, OpCode, Query};
     use hickory_proto::rr::{Name, RecordType};

@@ -96,7 +96,7 @@ pub fn inject_review(data: &[u8]) {
 
 /// Reviews of Pods as the API server sends them: a Deployment's, one with annotations the
 /// templates read, one opted out, one in a host network, v1beta1.
-pub fn seeds() -> Vec<Vec<u8>> {
+pub(crate) fn seeds() -> Vec<Vec<u8>> {
     let review = |version: &str, pod: Value| {
         json!({
             "apiVersion": version, "kind": "AdmissionReview",

@@ -29,7 +29,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 /// The kinds, by the mode byte's low 4 bits: the registry's, then the config source's.
-pub const KINDS: [&str; 16] = [
+pub(crate) const KINDS: [&str; 16] = [
     "Service",
     "EndpointSlice",
     "Pod",
@@ -331,7 +331,7 @@ pub(crate) fn object(kind: &str) -> Value {
 
 /// Each kind as a watch event (ADDED), the registry's kinds, an Ingress and a VirtualService
 /// also as a list page, and one list with an item that does not decode.
-pub fn seeds() -> Vec<Vec<u8>> {
+pub(crate) fn seeds() -> Vec<Vec<u8>> {
     let mut seeds = Vec::new();
     for (i, kind) in KINDS.iter().enumerate() {
         let mode = u8::try_from(i).unwrap_or_default();

@@ -4,6 +4,7 @@
 //!
 //! Each target takes arbitrary bytes and panics only on a bug: a panic anywhere (any thread), a
 //! stream that does not end when its client goes away, or an answer that breaks the protocol.
+#![warn(unreachable_pub)]
 
 mod admission;
 mod agent_proxy;
@@ -43,7 +44,7 @@ pub const TARGETS: &[(&str, Target)] = &[
 
 /// Makes a panic on any thread (a spawned stream task included) abort the process, as libFuzzer
 /// needs to see it; the tests replaying corpora use it too.
-pub fn abort_on_panic() {
+pub(crate) fn abort_on_panic() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let default = std::panic::take_hook();

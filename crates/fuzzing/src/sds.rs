@@ -262,7 +262,7 @@ fn responses(mut body: BytesMut, path: &str, asked: &[String], raw: bool) -> usi
 
 /// What Envoy asks: the workload certificate and root, ACKs and NACKs, file secrets, a name not
 /// served, the unary and delta calls.
-pub fn seeds() -> Vec<Vec<u8>> {
+pub(crate) fn seeds() -> Vec<Vec<u8>> {
     use crate::input::join;
     use xds_api::envoy_types::pb::google::rpc::Status as RpcStatus;
     let req = |names: &[&str], version: &str, nonce: &str, nack: Option<&str>| -> Vec<u8> {

@@ -8,6 +8,7 @@
 //! [`IngressTranslator`] keeps the inputs and the last output, so a change re-derives the outputs
 //! and returns what changed.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 mod class;
 mod gateway;

@@ -10,6 +10,7 @@
 //!                     ─► reapply user containers ─► post-process (probes, prometheus, status,
 //!                        reorder) ─► json_patch::diff(original, injected)
 //! ```
+#![warn(unreachable_pub)]
 
 mod config;
 mod data;
@@ -37,7 +38,7 @@ pub use smp::SmpError;
 pub use template::TemplateError;
 
 /// The sidecar container's name (Istio's `ProxyContainerName`).
-pub const PROXY_CONTAINER: &str = "istio-proxy";
+pub(crate) const PROXY_CONTAINER: &str = "istio-proxy";
 
 /// One admission request's input besides the config.
 #[derive(Debug, Clone)]

@@ -49,7 +49,7 @@ fn list_strategy(path: &[String]) -> ListStrategy {
 
 /// `patch` (a partial Pod, from a template's YAML) merged onto `original`; nulls in new items
 /// are dropped, as Go's round trip through `corev1.Pod` drops them.
-pub fn strategic_merge(original: &Json, patch: &Json) -> Result<Json, SmpError> {
+pub(crate) fn strategic_merge(original: &Json, patch: &Json) -> Result<Json, SmpError> {
     let out = match (original, patch) {
         (Json::Object(o), Json::Object(p)) => Json::Object(merge_map(o.clone(), p, &mut Vec::new())?),
         (_, Json::Null) => original.clone(),

@@ -11,13 +11,13 @@ mod exec;
 pub(crate) mod funcs;
 mod lex;
 mod parse;
-pub mod value;
+pub(crate) mod value;
 
 use std::collections::BTreeMap;
 
-pub use funcs::FuncCtx;
+pub(crate) use funcs::FuncCtx;
 use parse::Node;
-pub use value::Value;
+pub(crate) use value::Value;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum TemplateError {
@@ -29,14 +29,14 @@ pub enum TemplateError {
 
 /// A parsed template with the templates it `define`s.
 #[derive(Debug, Clone)]
-pub struct Template {
+pub(crate) struct Template {
     root: Vec<Node>,
     defines: BTreeMap<String, Vec<Node>>,
 }
 
 impl Template {
     /// Parses a template; as Go's parser, a call of an undefined function is a parse error.
-    pub fn parse(src: &str) -> Result<Template, TemplateError> {
+    pub(crate) fn parse(src: &str) -> Result<Template, TemplateError> {
         let parsed = parse::parse(lex::lex(src)?)?;
         let known = |name: &str| name == "and" || name == "or" || funcs::lookup(name).is_some();
         for nodes in std::iter::once(&parsed.root).chain(parsed.defines.values()) {
@@ -48,7 +48,7 @@ impl Template {
         })
     }
 
-    pub fn render(&self, data: &Value, ctx: &FuncCtx<'_>) -> Result<String, TemplateError> {
+    pub(crate) fn render(&self, data: &Value, ctx: &FuncCtx<'_>) -> Result<String, TemplateError> {
         let mut exec = exec::Exec::new(&self.defines, ctx, data.clone());
         exec.run(&self.root, data)?;
         Ok(exec.out)

@@ -3,6 +3,7 @@
 //! (`istio.networking.nds.v1`) pilot-discovery sends the agent over NDS. The CA's gRPC client and
 //! server come with the `grpc` feature; the messages are always here.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 /// `istio.v1.auth`: `IstioCertificateService/CreateCertificate`.
 pub mod ca {

@@ -15,11 +15,11 @@ use registry::{LOCALITY_LABEL, TOPOLOGY_REGION, TOPOLOGY_SUBZONE, TOPOLOGY_ZONE,
 /// Istio's provider ID for this registry.
 pub const SERVICE_REGISTRY_KUBERNETES: &str = "Kubernetes";
 /// The annotation that exports a Service (`networking.istio.io/exportTo: ".,istio-system"`).
-pub const EXPORT_TO_ANNOTATION: &str = "networking.istio.io/exportTo";
+pub(crate) const EXPORT_TO_ANNOTATION: &str = "networking.istio.io/exportTo";
 /// The label Istio puts on a workload for its cluster (`AugmentLabels`).
-pub const CLUSTER_LABEL: &str = "topology.istio.io/cluster";
+pub(crate) const CLUSTER_LABEL: &str = "topology.istio.io/cluster";
 /// The label an EndpointSlice names its Service by.
-pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+pub(crate) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// What the conversion needs besides the objects.
 #[derive(Debug, Clone)]
@@ -33,7 +33,7 @@ pub struct Context {
 }
 
 /// Istio's `kube.ConvertProtocol`: UDP, then appProtocol, then the port name's prefix.
-pub fn convert_protocol(port: &ServicePort) -> Protocol {
+pub(crate) fn convert_protocol(port: &ServicePort) -> Protocol {
     if port.protocol.as_deref() == Some("UDP") {
         return Protocol::Udp;
     }
@@ -71,7 +71,7 @@ fn port_number(p: &ServicePort) -> Option<u16> {
 
 /// What [`convert_service`] drops of `svc`: cluster IPs that are not IPs, ports without a valid
 /// number (the API server refuses both; a Service from elsewhere may have them).
-pub fn service_defects(svc: &KubeService) -> Vec<crate::problems::Defect> {
+pub(crate) fn service_defects(svc: &KubeService) -> Vec<crate::problems::Defect> {
     let Some(spec) = svc.spec.as_ref() else {
         return Vec::new();
     };
@@ -99,7 +99,7 @@ pub fn service_defects(svc: &KubeService) -> Vec<crate::problems::Defect> {
 
 /// What [`convert_endpoints`] drops of `slice`: endpoint addresses that are not IPs of the
 /// slice's `addressType`.
-pub fn slice_defects(slice: &EndpointSlice) -> Vec<crate::problems::Defect> {
+pub(crate) fn slice_defects(slice: &EndpointSlice) -> Vec<crate::problems::Defect> {
     let family = slice.address_type.as_str();
     if !matches!(family, "IPv4" | "IPv6") {
         return Vec::new();
@@ -119,7 +119,7 @@ pub fn slice_defects(slice: &EndpointSlice) -> Vec<crate::problems::Defect> {
 }
 
 /// Istio's `ConvertService`.
-pub fn convert_service(svc: &KubeService, ctx: &Context) -> Option<Service> {
+pub(crate) fn convert_service(svc: &KubeService, ctx: &Context) -> Option<Service> {
     let name = svc.metadata.name.as_deref()?;
     let namespace = svc.metadata.namespace.as_deref().unwrap_or("default");
     let spec = svc.spec.as_ref()?;
@@ -219,7 +219,7 @@ pub fn locality(pod: Option<&Pod>, node: Option<&Node>) -> String {
 /// The endpoints of `svc` from its EndpointSlices: ready addresses (or all of them when the
 /// Service publishes not-ready addresses), per service port the slice serves (matched by port
 /// name), with the Pod's labels, service account and locality.
-pub fn convert_endpoints<'a>(
+pub(crate) fn convert_endpoints<'a>(
     svc: &Service,
     publish_not_ready: bool,
     slices: impl IntoIterator<Item = &'a EndpointSlice>,
@@ -297,7 +297,7 @@ pub fn convert_endpoints<'a>(
 }
 
 /// The endpoint of an ExternalName Service: its external name, on each service port.
-pub fn external_name_endpoints(svc: &Service, external_name: &str) -> Vec<Endpoint> {
+pub(crate) fn external_name_endpoints(svc: &Service, external_name: &str) -> Vec<Endpoint> {
     svc.ports
         .iter()
         .map(|p| Endpoint {
@@ -321,7 +321,7 @@ pub fn external_name_endpoints(svc: &Service, external_name: &str) -> Vec<Endpoi
 /// ServiceEntry registry selects: its IP, labels, service account, locality, and its named TCP
 /// container ports (Istio's `getPortMap`: the first of a name wins; native sidecar init
 /// containers too), which a ServiceEntry port of the same name targets.
-pub fn workload_instance(pod: &Pod, node: Option<&Node>) -> Option<Config> {
+pub(crate) fn workload_instance(pod: &Pod, node: Option<&Node>) -> Option<Config> {
     let status = pod.status.as_ref()?;
     if matches!(status.phase.as_deref(), Some("Failed" | "Succeeded")) || pod.metadata.deletion_timestamp.is_some() {
         return None;

@@ -34,11 +34,11 @@ use crate::watch::WatchMetrics;
 
 /// The longest watch line read: Kubernetes objects are at most ~1.5 MB in etcd, so 16 MiB is
 /// generous; a longer line is refused (and the watch restarted) rather than buffered.
-pub const MAX_LINE: usize = 16 << 20;
+pub(crate) const MAX_LINE: usize = 16 << 20;
 /// The largest list page read: [`PAGE`] objects of 256 KiB each (Pods with their managedFields
 /// are tens of KiB); a larger page is refused (and the list retried with backoff) rather than
 /// buffered without limit.
-pub const MAX_PAGE: usize = 128 << 20;
+pub(crate) const MAX_PAGE: usize = 128 << 20;
 /// The most of an error answer read (its Status message is what is reported).
 const MAX_ERROR_BODY: usize = 64 << 10;
 /// Objects per list page (kube-rs's and client-go's default).
@@ -411,7 +411,7 @@ pub(crate) struct Lines<R> {
 }
 
 impl<R: AsyncBufRead + Unpin> Lines<R> {
-    pub fn new(inner: R, max: usize) -> Lines<R> {
+    pub(crate) fn new(inner: R, max: usize) -> Lines<R> {
         Lines {
             inner,
             max,
@@ -419,7 +419,7 @@ impl<R: AsyncBufRead + Unpin> Lines<R> {
         }
     }
 
-    pub async fn next(&mut self) -> Result<Line, LineError> {
+    pub(crate) async fn next(&mut self) -> Result<Line, LineError> {
         loop {
             let chunk = self.inner.fill_buf().await.map_err(LineError::Io)?;
             if chunk.is_empty() {

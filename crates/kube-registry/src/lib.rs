@@ -3,6 +3,7 @@
 //! same services and endpoints the ServiceEntry registry produces, so that everything downstream
 //! works unchanged.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 mod config_kinds;
 mod controller;

@@ -50,7 +50,7 @@ pub(crate) struct Affected {
 
 impl Objects {
     /// The Pods of a namespace.
-    pub fn pods_in<'a>(&'a self, namespace: &str) -> impl Iterator<Item = (&'a NsName, &'a Pod)> {
+    pub(crate) fn pods_in<'a>(&'a self, namespace: &str) -> impl Iterator<Item = (&'a NsName, &'a Pod)> {
         let from = (namespace.to_owned(), String::new());
         let ns = namespace.to_owned();
         self.pods.range(from..).take_while(move |((n, _), _)| *n == ns)
@@ -73,7 +73,7 @@ impl Objects {
     }
 
     /// The EndpointSlices of a Service.
-    pub fn slices_of(&self, service: &NsName) -> impl Iterator<Item = &EndpointSlice> {
+    pub(crate) fn slices_of(&self, service: &NsName) -> impl Iterator<Item = &EndpointSlice> {
         self.slices_by_service
             .get(service)
             .into_iter()
@@ -84,7 +84,7 @@ impl Objects {
     /// A proxy's Pod, as istiod's `getPodByProxy`: the Pod its ID names (`<pod>.<namespace>`,
     /// in the proxy's namespace), else the Pod of its IP in the proxy's namespace (several Pods
     /// share an IP on the host network; one of another namespace is never taken for the proxy's).
-    pub fn pod_of_proxy(&self, ip: &str, id: &str, namespace: &str) -> Option<&Pod> {
+    pub(crate) fn pod_of_proxy(&self, ip: &str, id: &str, namespace: &str) -> Option<&Pod> {
         if let Some((name, ns)) = id.split_once('.')
             && ns == namespace
             && let Some(p) = self.pods.get(&(ns.to_owned(), name.to_owned()))
@@ -98,7 +98,7 @@ impl Objects {
             .and_then(|k| self.pods.get(k))
     }
 
-    pub fn apply(&mut self, e: KubeEvent, affected: &mut Affected) {
+    pub(crate) fn apply(&mut self, e: KubeEvent, affected: &mut Affected) {
         match e {
             // The proxies of the Pods a Service selects, before or after, have other service
             // targets (Istio recomputes them at the full push a Service change makes).

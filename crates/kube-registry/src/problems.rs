@@ -30,7 +30,7 @@ pub enum Source {
 }
 
 /// One defect: a metric reason and the message.
-pub type Defect = (&'static str, String);
+pub(crate) type Defect = (&'static str, String);
 
 type Key = (&'static str, String, String, Source);
 

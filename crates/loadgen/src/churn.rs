@@ -62,7 +62,7 @@ pub(crate) struct ChurnTracker {
 }
 
 impl ChurnTracker {
-    pub fn new(services: usize, live: Vec<bool>) -> ChurnTracker {
+    pub(crate) fn new(services: usize, live: Vec<bool>) -> ChurnTracker {
         ChurnTracker {
             by_address: HashMap::new(),
             per_service: vec![Vec::new(); services],
@@ -75,7 +75,7 @@ impl ChurnTracker {
 
     /// Proxies see only the services of their namespace, one of `namespaces` (see
     /// [`MeshSpec::sees`]).
-    pub fn scoped(mut self, namespaces: usize) -> ChurnTracker {
+    pub(crate) fn scoped(mut self, namespaces: usize) -> ChurnTracker {
         self.scope = (namespaces > 1).then_some(namespaces);
         self
     }
@@ -85,13 +85,13 @@ impl ChurnTracker {
     }
 
     /// The newest generation written for `service`.
-    pub fn generation(&self, service: usize) -> usize {
+    pub(crate) fn generation(&self, service: usize) -> usize {
         self.per_service[service].len()
     }
 
     /// Records the next generation of `service`, whose first address is `first_address`, as
     /// written at `at`.
-    pub fn made(&mut self, service: usize, first_address: String, at: Instant) {
+    pub(crate) fn made(&mut self, service: usize, first_address: String, at: Instant) {
         let generation = self.generation(service) + 1;
         self.by_address.insert(first_address, (service, generation));
         self.per_service[service].push(self.changes.len());
@@ -105,7 +105,7 @@ impl ChurnTracker {
     }
 
     /// `proxy` ACKed, at `at`, EDS whose plain clusters moved to these addresses.
-    pub fn acked(&mut self, proxy: usize, clusters: &[Vec<String>], at: Instant) {
+    pub(crate) fn acked(&mut self, proxy: usize, clusters: &[Vec<String>], at: Instant) {
         if !self.live.get(proxy).copied().unwrap_or(false) {
             return;
         }
@@ -129,12 +129,12 @@ impl ChurnTracker {
     }
 
     /// Every change has reached every live proxy.
-    pub fn all_done(&self) -> bool {
+    pub(crate) fn all_done(&self) -> bool {
         self.changes.iter().all(|c| c.done.is_some())
     }
 
     /// Live proxies that hold the newest generation of every service.
-    pub fn converged_proxies(&self) -> usize {
+    pub(crate) fn converged_proxies(&self) -> usize {
         (0..self.live.len())
             .filter(|&p| self.live[p])
             .filter(|&p| {
@@ -167,7 +167,7 @@ pub(crate) struct ChurnFigures {
 }
 
 impl ChurnFigures {
-    pub fn fill(&self, report: &mut Report) {
+    pub(crate) fn fill(&self, report: &mut Report) {
         report.converged = self.converged;
         report.convergence_p50_ms = percentile_ms(&self.lags, 0.5);
         report.convergence_p99_ms = percentile_ms(&self.lags, 0.99);

@@ -2,6 +2,7 @@
 //! real ADS clients, scenarios that time how pilot-discovery serves them, the raw limit of the
 //! same delivery without generation, a ramp to the memory or latency limit, and the report.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 pub mod churn;
 pub mod kube;

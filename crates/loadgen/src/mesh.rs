@@ -49,7 +49,7 @@ impl MeshSpec {
 }
 
 /// Whether proxy or service `a` and `b` are in the same one of `namespaces` namespaces.
-pub fn same_namespace(namespaces: usize, a: usize, b: usize) -> bool {
+pub(crate) fn same_namespace(namespaces: usize, a: usize, b: usize) -> bool {
     namespaces <= 1 || a % namespaces == b % namespaces
 }
 
@@ -68,7 +68,7 @@ pub fn endpoint_address(k: usize) -> String {
 }
 
 /// Node ID of sidecar proxy `n` in namespace `ns`: `sidecar~10.0.<i>.<j>~pod-<n>.<ns>~<ns>.svc.cluster.local`.
-pub fn sidecar_node_id(ns: &str, n: usize) -> String {
+pub(crate) fn sidecar_node_id(ns: &str, n: usize) -> String {
     format!(
         "sidecar~10.0.{}.{}~pod-{n}.{ns}~{ns}.svc.cluster.local",
         n / 250,
@@ -77,7 +77,7 @@ pub fn sidecar_node_id(ns: &str, n: usize) -> String {
 }
 
 /// Node metadata of sidecar proxy `n` in namespace `ns`, as Istio's injector sets it.
-pub fn sidecar_metadata(ns: &str, n: usize) -> serde_json::Value {
+pub(crate) fn sidecar_metadata(ns: &str, n: usize) -> serde_json::Value {
     serde_json::json!({
         "NAMESPACE": ns,
         "ISTIO_VERSION": "1.28.0",
@@ -135,13 +135,13 @@ pub fn destination_rule(spec: &MeshSpec, i: usize) -> String {
 }
 
 /// Path of VirtualService `i`'s file (one file each, so a change rewrites one file).
-pub fn virtual_service_path(dir: &Path, i: usize) -> PathBuf {
+pub(crate) fn virtual_service_path(dir: &Path, i: usize) -> PathBuf {
     dir.join(format!("vs-{i}.yaml"))
 }
 
 /// The Sidecar of namespace `ns` in the reference mesh: egress to its own namespace and
 /// `istio-system` only.
-pub fn namespace_sidecar(ns: &str) -> String {
+pub(crate) fn namespace_sidecar(ns: &str) -> String {
     format!(
         "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {{name: default, namespace: {ns}}}\n\
          spec:\n  egress:\n  - hosts: [\"./*\", \"istio-system/*\"]\n"
@@ -149,7 +149,7 @@ pub fn namespace_sidecar(ns: &str) -> String {
 }
 
 /// Writes the whole mesh into `dir`.
-pub fn write_mesh(dir: &Path, spec: &MeshSpec) -> Result<()> {
+pub(crate) fn write_mesh(dir: &Path, spec: &MeshSpec) -> Result<()> {
     write_service_entries(dir, spec)?;
     let rules = (0..spec.destination_rules)
         .map(|i| destination_rule(spec, i))
@@ -170,24 +170,24 @@ pub fn write_mesh(dir: &Path, spec: &MeshSpec) -> Result<()> {
 }
 
 /// Moves service 0's endpoints to fresh addresses at `generation` (the endpoint-churn change).
-pub fn churn_endpoints(dir: &Path, spec: &MeshSpec, generation: usize) -> Result<()> {
+pub(crate) fn churn_endpoints(dir: &Path, spec: &MeshSpec, generation: usize) -> Result<()> {
     move_endpoints(dir, spec, 0, generation)
 }
 
 /// Rewrites service `i`'s file with its endpoints shifted by `generation` meshes, so that every
 /// generation of every service has addresses of its own (one Kubernetes endpoint update).
-pub fn move_endpoints(dir: &Path, spec: &MeshSpec, i: usize, generation: usize) -> Result<()> {
+pub(crate) fn move_endpoints(dir: &Path, spec: &MeshSpec, i: usize, generation: usize) -> Result<()> {
     let shift = generation * spec.services * spec.endpoints;
     write_atomically(&service_entry_path(dir, i), &service_entry(spec, i, shift))
 }
 
 /// The first endpoint address of service `i` at `generation` (see [`move_endpoints`]).
-pub fn first_endpoint_address(spec: &MeshSpec, i: usize, generation: usize) -> String {
+pub(crate) fn first_endpoint_address(spec: &MeshSpec, i: usize, generation: usize) -> String {
     endpoint_address(i * spec.endpoints + generation * spec.services * spec.endpoints)
 }
 
 /// Path of ServiceEntry `i`'s file (one file each, so a change rewrites one small file).
-pub fn service_entry_path(dir: &Path, i: usize) -> PathBuf {
+pub(crate) fn service_entry_path(dir: &Path, i: usize) -> PathBuf {
     dir.join("service-entries").join(format!("svc-{i}.yaml"))
 }
 
@@ -202,7 +202,7 @@ fn write_service_entries(dir: &Path, spec: &MeshSpec) -> Result<()> {
 }
 
 /// Rewrites VirtualService `i` at `generation` (the config-change scenario's one change).
-pub fn change_virtual_service(dir: &Path, spec: &MeshSpec, i: usize, generation: u64) -> Result<()> {
+pub(crate) fn change_virtual_service(dir: &Path, spec: &MeshSpec, i: usize, generation: u64) -> Result<()> {
     write(&virtual_service_path(dir, i), &virtual_service(spec, i, generation))
 }
 

@@ -21,7 +21,7 @@ use crate::upstream::Upstream;
 
 /// How a simulated proxy runs.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct ProxyOptions {
+pub(crate) struct ProxyOptions {
     /// Delta xDS instead of state of the world.
     pub delta: bool,
     /// Report every response received as [`ProxyEvent::Received`] (the raw phase replays them).
@@ -47,7 +47,7 @@ pub enum Recorded {
 
 /// What a proxy reports to the scenario.
 #[derive(Debug, Clone)]
-pub enum ProxyEvent {
+pub(crate) enum ProxyEvent {
     /// The handshake is done: every type received and ACKed, `elapsed` after the connect began.
     Converged { proxy: usize, elapsed: Duration },
     /// An RDS or EDS response was received and ACKed at `at`; `content` is a hash of its
@@ -93,7 +93,12 @@ impl Watched {
 }
 
 /// Runs proxy `n` against `upstream` until its stream ends or the task is aborted.
-pub async fn run_proxy(upstream: Upstream, n: usize, opts: ProxyOptions, events: mpsc::UnboundedSender<ProxyEvent>) {
+pub(crate) async fn run_proxy(
+    upstream: Upstream,
+    n: usize,
+    opts: ProxyOptions,
+    events: mpsc::UnboundedSender<ProxyEvent>,
+) {
     let result = if opts.delta {
         run_delta(upstream.addr(), n, opts, &events).await
     } else {
@@ -444,7 +449,7 @@ fn addresses(cla: &ClusterLoadAssignment) -> Vec<String> {
 }
 
 /// A hash of resources' encoded bodies.
-pub fn content_hash<'a>(resources: impl Iterator<Item = &'a pbwkt::Any>) -> u64 {
+pub(crate) fn content_hash<'a>(resources: impl Iterator<Item = &'a pbwkt::Any>) -> u64 {
     let mut h = DefaultHasher::new();
     for r in resources {
         r.value.hash(&mut h);

@@ -47,7 +47,7 @@ pub struct RampStep {
 
 /// Why a ramp stopped: the limit it passed, `proxies` when all joined, `errors` when proxies
 /// failed or a step timed out.
-pub fn stop_reason(step: &RampStep, opts: &RampOptions) -> Option<&'static str> {
+pub(crate) fn stop_reason(step: &RampStep, opts: &RampOptions) -> Option<&'static str> {
     if opts
         .max_rss_mb
         .is_some_and(|max| step.rss_mb.is_some_and(|rss| rss > max))

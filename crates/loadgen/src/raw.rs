@@ -131,7 +131,7 @@ fn split<R: Reply>(
 }
 
 /// A response the replay server sends.
-pub trait Reply: Clone + Send + Sync + 'static {
+pub(crate) trait Reply: Clone + Send + Sync + 'static {
     fn type_url(&self) -> &str;
     fn nonce(&self) -> &str;
 }
@@ -188,7 +188,7 @@ impl Ask for DeltaDiscoveryRequest {
 /// An ADS server on loopback that replays a [`Capture`] to every stream: each type's first
 /// request is answered with the handshake responses of that type, and on [`push`](Self::push)
 /// every stream is sent the push, without waiting for ACKs.
-pub struct ReplayServer {
+pub(crate) struct ReplayServer {
     pub addr: SocketAddr,
     trigger: watch::Sender<bool>,
     complete: Arc<AtomicUsize>,
@@ -196,7 +196,7 @@ pub struct ReplayServer {
 }
 
 impl ReplayServer {
-    pub async fn start(capture: Capture) -> Result<ReplayServer> {
+    pub(crate) async fn start(capture: Capture) -> Result<ReplayServer> {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
             .await
             .context("raw phase: listening on loopback")?;
@@ -233,12 +233,12 @@ impl ReplayServer {
     }
 
     /// Sends the push to every stream.
-    pub fn push(&self) {
+    pub(crate) fn push(&self) {
         self.trigger.send_replace(true);
     }
 
     /// Streams that have ACKed every response of the push.
-    pub fn complete(&self) -> usize {
+    pub(crate) fn complete(&self) -> usize {
         self.complete.load(Ordering::Relaxed)
     }
 }

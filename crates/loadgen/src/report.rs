@@ -222,7 +222,7 @@ impl Report {
 }
 
 /// The `q` quantile (0..=1) of `samples` by nearest rank, in milliseconds.
-pub fn percentile_ms(samples: &[Duration], q: f64) -> Option<f64> {
+pub(crate) fn percentile_ms(samples: &[Duration], q: f64) -> Option<f64> {
     let mut v: Vec<Duration> = samples.to_vec();
     v.sort();
     let last = v.len().checked_sub(1)?;
@@ -231,13 +231,13 @@ pub fn percentile_ms(samples: &[Duration], q: f64) -> Option<f64> {
 }
 
 /// Peak resident set (VmHWM) of process `pid` in MB.
-pub fn peak_rss_mb(pid: u32) -> Option<f64> {
+pub(crate) fn peak_rss_mb(pid: u32) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     parse_status_kb(&status, "VmHWM:").map(|kb| kb as f64 / 1024.0)
 }
 
 /// Resident set (VmRSS) of process `pid` now, in MB.
-pub fn rss_mb(pid: u32) -> Option<f64> {
+pub(crate) fn rss_mb(pid: u32) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     parse_status_kb(&status, "VmRSS:").map(|kb| kb as f64 / 1024.0)
 }

@@ -37,7 +37,7 @@ pub(crate) struct Tally {
 }
 
 impl Tally {
-    pub fn new(n: usize, rx: mpsc::UnboundedReceiver<ProxyEvent>, deadline: tokio::time::Instant) -> Tally {
+    pub(crate) fn new(n: usize, rx: mpsc::UnboundedReceiver<ProxyEvent>, deadline: tokio::time::Instant) -> Tally {
         Tally {
             rx,
             deadline,
@@ -56,12 +56,12 @@ impl Tally {
     }
 
     /// Every proxy converged or failed.
-    pub fn settled(&self) -> bool {
+    pub(crate) fn settled(&self) -> bool {
         self.settled_within(0..self.converged.len())
     }
 
     /// Every proxy of `range` converged or failed.
-    pub fn settled_within(&self, range: Range<usize>) -> bool {
+    pub(crate) fn settled_within(&self, range: Range<usize>) -> bool {
         self.converged[range.clone()]
             .iter()
             .zip(&self.failed[range])
@@ -69,24 +69,24 @@ impl Tally {
     }
 
     /// Handshake times of the proxies of `range` that converged.
-    pub fn connect_times(&self, range: Range<usize>) -> Vec<Duration> {
+    pub(crate) fn connect_times(&self, range: Range<usize>) -> Vec<Duration> {
         self.converged[range].iter().flatten().copied().collect()
     }
 
     /// Starts timing a change of `watched` made at `at`: each proxy's next ACK of content other
     /// than what it has now.
-    pub fn change_made(&mut self, watched: Watched, at: Instant) {
+    pub(crate) fn change_made(&mut self, watched: Watched, at: Instant) {
         let before = self.content[watched as usize].clone();
         self.changed_since = Some((watched, at, before));
     }
 
     /// Waits for the change at the proxies `expected` marks only.
-    pub fn expect_change(&mut self, expected: Vec<bool>) {
+    pub(crate) fn expect_change(&mut self, expected: Vec<bool>) {
         self.expected = Some(expected);
     }
 
     /// Every converged proxy expected to see the change has ACKed it.
-    pub fn all_changed(&self) -> bool {
+    pub(crate) fn all_changed(&self) -> bool {
         self.changed.iter().zip(&self.converged).enumerate().all(|(p, (c, v))| {
             c.is_some()
                 || v.is_none()
@@ -98,18 +98,18 @@ impl Tally {
     }
 
     /// Mean bytes each proxy that ACKed the change received for it (`None` before any did).
-    pub fn change_bytes_per_proxy(&self) -> Option<f64> {
+    pub(crate) fn change_bytes_per_proxy(&self) -> Option<f64> {
         let n = self.changed.iter().flatten().count();
         (n > 0).then(|| self.change_bytes as f64 / n as f64)
     }
 
     /// The change times of the proxies that ACKed it.
-    pub fn change_times(&self) -> Vec<Duration> {
+    pub(crate) fn change_times(&self) -> Vec<Duration> {
         self.changed.iter().flatten().copied().collect()
     }
 
     /// Applies events until `done` holds, the proxies are all gone, or the deadline.
-    pub async fn until(&mut self, done: impl Fn(&Tally) -> bool) {
+    pub(crate) async fn until(&mut self, done: impl Fn(&Tally) -> bool) {
         while !done(self) {
             if !self.next().await {
                 return;
@@ -118,7 +118,7 @@ impl Tally {
     }
 
     /// Applies the next event; false once the proxies are all gone or at the deadline.
-    pub async fn next(&mut self) -> bool {
+    pub(crate) async fn next(&mut self) -> bool {
         match tokio::time::timeout_at(self.deadline, self.rx.recv()).await {
             Ok(Some(e)) => {
                 self.apply(e);

@@ -45,20 +45,9 @@ pub fn parse(s: &str) -> Option<Duration> {
     Some(Duration::from_secs_f64(total))
 }
 
-/// Formats as protobuf JSON seconds (`"1.5s"`).
-pub fn to_proto_string(d: Duration) -> String {
-    let nanos = d.subsec_nanos();
-    if nanos == 0 {
-        format!("{}s", d.as_secs())
-    } else {
-        let frac = format!("{nanos:09}");
-        format!("{}.{}s", d.as_secs(), frac.trim_end_matches('0'))
-    }
-}
-
 /// An RFC 3339 time (`2024-05-01T10:00:00Z`, `2024-05-01T12:00:00.5+02:00`) as seconds and
 /// nanoseconds since the Unix epoch; `None` when it is not one.
-pub fn parse_rfc3339(s: &str) -> Option<(i64, u32)> {
+pub(crate) fn parse_rfc3339(s: &str) -> Option<(i64, u32)> {
     let b = s.as_bytes();
     let num = |r: std::ops::Range<usize>| -> Option<i64> {
         let t = s.get(r)?;
@@ -144,7 +133,5 @@ mod tests {
         assert_eq!(parse("5"), None);
         assert_eq!(parse("5x"), None);
         assert_eq!(parse(""), None);
-        assert_eq!(to_proto_string(Duration::from_millis(1500)), "1.5s");
-        assert_eq!(to_proto_string(Duration::from_secs(3)), "3s");
     }
 }

@@ -2,6 +2,7 @@
 //! `Service` and `Endpoint`, the connected `Proxy`, `MeshConfig`, and the `PushRequest` a change
 //! makes. Plain data: no I/O, no tokio.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 pub mod config;
 pub mod duration;

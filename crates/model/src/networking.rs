@@ -97,4 +97,4 @@ pub struct Percent {
 
 /// Protobuf `Duration` in its JSON form (`"5s"`, `"0.25s"`; Go forms like `"1m30s"` accepted),
 /// kept as written; `crate::duration::parse` turns it into a `std::time::Duration`.
-pub type DurationString = String;
+pub(crate) type DurationString = String;

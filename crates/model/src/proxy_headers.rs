@@ -63,7 +63,7 @@ pub struct SetCurrentClientCertDetails {
 }
 
 /// Istio's `ForwardClientCertDetails` names.
-pub const FORWARD_CLIENT_CERT_DETAILS: [&str; 6] = [
+pub(crate) const FORWARD_CLIENT_CERT_DETAILS: [&str; 6] = [
     "UNDEFINED",
     "SANITIZE",
     "FORWARD_ONLY",

@@ -126,14 +126,6 @@ pub enum Resolution {
     Passthrough,
 }
 
-/// Where a service lives relative to the mesh.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
-pub enum MeshLocation {
-    #[default]
-    MeshExternal,
-    MeshInternal,
-}
-
 /// Namespace visibility (`exportTo`) of a service or config.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum Visibility {

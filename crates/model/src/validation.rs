@@ -76,7 +76,7 @@ pub fn validate(config: &Config) -> Vec<String> {
 }
 
 /// RFC 1123 label: lowercase alphanumerics and '-', at most 63, starting and ending alphanumeric.
-pub fn is_dns1123_label(s: &str) -> bool {
+pub(crate) fn is_dns1123_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.bytes()
@@ -86,7 +86,7 @@ pub fn is_dns1123_label(s: &str) -> bool {
 }
 
 /// RFC 1123 subdomain: dot-separated labels, at most 253.
-pub fn is_dns1123_subdomain(s: &str) -> bool {
+pub(crate) fn is_dns1123_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label)
 }
 

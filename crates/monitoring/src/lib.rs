@@ -6,7 +6,7 @@
 //! with `WithoutCounterSuffixes` to stay compatible with OpenCensus-era dashboards), so
 //! `pilot_xds_pushes{type="cds"}` is what Istio users query. This rewrites OpenMetrics text into
 //! the Prometheus text format with Istio's names.
-
+#![warn(unreachable_pub)]
 #![forbid(unsafe_code)]
 
 pub mod logging;

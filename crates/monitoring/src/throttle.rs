@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 /// Warnings of one kind logged per window.
 pub const BURST: u32 = 5;
 /// The window.
-pub const WINDOW: Duration = Duration::from_secs(10);
+pub(crate) const WINDOW: Duration = Duration::from_secs(10);
 
 #[derive(Debug)]
 struct Window {
@@ -26,14 +26,14 @@ struct Window {
 
 /// Per-kind state; one per process ([`allow`]) or one per owner.
 #[derive(Debug, Default)]
-pub struct Throttle {
+pub(crate) struct Throttle {
     kinds: Mutex<HashMap<&'static str, Window>>,
 }
 
 impl Throttle {
     /// Whether a warning of `kind` may be logged now; if so, how many were dropped since the last
     /// one logged.
-    pub fn allow_at(&self, kind: &'static str, now: Instant) -> Option<u64> {
+    pub(crate) fn allow_at(&self, kind: &'static str, now: Instant) -> Option<u64> {
         let mut kinds = self.kinds.lock().unwrap_or_else(PoisonError::into_inner);
         let w = kinds.entry(kind).or_insert(Window {
             start: now,

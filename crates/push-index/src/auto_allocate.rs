@@ -25,7 +25,7 @@ pub struct AutoAllocated {
 }
 
 /// `(hostname, namespace)` → addresses.
-pub type Allocations = HashMap<(String, String), AutoAllocated>;
+pub(crate) type Allocations = HashMap<(String, String), AutoAllocated>;
 
 fn fnv1a32(bytes: &[u8]) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
@@ -44,7 +44,7 @@ fn needs_address(s: &Service) -> bool {
 }
 
 /// The allocations for `services`.
-pub fn allocate(services: &[Arc<Service>]) -> Allocations {
+pub(crate) fn allocate(services: &[Arc<Service>]) -> Allocations {
     let mut candidates: Vec<&Arc<Service>> = services.iter().filter(|s| needs_address(s)).collect();
     candidates.sort_by(|a, b| (a.namespace(), &a.hostname).cmp(&(b.namespace(), &b.hostname)));
     candidates.dedup_by(|a, b| a.namespace() == b.namespace() && a.hostname == b.hostname);

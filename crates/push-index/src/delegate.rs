@@ -24,7 +24,11 @@ pub(crate) struct DelegateVirtualService {
 impl DelegateVirtualService {
     /// `default_export_to` is the mesh's `defaultVirtualServiceExportTo`, used when the delegate
     /// names none; an empty default means public, as Istio.
-    pub fn new(config: Arc<Config>, export_to: &[String], default_export_to: &[String]) -> DelegateVirtualService {
+    pub(crate) fn new(
+        config: Arc<Config>,
+        export_to: &[String],
+        default_export_to: &[String],
+    ) -> DelegateVirtualService {
         let list = if export_to.is_empty() {
             default_export_to
         } else {
@@ -47,7 +51,7 @@ impl DelegateVirtualService {
     }
 
     /// Whether a root VirtualService in `namespace` may use this delegate.
-    pub fn visible_to(&self, namespace: &str) -> bool {
+    pub(crate) fn visible_to(&self, namespace: &str) -> bool {
         self.export_to.iter().any(|e| e == "*" || e == namespace)
     }
 

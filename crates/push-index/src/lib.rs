@@ -7,6 +7,7 @@
 //! `services_for_proxy`, `virtual_services_for_mesh` and `destination_rule`; without one, lookups
 //! go through the proxy's namespace (`exportTo`) only.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 pub mod auto_allocate;
 mod delegate;

@@ -28,7 +28,7 @@ impl MergedPeerAuthentication {
 
 /// Every PeerAuthentication of a push, oldest first.
 #[derive(Debug, Default)]
-pub struct PeerAuthnIndex {
+pub(crate) struct PeerAuthnIndex {
     policies: Vec<Arc<Config>>,
     root_namespace: String,
 }
@@ -49,17 +49,13 @@ fn has_selector(pa: &PeerAuthentication) -> bool {
 }
 
 impl PeerAuthnIndex {
-    pub fn new(configs: &[Arc<Config>], root_namespace: &str) -> PeerAuthnIndex {
+    pub(crate) fn new(configs: &[Arc<Config>], root_namespace: &str) -> PeerAuthnIndex {
         let mut policies: Vec<Arc<Config>> = configs.iter().filter(|c| spec(c).is_some()).cloned().collect();
         policies.sort_by(|a, b| crate::creation_order(a, b));
         PeerAuthnIndex {
             policies,
             root_namespace: root_namespace.to_owned(),
         }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.policies.is_empty()
     }
 
     /// The oldest policy without selector in `namespace`.
@@ -72,7 +68,7 @@ impl PeerAuthnIndex {
     }
 
     /// Istio's `ComposePeerAuthentication` for a workload of `namespace` with `labels`.
-    pub fn effective(&self, namespace: &str, labels: &BTreeMap<String, String>) -> MergedPeerAuthentication {
+    pub(crate) fn effective(&self, namespace: &str, labels: &BTreeMap<String, String>) -> MergedPeerAuthentication {
         let mut out = MergedPeerAuthentication {
             mode: MtlsMode::Permissive,
             per_port: BTreeMap::new(),
@@ -117,7 +113,7 @@ impl PeerAuthnIndex {
 
     /// Istio's `GetNamespaceMutualTLSMode`: the namespace-wide policy's mode, else the mesh-wide
     /// one's; `None` when neither sets one.
-    pub fn namespace_mode(&self, namespace: &str) -> Option<MtlsMode> {
+    pub(crate) fn namespace_mode(&self, namespace: &str) -> Option<MtlsMode> {
         self.namespace_wide(namespace)
             .and_then(|pa| is_set(pa.mtls.as_ref()))
             .or_else(|| {

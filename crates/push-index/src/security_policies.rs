@@ -40,7 +40,7 @@ pub fn jwks_wanted(configs: &[Arc<Config>]) -> std::collections::BTreeMap<JwksKe
 }
 
 /// The label Gateway API deployments carry, naming their Gateway.
-pub const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
+pub(crate) const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
 
 /// The AuthorizationPolicies of one workload by action, each list oldest first.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -80,7 +80,7 @@ pub struct PolicyScope<'a> {
 }
 
 /// Reads the scope of a config of the index's kind (`None`: another kind).
-pub type ScopeOf = for<'a> fn(&'a Config) -> Option<PolicyScope<'a>>;
+pub(crate) type ScopeOf = for<'a> fn(&'a Config) -> Option<PolicyScope<'a>>;
 
 /// The policies of one kind by namespace, oldest first.
 #[derive(Debug, Default)]
@@ -141,7 +141,7 @@ pub fn authorization_scope(c: &Config) -> Option<PolicyScope<'_>> {
 }
 
 /// A RequestAuthentication's selector labels and target references.
-pub fn request_authentication_scope(c: &Config) -> Option<PolicyScope<'_>> {
+pub(crate) fn request_authentication_scope(c: &Config) -> Option<PolicyScope<'_>> {
     request_authentication(c).map(|p| PolicyScope {
         selector: p.selector.as_ref().map(|s| &s.match_labels),
         target_refs: p.target_refs(),

@@ -11,6 +11,7 @@
 //! `\x{100}` refused). The RE2 linked here is the system's (Debian's libre2). Named groups written `(?<name>...)`,
 //! which RE2 accepts since 2023 and Envoy's RE2 therefore accepts, are handed to an older RE2 as
 //! `(?P<name>...)`.
+#![warn(unreachable_pub)]
 
 use std::ffi::{c_char, c_int};
 use std::fmt;

@@ -3,6 +3,7 @@
 //! between two builds (full push vs EDS-only push). Pure and synchronous; `ServiceEntryRegistry`
 //! keeps it up to date change by change.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 mod controller;
 mod conversion;

@@ -4,6 +4,7 @@
 //! certificate of the mesh CA, and gets SPIFFE identities; `IstioCertificateService` signs CSRs
 //! for those identities only.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 mod authn;
 mod ca_service;

@@ -79,7 +79,7 @@ pub fn node(node_id: &str, metadata: &serde_json::Value) -> Node {
 }
 
 /// Types whose responses may only carry subscribed names (xDS: not wildcard).
-pub fn is_named_type(t: &str) -> bool {
+pub(crate) fn is_named_type(t: &str) -> bool {
     matches!(t, type_url::ENDPOINT | type_url::ROUTE | type_url::SECRET)
 }
 
@@ -103,7 +103,7 @@ pub fn resource_name(any: &pbwkt::Any) -> Result<Option<String>> {
 /// well formed) and takes field 1, the name of every type this client knows (Cluster, Listener,
 /// RouteConfiguration, VirtualHost, Secret `name`; ClusterLoadAssignment `cluster_name`). For load
 /// generators that check the envelope of many responses, not their contents.
-pub fn resource_name_light(any: &pbwkt::Any) -> Result<Option<String>> {
+pub(crate) fn resource_name_light(any: &pbwkt::Any) -> Result<Option<String>> {
     use prost::encoding::{DecodeContext, WireType, decode_key, decode_varint, skip_field};
     if !matches!(
         any.type_url.as_str(),
@@ -505,7 +505,7 @@ impl AdsClient {
 /// The protocol checks of a state-of-the-world stream, usable on their own (e.g. by a load
 /// generator with its own stream handling).
 #[derive(Debug, Default)]
-pub struct SotwChecker {
+pub(crate) struct SotwChecker {
     types: BTreeMap<String, TypeState>,
     nonces: HashSet<String>,
     /// Read resource names with [`resource_name_light`] instead of decoding every resource.
@@ -514,7 +514,7 @@ pub struct SotwChecker {
 
 impl SotwChecker {
     /// Records a subscription sent for `type_url`.
-    pub fn subscribe(&mut self, type_url: &str, names: &[&str]) {
+    pub(crate) fn subscribe(&mut self, type_url: &str, names: &[&str]) {
         let st = self.types.entry(type_url.to_owned()).or_default();
         let old = std::mem::replace(&mut st.names, names.iter().map(|s| s.to_string()).collect());
         st.stale.extend(old);
@@ -523,7 +523,7 @@ impl SotwChecker {
     }
 
     /// Checks one response against the protocol and what was subscribed.
-    pub fn check(&mut self, raw: DiscoveryResponse) -> Result<Response> {
+    pub(crate) fn check(&mut self, raw: DiscoveryResponse) -> Result<Response> {
         let t = raw.type_url.clone();
         let violation =
             |what: String| anyhow!("xDS protocol violation in {t} response (nonce {:?}): {what}", raw.nonce);

@@ -286,7 +286,7 @@ impl HttpResponse {
 }
 
 /// The timeout of [`http_get`].
-pub const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// GET `url` with extra `headers` (a `host` header overrides the URL's authority), with a 5 s
 /// timeout, no connection reuse, and no proxy from the environment.

@@ -1,6 +1,7 @@
 //! Test helpers shared by the workspace's tests: an ADS client that checks the xDS protocol on
 //! every response, real Envoy processes on loopback, and loopback HTTP backends.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 pub mod ads;
 pub mod agent;
 pub mod backend;

@@ -3,6 +3,7 @@
 //! webhooks' `serve`), and the validating webhook's verdict (`validation`, Istio's
 //! `pkg/webhooks/validation/server`), and the sidecar injector's verdict (`injection`, Istio's
 //! `pkg/kube/inject/webhook.go`). Pure, so the fuzz targets drive it directly.
+#![warn(unreachable_pub)]
 
 pub mod admission;
 pub mod injection;

@@ -13,7 +13,7 @@ use crate::type_url;
 
 /// The map fields of a message, and the message fields below it that hold maps.
 #[derive(Debug)]
-pub struct MapFields {
+pub(crate) struct MapFields {
     /// Field numbers of this message's map fields.
     pub maps: &'static [u32],
     /// (field number, its message's map fields) for message fields to descend into.
@@ -77,7 +77,7 @@ static LOCALITY_LB_ENDPOINTS: MapFields = MapFields::new(&[], &[(2, &LB_ENDPOINT
 static CLUSTER_LOAD_ASSIGNMENT: MapFields = MapFields::new(&[5], &[(2, &LOCALITY_LB_ENDPOINTS)]);
 
 /// The map fields of the messages of `type_url` that need sorting, if any.
-pub fn map_fields(type_url: &str) -> Option<&'static MapFields> {
+pub(crate) fn map_fields(type_url: &str) -> Option<&'static MapFields> {
     match type_url {
         type_url::ROUTE => Some(&ROUTE_CONFIGURATION),
         type_url::VIRTUAL_HOST => Some(&VIRTUAL_HOST),
@@ -93,11 +93,11 @@ pub fn map_fields(type_url: &str) -> Option<&'static MapFields> {
 /// Bytes that are not the protobuf wire format prost writes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("malformed protobuf at byte {0}")]
-pub struct WireError(pub usize);
+pub(crate) struct WireError(pub usize);
 
 /// Sorts, in place, every run of consecutive entries of the map fields `fields` names, in `buf`
 /// and in the nested messages it names. Entries are ordered by their encoded bytes (key first).
-pub fn sort_map_entries(buf: &mut [u8], fields: &MapFields) -> Result<(), WireError> {
+pub(crate) fn sort_map_entries(buf: &mut [u8], fields: &MapFields) -> Result<(), WireError> {
     // (field number, start, end) of each length-delimited field of interest, in order
     let mut runs: Vec<(u32, usize, usize)> = Vec::new();
     let mut at = 0;

@@ -20,11 +20,6 @@ static POOL: LazyLock<DescriptorPool> = LazyLock::new(|| {
     DescriptorPool::decode(DESCRIPTOR_SET).expect("envoy_descriptor.bin from build.rs is a valid FileDescriptorSet")
 });
 
-/// The descriptor pool holding the Envoy messages this crate can render.
-pub fn descriptor_pool() -> &'static DescriptorPool {
-    &POOL
-}
-
 /// Why a message could not be rendered as JSON or parsed from it.
 #[derive(Debug, thiserror::Error)]
 pub enum JsonError {
@@ -52,7 +47,7 @@ pub enum JsonError {
 
 /// How to render JSON.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct JsonOptions {
+pub(crate) struct JsonOptions {
     /// Use the proto field names (`connect_timeout`), as Envoy's admin `config_dump` prints them,
     /// instead of the lowerCamelCase JSON names (`connectTimeout`).
     pub snake_case: bool,
@@ -77,7 +72,7 @@ pub fn any_to_json(any: &pbwkt::Any) -> Result<serde_json::Value, JsonError> {
 }
 
 /// [`any_to_json`] with explicit options.
-pub fn any_to_json_with(any: &pbwkt::Any, options: JsonOptions) -> Result<serde_json::Value, JsonError> {
+pub(crate) fn any_to_json_with(any: &pbwkt::Any, options: JsonOptions) -> Result<serde_json::Value, JsonError> {
     let type_name = any
         .type_url
         .rsplit_once('/')
@@ -97,7 +92,7 @@ pub fn message_to_json<M: prost::Message + prost::Name>(m: &M) -> Result<serde_j
 }
 
 /// [`message_to_json`] with explicit options.
-pub fn message_to_json_with<M: prost::Message + prost::Name>(
+pub(crate) fn message_to_json_with<M: prost::Message + prost::Name>(
     m: &M,
     options: JsonOptions,
 ) -> Result<serde_json::Value, JsonError> {

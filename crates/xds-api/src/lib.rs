@@ -2,6 +2,7 @@
 //! names the type URLs pilot serves, packs resources into `Any`, and holds the encoded
 //! [`Resource`] that generators make and the ADS server sends.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 pub mod canonical;
 pub mod json;

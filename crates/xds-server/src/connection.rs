@@ -52,7 +52,7 @@ pub(crate) struct Connection<S> {
 impl<S> Connection<S> {
     /// A connection of `node`, generated for `proxy` (the node completed by the registries). When
     /// they completed nothing, both are one `Proxy` ([`shared_with`]).
-    pub fn new(id: String, node: Proxy, proxy: Proxy, peer: String, delta: bool) -> Connection<S> {
+    pub(crate) fn new(id: String, node: Proxy, proxy: Proxy, peer: String, delta: bool) -> Connection<S> {
         let node = Arc::new(node);
         let proxy = shared_with(&node, proxy);
         Connection {
@@ -71,13 +71,13 @@ impl<S> Connection<S> {
         }
     }
 
-    pub fn proxy(&self) -> Arc<Proxy> {
+    pub(crate) fn proxy(&self) -> Arc<Proxy> {
         lock(&self.proxy).clone()
     }
 
     /// Replaces the proxy; whether it differs from the one it replaces. A proxy equal to the
     /// node shares the node's ([`shared_with`]).
-    pub fn replace_proxy(&self, proxy: Proxy) -> bool {
+    pub(crate) fn replace_proxy(&self, proxy: Proxy) -> bool {
         let mut current = lock(&self.proxy);
         if **current == proxy {
             return false;
@@ -89,7 +89,7 @@ impl<S> Connection<S> {
     /// Whether `req`, built into `snapshot`, may concern this proxy (Istio's `ProxyNeedsPush`,
     /// asked before the stream is woken). A connection not yet pushed from any snapshot is woken
     /// and decides once its first answer has been generated.
-    pub fn concerned_by(&self, snapshot: &S, req: &PushRequest) -> bool
+    pub(crate) fn concerned_by(&self, snapshot: &S, req: &PushRequest) -> bool
     where
         S: PushSnapshot,
     {
@@ -100,7 +100,7 @@ impl<S> Connection<S> {
     }
 
     /// Marks a push pending, merged with any push not yet started. Never blocks on the peer.
-    pub fn enqueue(&self, req: &PushRequest) {
+    pub(crate) fn enqueue(&self, req: &PushRequest) {
         let mut p = lock(&self.pending);
         *p = Some(match p.take() {
             Some(prev) => prev.merge(req),
@@ -111,7 +111,7 @@ impl<S> Connection<S> {
     }
 
     /// Waits until a push is pending and takes it.
-    pub async fn next_push(&self) -> PushRequest {
+    pub(crate) async fn next_push(&self) -> PushRequest {
         loop {
             if let Some(req) = lock(&self.pending).take() {
                 return req;
@@ -120,7 +120,7 @@ impl<S> Connection<S> {
         }
     }
 
-    pub fn status(&self) -> ConnectionStatus {
+    pub(crate) fn status(&self) -> ConnectionStatus {
         let watched = lock(&self.watched);
         ConnectionStatus {
             connection_id: self.id.clone(),
@@ -139,7 +139,7 @@ impl<S> Connection<S> {
     /// The watches a push covers: for a full push every type the changed kinds can affect (Istio's
     /// per-generator `*NeedsPush`), EDS only otherwise (and, in state of the world, only the
     /// clusters of the services whose endpoints moved); in push order.
-    pub fn push_targets(&self, req: &PushRequest) -> Vec<WatchedResource> {
+    pub(crate) fn push_targets(&self, req: &PushRequest) -> Vec<WatchedResource> {
         let watched = lock(&self.watched);
         let mut targets: Vec<WatchedResource> = watched
             .values()
@@ -169,13 +169,13 @@ impl<S> Connection<S> {
 
     /// What a request is answered with: `target` as the watch rules gave it (VHDS completed with
     /// the route configurations, see [`with_route_names`]); `None` when it waits for RDS.
-    pub fn request_target(&self, target: WatchedResource) -> Option<WatchedResource> {
+    pub(crate) fn request_target(&self, target: WatchedResource) -> Option<WatchedResource> {
         with_route_names(&lock(&self.watched), target)
     }
 
     /// The VHDS watch, completed with the route configurations, when the proxy has one: after
     /// its RDS subscription grew, the new configurations' virtual hosts follow unasked.
-    pub fn vhds_follow_up(&self) -> Option<WatchedResource> {
+    pub(crate) fn vhds_follow_up(&self) -> Option<WatchedResource> {
         let watched = lock(&self.watched);
         let vhds = watched.get(type_url::VIRTUAL_HOST)?.resource.clone();
         with_route_names(&watched, vhds)
@@ -184,7 +184,7 @@ impl<S> Connection<S> {
     /// Delta: the EDS watch narrowed to the clusters that a CDS response added or updated and
     /// whose assignments no EDS response has carried since (`Watch::warming`, see `delta.rs`);
     /// `None` when there are none.
-    pub fn warming_endpoints(&self) -> Option<WatchedResource> {
+    pub(crate) fn warming_endpoints(&self) -> Option<WatchedResource> {
         let watched = lock(&self.watched);
         let warming = &watched.get(type_url::CLUSTER)?.warming;
         if warming.is_empty() {
@@ -196,7 +196,7 @@ impl<S> Connection<S> {
     }
 
     /// Records what was sent for `type_url`.
-    pub fn record_sent(&self, type_url: &str, nonce: &str, version: &str) {
+    pub(crate) fn record_sent(&self, type_url: &str, nonce: &str, version: &str) {
         if let Some(w) = lock(&self.watched).get_mut(type_url) {
             w.nonce_sent = nonce.to_owned();
             w.version_sent = version.to_owned();

@@ -25,6 +25,7 @@
 //! 11. `request`, `response`, `outbound`, `auth`, `clock`, `lock`, `metrics`, `options`,
 //!     `type_filter`: a request as read, a response as framed, the response channel, helpers.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 #[doc(hidden)]
 pub mod ack_bench;

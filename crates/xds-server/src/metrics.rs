@@ -83,7 +83,7 @@ pub(crate) fn type_label(type_url: &str) -> TypeLabel {
 }
 
 impl Metrics {
-    pub fn new(registry: &mut Registry) -> Metrics {
+    pub(crate) fn new(registry: &mut Registry) -> Metrics {
         let m = Metrics {
             xds_clients: Family::default(),
             pushes: Family::default(),
@@ -194,7 +194,7 @@ impl Metrics {
     /// A NACK, as Istio's `IncrementXDSRejects`: the total by type, and the per type gauge set to
     /// 1 for (node, gRPC code name). The per node series are removed when the proxy disconnects,
     /// so their number stays bounded by the connected proxies.
-    pub fn record_reject(&self, type_url: &str, node: &str, code: i32) {
+    pub(crate) fn record_reject(&self, type_url: &str, node: &str, code: i32) {
         self.total_rejects.get_or_create(&type_label(type_url)).inc();
         if let Some(f) = self.reject_family(type_url) {
             f.get_or_create(&RejectLabels {
@@ -206,7 +206,7 @@ impl Metrics {
     }
 
     /// Drops the reject series of a node that went away.
-    pub fn forget_rejects(&self, type_url: &str, node: &str, code: i32) {
+    pub(crate) fn forget_rejects(&self, type_url: &str, node: &str, code: i32) {
         if let Some(f) = self.reject_family(type_url) {
             f.remove(&RejectLabels {
                 node: node.to_owned(),
@@ -215,14 +215,14 @@ impl Metrics {
         }
     }
 
-    pub fn record_push(&self, type_url: &str, seconds: f64, bytes: usize) {
+    pub(crate) fn record_push(&self, type_url: &str, seconds: f64, bytes: usize) {
         let l = type_label(type_url);
         self.pushes.get_or_create(&l).inc();
         self.push_time.get_or_create(&l).observe(seconds);
         self.config_size.get_or_create(&l).observe(bytes as f64);
     }
 
-    pub fn record_send_error(&self, type_url: &str) {
+    pub(crate) fn record_send_error(&self, type_url: &str) {
         let t = format!("{}_senderr", type_url::short(type_url));
         self.pushes.get_or_create(&TypeLabel { r#type: t }).inc();
     }

@@ -196,13 +196,13 @@ pub(crate) const PRUNE_MIN: usize = 1024;
 
 impl NameInterner {
     /// Locks the table for a batch of lookups (one lock per request, not per name).
-    pub fn lock(&self) -> Interning<'_> {
+    pub(crate) fn lock(&self) -> Interning<'_> {
         Interning(lock(&self.table))
     }
 
     /// Live entries (names, sets), for tests and debugging.
     #[cfg(test)]
-    pub fn len(&self) -> (usize, usize) {
+    pub(crate) fn len(&self) -> (usize, usize) {
         let t = lock(&self.table);
         (t.names.len(), t.sets.len())
     }
@@ -213,7 +213,7 @@ pub(crate) struct Interning<'a>(std::sync::MutexGuard<'a, Table>);
 
 impl Interning<'_> {
     /// The shared copy of `name`.
-    pub fn name(&mut self, name: &str) -> Arc<str> {
+    pub(crate) fn name(&mut self, name: &str) -> Arc<str> {
         if let Some(n) = self.0.names.get(name) {
             return n.clone();
         }
@@ -224,13 +224,13 @@ impl Interning<'_> {
     }
 
     /// The shared set of these names.
-    pub fn names<'n>(&mut self, names: impl IntoIterator<Item = &'n str>) -> Names {
+    pub(crate) fn names<'n>(&mut self, names: impl IntoIterator<Item = &'n str>) -> Names {
         let set: BTreeSet<Arc<str>> = names.into_iter().map(|n| self.name(n)).collect();
         self.set(set)
     }
 
     /// The shared set equal to `set` (whose names should come from [`name`](Self::name)).
-    pub fn set(&mut self, set: BTreeSet<Arc<str>>) -> Names {
+    pub(crate) fn set(&mut self, set: BTreeSet<Arc<str>>) -> Names {
         if let Some(s) = self.0.sets.get(&set) {
             return Names(s.0.clone());
         }

@@ -26,7 +26,7 @@ pub(crate) struct Outbound<T> {
 }
 
 impl<T> Outbound<T> {
-    pub fn message(item: Result<T, Status>) -> Outbound<T> {
+    pub(crate) fn message(item: Result<T, Status>) -> Outbound<T> {
         Outbound {
             item: Box::new(item),
             taken: None,
@@ -43,7 +43,7 @@ pub(crate) fn channel<T>() -> (OutSender<T>, ResponseStream<T>) {
 }
 
 /// What the response body (`framing::Frames`) reads. Polled again after yielding a message, it signals that message's sender.
-pub struct ResponseStream<T> {
+pub(crate) struct ResponseStream<T> {
     rx: mpsc::Receiver<Outbound<T>>,
     passed: Option<oneshot::Sender<()>>,
 }

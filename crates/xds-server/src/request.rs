@@ -37,7 +37,7 @@ const ERROR_DETAIL: u32 = 6;
 impl SotwRequest {
     /// Reads one encoded `DiscoveryRequest`. Fields it does not use (`resource_locators`) and
     /// unknown ones are skipped, as prost skips them. Names must be UTF-8, as prost requires.
-    pub fn decode(buf: Bytes) -> Result<SotwRequest, String> {
+    pub(crate) fn decode(buf: Bytes) -> Result<SotwRequest, String> {
         let mut req = SotwRequest::default();
         let mut rest: &[u8] = &buf;
         let ctx = DecodeContext::default();
@@ -95,12 +95,12 @@ impl SotwRequest {
     }
 
     /// The resource names, as sent (UTF-8, checked by [`decode`](Self::decode)).
-    pub fn resource_names(&self) -> impl Iterator<Item = &[u8]> + Clone {
+    pub(crate) fn resource_names(&self) -> impl Iterator<Item = &[u8]> + Clone {
         self.names.iter().map(|n| &self.buf[n.clone()])
     }
 
     /// The resource names as text, for the rare request whose names differ from the watch's.
-    pub fn resource_names_str(&self) -> impl Iterator<Item = &str> + Clone {
+    pub(crate) fn resource_names_str(&self) -> impl Iterator<Item = &str> + Clone {
         // Checked by `decode`, so nothing is dropped here.
         self.resource_names().filter_map(|n| std::str::from_utf8(n).ok())
     }

@@ -42,7 +42,7 @@ pub(crate) struct ServerState<B: SnapshotBuilder> {
 }
 
 impl<B: SnapshotBuilder> ServerState<B> {
-    pub fn new(
+    pub(crate) fn new(
         builder: Arc<B>,
         opts: ServerOptions,
         registry: &mut prometheus_client::registry::Registry,
@@ -69,54 +69,54 @@ impl<B: SnapshotBuilder> ServerState<B> {
         }
     }
 
-    pub fn options(&self) -> &ServerOptions {
+    pub(crate) fn options(&self) -> &ServerOptions {
         &self.opts
     }
 
     /// Whether the initial snapshot is built (connections are refused until then).
-    pub fn ready(&self) -> bool {
+    pub(crate) fn ready(&self) -> bool {
         *self.ready.borrow()
     }
 
-    pub fn set_ready(&self) {
+    pub(crate) fn set_ready(&self) {
         self.ready.send_replace(true);
     }
 
-    pub async fn wait_ready(&self) {
+    pub(crate) async fn wait_ready(&self) {
         let mut rx = self.ready.subscribe();
         let _ = rx.wait_for(|r| *r).await;
     }
 
-    pub fn current_snapshot(&self) -> Option<Arc<B::Snapshot>> {
+    pub(crate) fn current_snapshot(&self) -> Option<Arc<B::Snapshot>> {
         self.snapshot.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Makes `snapshot` the current one, and `status` the last push's.
-    pub fn publish(&self, snapshot: Arc<B::Snapshot>, status: PushStatus) {
+    pub(crate) fn publish(&self, snapshot: Arc<B::Snapshot>, status: PushStatus) {
         *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) = Some(snapshot);
         *lock(&self.push_status) = status;
     }
 
     /// The last push (`/debug/push_status`).
-    pub fn push_status(&self) -> PushStatus {
+    pub(crate) fn push_status(&self) -> PushStatus {
         lock(&self.push_status).clone()
     }
 
     /// Every connection, sorted by connection ID; their number becomes the last push's.
-    pub fn connections_to_push(&self) -> Vec<Arc<Connection<B::Snapshot>>> {
+    pub(crate) fn connections_to_push(&self) -> Vec<Arc<Connection<B::Snapshot>>> {
         let conns = self.connection_list();
         lock(&self.push_status).connections = conns.len();
         conns
     }
 
     /// Every connection, sorted by connection ID.
-    pub fn connection_list(&self) -> Vec<Arc<Connection<B::Snapshot>>> {
+    pub(crate) fn connection_list(&self) -> Vec<Arc<Connection<B::Snapshot>>> {
         lock(&self.connections).values().cloned().collect()
     }
 
     /// A connected proxy by connection ID, node ID, or Istio's `pod.namespace` proxy ID
     /// (`/debug/config_dump?proxyID=`), with its sync state.
-    pub fn find_proxy(&self, id: &str) -> Option<(Arc<Proxy>, ConnectionStatus)> {
+    pub(crate) fn find_proxy(&self, id: &str) -> Option<(Arc<Proxy>, ConnectionStatus)> {
         let conn = lock(&self.connections)
             .values()
             .find(|c| c.id == id || c.node.node_id == id || c.node.id == id)
@@ -125,7 +125,7 @@ impl<B: SnapshotBuilder> ServerState<B> {
     }
 
     /// Registers a connection for the proxy its node describes, completed by the registries.
-    pub fn register(
+    pub(crate) fn register(
         self: &Arc<Self>,
         node: Proxy,
         peer: String,
@@ -161,35 +161,35 @@ impl<B: SnapshotBuilder> ServerState<B> {
         }
     }
 
-    pub async fn throttle(&self) -> Option<OwnedSemaphorePermit> {
+    pub(crate) async fn throttle(&self) -> Option<OwnedSemaphorePermit> {
         self.throttle.clone().acquire_owned().await.ok()
     }
 
     /// How long a push waits for a proxy to take a response before it counts as stalled and
     /// the push gives its throttle slot up: the push debounce (`PILOT_DEBOUNCE_AFTER`).
-    pub fn stall_time(&self) -> Duration {
+    pub(crate) fn stall_time(&self) -> Duration {
         self.opts.debounce_after
     }
 
-    pub fn max_recv_msg_size(&self) -> usize {
+    pub(crate) fn max_recv_msg_size(&self) -> usize {
         self.opts.max_recv_msg_size
     }
 
-    pub fn debug_requires_loopback(&self) -> bool {
+    pub(crate) fn debug_requires_loopback(&self) -> bool {
         self.opts.debug_endpoint_auth
     }
 
-    pub fn system_namespace(&self) -> &str {
+    pub(crate) fn system_namespace(&self) -> &str {
         &self.opts.system_namespace
     }
 
-    pub fn max_resource_names(&self) -> usize {
+    pub(crate) fn max_resource_names(&self) -> usize {
         self.opts.max_resource_names
     }
 
     /// A request the client sent could not be read: counted, logged, and the stream ends with
     /// `status`.
-    pub fn record_invalid_request(&self, peer: &str, reason: &'static str, status: &tonic::Status) {
+    pub(crate) fn record_invalid_request(&self, peer: &str, reason: &'static str, status: &tonic::Status) {
         if let Some(suppressed) = monitoring::throttle::allow("ads_invalid_request") {
             tracing::warn!(
                 suppressed,
@@ -203,12 +203,12 @@ impl<B: SnapshotBuilder> ServerState<B> {
             .inc();
     }
 
-    pub fn nonce(&self, n: u64) -> String {
+    pub(crate) fn nonce(&self, n: u64) -> String {
         format!("{n}-{}", self.instance)
     }
 
     /// Logs and counts what a request meant, as Istio does in `ShouldRespond`.
-    pub fn record_outcome(&self, conn: &Connection<B::Snapshot>, t: &str, outcome: &Outcome) {
+    pub(crate) fn record_outcome(&self, conn: &Connection<B::Snapshot>, t: &str, outcome: &Outcome) {
         let stype = type_url::short(t);
         match outcome {
             Outcome::Nack { code, message } => {
@@ -238,7 +238,7 @@ impl<B: SnapshotBuilder> ServerState<B> {
     }
 
     /// Counts a response sent: metrics, and the push status when it is of the current version.
-    pub fn record_sent(&self, t: &str, version: &str, resources: usize, bytes: usize, took: Duration) {
+    pub(crate) fn record_sent(&self, t: &str, version: &str, resources: usize, bytes: usize, took: Duration) {
         self.metrics.record_push(t, took.as_secs_f64(), bytes);
         let mut status = lock(&self.push_status);
         if status.version == version {

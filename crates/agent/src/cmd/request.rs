@@ -8,7 +8,7 @@ use anyhow::{Context as _, bail};
 
 /// Ports `--debug-port` may name: Envoy's admin, the agent's status and health ports, and the
 /// agent's debug port.
-pub const ALLOWED_PORTS: [u16; 4] = [15000, 15004, 15020, 15021];
+pub(crate) const ALLOWED_PORTS: [u16; 4] = [15000, 15004, 15020, 15021];
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone, clap::Args)]

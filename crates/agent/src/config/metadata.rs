@@ -14,9 +14,9 @@ use super::ConfigError;
 use super::env::Vars;
 
 /// The Kubernetes label Istio reads a locality from (`region.zone.subzone` or with `/`).
-pub const LOCALITY_LABEL: &str = "topology.istio.io/locality";
+pub(super) const LOCALITY_LABEL: &str = "topology.istio.io/locality";
 /// Istio's legacy locality label; the agent writes the sanitized locality back under it.
-pub const LEGACY_LOCALITY_LABEL: &str = "istio-locality";
+pub(super) const LEGACY_LOCALITY_LABEL: &str = "istio-locality";
 /// A label Kubernetes adds to every pod of a Deployment; Istio leaves it out of `LABELS`.
 const POD_TEMPLATE_HASH: &str = "pod-template-hash";
 

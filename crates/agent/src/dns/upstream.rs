@@ -9,10 +9,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 
 /// Istio's `DefaultUpstreamTimeout`.
-pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The raw answer of one server to `query` (UDP, then TCP if truncated).
-pub async fn exchange(server: SocketAddr, query: &[u8], timeout: Duration) -> Result<Vec<u8>, String> {
+pub(super) async fn exchange(server: SocketAddr, query: &[u8], timeout: Duration) -> Result<Vec<u8>, String> {
     let answer = tokio::time::timeout(timeout, udp(server, query))
         .await
         .map_err(|_| format!("{server}: timed out after {timeout:?}"))??;

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Chains and targets iptables has built in: never created, never flushed.
-pub const BUILT_IN_CHAINS_AND_TARGETS: [&str; 8] = [
+pub(crate) const BUILT_IN_CHAINS_AND_TARGETS: [&str; 8] = [
     "INPUT",
     "OUTPUT",
     "FORWARD",
@@ -216,7 +216,7 @@ pub fn restore(rules: &[Rule]) -> String {
 
 /// Istio's `buildCleanupRules` for rules in built-in chains: `-D` argument lists, last rule
 /// first. Rules inside `ISTIO_*` chains go with their chain's flush.
-pub fn undo_built_in(rules: &[Rule]) -> Vec<Vec<String>> {
+pub(crate) fn undo_built_in(rules: &[Rule]) -> Vec<Vec<String>> {
     rules
         .iter()
         .rev()

@@ -172,11 +172,11 @@ pub struct IptablesArgs {
 }
 
 /// A boolean flag of [`IptablesArgs`], to set.
-pub type BoolFlag = fn(&mut IptablesArgs) -> &mut bool;
+pub(crate) type BoolFlag = fn(&mut IptablesArgs) -> &mut bool;
 
 /// Istio's `flag.AdditionalEnv`: (argument id, variable, the flag it sets). The variable
 /// overrides the flag's own environment variable; the command line overrides both.
-pub const ADDITIONAL_ENV: [(&str, &str, BoolFlag); 3] = [
+pub(crate) const ADDITIONAL_ENV: [(&str, &str, BoolFlag); 3] = [
     ("redirect_dns", "ISTIO_META_DNS_CAPTURE", |a| &mut a.redirect_dns),
     ("drop_invalid", "INVALID_DROP", |a| &mut a.drop_invalid),
     ("enable_ipv6", "ISTIO_DUAL_STACK", |a| &mut a.enable_ipv6),

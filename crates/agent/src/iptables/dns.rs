@@ -7,15 +7,15 @@ use super::config::Config;
 use super::rules::{ISTIO_INBOUND, ISTIO_OUTPUT, ISTIO_OUTPUT_DNS, NAT, RAW};
 
 /// The agent's DNS proxy port.
-pub const DNS_LISTENER_PORT: u16 = 15053;
+pub(crate) const DNS_LISTENER_PORT: u16 = 15053;
 
 /// Whether DNS is captured at all: requested, and there is something to capture.
-pub fn redirect_dns(cfg: &Config) -> bool {
+pub(crate) fn redirect_dns(cfg: &Config) -> bool {
     let servers = &cfg.dns_servers;
     cfg.redirect_dns && (cfg.capture_all_dns || !servers.v4.is_empty() || !servers.v6.is_empty())
 }
 
-pub fn setup_dns_redir(cfg: &Config, b: &mut RuleBuilder) {
+pub(crate) fn setup_dns_redir(cfg: &Config, b: &mut RuleBuilder) {
     let servers = &cfg.dns_servers;
     let all = cfg.capture_all_dns;
     // Conntrack zones need a jump in raw OUTPUT.

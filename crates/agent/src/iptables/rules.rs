@@ -7,24 +7,24 @@ use super::builder::{Family, RuleBuilder, RuleSet};
 use super::config::{Config, NetworkRange};
 use super::{dns, tproxy};
 
-pub const NAT: &str = "nat";
-pub const MANGLE: &str = "mangle";
-pub const RAW: &str = "raw";
+pub(crate) const NAT: &str = "nat";
+pub(crate) const MANGLE: &str = "mangle";
+pub(crate) const RAW: &str = "raw";
 
 pub const ISTIO_INBOUND: &str = "ISTIO_INBOUND";
 pub const ISTIO_REDIRECT: &str = "ISTIO_REDIRECT";
 pub const ISTIO_IN_REDIRECT: &str = "ISTIO_IN_REDIRECT";
 pub const ISTIO_OUTPUT: &str = "ISTIO_OUTPUT";
 pub const ISTIO_OUTPUT_DNS: &str = "ISTIO_OUTPUT_DNS";
-pub const ISTIO_DROP: &str = "ISTIO_DROP";
-pub const ISTIO_DIVERT: &str = "ISTIO_DIVERT";
-pub const ISTIO_TPROXY: &str = "ISTIO_TPROXY";
+pub(crate) const ISTIO_DROP: &str = "ISTIO_DROP";
+pub(crate) const ISTIO_DIVERT: &str = "ISTIO_DIVERT";
+pub(crate) const ISTIO_TPROXY: &str = "ISTIO_TPROXY";
 
 /// The IPv6 loopback, used where IPv4 rules use `--host-ipv4-loopback-cidr`.
-pub const IPV6_LOOPBACK: &str = "::1/128";
+pub(crate) const IPV6_LOOPBACK: &str = "::1/128";
 /// Source address of the inbound passthrough cluster's connections, per family.
-pub const INBOUND_PASSTHROUGH_V4: &str = "127.0.0.6/32";
-pub const INBOUND_PASSTHROUGH_V6: &str = "::6/128";
+pub(crate) const INBOUND_PASSTHROUGH_V4: &str = "127.0.0.6/32";
+pub(crate) const INBOUND_PASSTHROUGH_V6: &str = "::6/128";
 
 /// Builds the rules as Istio does.
 pub fn build(cfg: &Config) -> RuleSet {

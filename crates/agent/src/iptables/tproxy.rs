@@ -12,10 +12,10 @@ use super::rules::{
 
 /// Marks Envoy's outbound-to-inbound packets (app calls a VIP, Envoy outbound, Envoy inbound, app)
 /// so they are not captured again.
-pub const OUTBOUND_MARK: u32 = 1338;
+pub(crate) const OUTBOUND_MARK: u32 = 1338;
 
 /// `ISTIO_DIVERT` and `ISTIO_TPROXY`, added before the inbound ports are captured.
-pub fn divert_chains(cfg: &Config, b: &mut RuleBuilder) {
+pub(crate) fn divert_chains(cfg: &Config, b: &mut RuleBuilder) {
     let mark = cfg.inbound_tproxy_mark;
     // Packets of known inbound connections are marked so policy routing sends them to lo.
     b.append(MANGLE, ISTIO_DIVERT, &format!("-j MARK --set-mark {mark}"));
@@ -119,7 +119,7 @@ impl std::fmt::Display for IpCommand {
 }
 
 /// Whether an `ip` failure means the address or route is already there.
-pub fn is_exists_error(stderr: &str) -> bool {
+pub(crate) fn is_exists_error(stderr: &str) -> bool {
     let s = stderr.to_ascii_lowercase();
     s.contains("file exists") || s.contains("already assigned")
 }

@@ -18,7 +18,7 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Istio's plaintext port: a CA address on it is reached without TLS.
-pub const PLAINTEXT_CA_PORT_SUFFIX: &str = ":15010";
+pub(super) const PLAINTEXT_CA_PORT_SUFFIX: &str = ":15010";
 
 /// Why no certificate came back.
 #[derive(Debug, thiserror::Error)]
@@ -104,7 +104,7 @@ impl CaClient {
 
 /// A new workload key: ECDSA P-256/P-384 (ring), or RSA made with the `rsa` crate and signed
 /// with by ring (PKCS#1 v1.5 SHA-256, as Go's x509 signs Istio's CSRs).
-pub fn generate_key(kind: WorkloadKey) -> Result<KeyPair, CaClientError> {
+pub(super) fn generate_key(kind: WorkloadKey) -> Result<KeyPair, CaClientError> {
     let key = match kind {
         WorkloadKey::EcdsaP256 => KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256),
         WorkloadKey::EcdsaP384 => KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384),

@@ -25,12 +25,12 @@ use crate::config::SecretConfig;
 pub const WORKLOAD: &str = "default";
 /// Istio's `RootCertReqResourceName`.
 pub const ROOT: &str = "ROOTCA";
-pub const FILE_CERT_PREFIX: &str = "file-cert:";
-pub const FILE_ROOT_PREFIX: &str = "file-root:";
+pub(super) const FILE_CERT_PREFIX: &str = "file-cert:";
+pub(super) const FILE_ROOT_PREFIX: &str = "file-root:";
 /// Istio's mounted-certificate files (`./etc/certs`).
-pub const CERT_CHAIN_FILE: &str = "cert-chain.pem";
-pub const KEY_FILE: &str = "key.pem";
-pub const ROOT_CERT_FILE: &str = "root-cert.pem";
+pub(super) const CERT_CHAIN_FILE: &str = "cert-chain.pem";
+pub(super) const KEY_FILE: &str = "key.pem";
+pub(super) const ROOT_CERT_FILE: &str = "root-cert.pem";
 
 const FILE_POLL: Duration = Duration::from_secs(2);
 const RETRY_MIN: Duration = Duration::from_secs(1);

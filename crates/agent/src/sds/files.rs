@@ -47,7 +47,7 @@ fn invalid(path: &Path, reason: impl Into<String>) -> FileSecretError {
 
 /// The root certificates of `path`: its valid PEM certificates, re-encoded (as Istio's
 /// `ParseRootCerts`); an error when there are none.
-pub async fn read_root(path: PathBuf) -> Result<String, FileSecretError> {
+pub(super) async fn read_root(path: PathBuf) -> Result<String, FileSecretError> {
     blocking(move || {
         let bytes = read_bounded(&path)?;
         let (valid, errors) = parse_root_certs(&bytes);
@@ -67,7 +67,7 @@ pub async fn read_root(path: PathBuf) -> Result<String, FileSecretError> {
 
 /// The certificate chain and private key of `cert` and `key`, as written, once they parse and the
 /// key is the leaf's (as `tls.LoadX509KeyPair`).
-pub async fn read_key_pair(cert: PathBuf, key: PathBuf) -> Result<(String, String), FileSecretError> {
+pub(super) async fn read_key_pair(cert: PathBuf, key: PathBuf) -> Result<(String, String), FileSecretError> {
     blocking(move || {
         let chain = read_bounded(&cert)?;
         let key_pem = read_bounded(&key)?;
@@ -109,7 +109,7 @@ async fn blocking<T: Send + 'static>(
 
 /// The bytes of the regular file `path`, at most [`MAX_SECRET_FILE`]; a FIFO, socket or device
 /// is refused before it is opened (and opened non-blocking, should it be swapped in between).
-pub fn read_bounded(path: &Path) -> Result<Vec<u8>, FileSecretError> {
+pub(super) fn read_bounded(path: &Path) -> Result<Vec<u8>, FileSecretError> {
     let read_err = |source| FileSecretError::Read {
         path: path.to_path_buf(),
         source,

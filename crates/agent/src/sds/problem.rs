@@ -15,10 +15,10 @@ use super::ca_client::{CaClient, CaClientError};
 use super::cache::SecretError;
 
 /// A failure that does not change is logged again after this long.
-pub const REPEAT_EVERY: Duration = Duration::from_secs(30);
+pub(super) const REPEAT_EVERY: Duration = Duration::from_secs(30);
 
 /// The line for a failure to get the workload certificate of `identity`.
-pub fn describe(identity: &str, error: &SecretError, ca: Option<&CaClient>, cert_dir: &Path) -> String {
+pub(super) fn describe(identity: &str, error: &SecretError, ca: Option<&CaClient>, cert_dir: &Path) -> String {
     let head = format!("no workload certificate for {identity}");
     let certs = format!(
         "or put cert-chain.pem, key.pem and root-cert.pem in {}",

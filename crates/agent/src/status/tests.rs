@@ -94,7 +94,7 @@ pub(super) struct Running {
 }
 
 impl Running {
-    pub async fn get(&self, path: &str) -> HttpResponse {
+    pub(crate) async fn get(&self, path: &str) -> HttpResponse {
         http_get(&format!("{}{path}", self.url), &[]).await.unwrap()
     }
 }

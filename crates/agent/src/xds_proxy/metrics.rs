@@ -13,9 +13,9 @@ pub struct TerminationLabel {
 }
 
 /// Label value of an expected close (EOF, cancellation, deadline).
-pub const CANCELLED: &str = "cancelled";
+pub(super) const CANCELLED: &str = "cancelled";
 /// Label value of an unexpected close.
-pub const ERROR: &str = "error";
+pub(super) const ERROR: &str = "error";
 
 /// Counters of the xDS proxy; cheap to clone (each counter is an `Arc`).
 #[derive(Clone, Debug, Default)]

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use super::value::Value;
 
 /// What functions may read besides their arguments: istiod's environment for `env`.
-pub struct FuncCtx<'a> {
+pub(crate) struct FuncCtx<'a> {
     pub env: &'a BTreeMap<String, String>,
 }
 

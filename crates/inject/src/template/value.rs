@@ -15,7 +15,7 @@ use std::rc::Rc;
 use serde_json::Value as Json;
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum Value {
+pub(crate) enum Value {
     /// Go's nil interface: a missing key of a `map[string]any`; prints `<no value>`.
     Nil,
     /// The zero value of an absent struct field or map entry (`""`, `0`, `false`, nil pointer).
@@ -31,14 +31,14 @@ pub enum Value {
 
 /// A Go map with string keys; `strings` maps (`map[string]string`) give `""` for a missing key.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Dict {
+pub(crate) struct Dict {
     pub entries: BTreeMap<String, Value>,
     pub strings: bool,
 }
 
 /// Which Go type a struct is, for the zero values of its absent fields and its JSON.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// A Kubernetes API object (`corev1.PodSpec`, `metav1.ObjectMeta`, ...).
     Kube,
     /// Istio's `meshconfig.ProxyConfig`.
@@ -48,7 +48,7 @@ pub enum Kind {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Struct {
+pub(crate) struct Struct {
     pub kind: Kind,
     pub json: serde_json::Map<String, Json>,
 }
@@ -67,31 +67,31 @@ const STRING_MAP_FIELDS: &[&str] = &[
 ];
 
 impl Value {
-    pub fn str(s: impl Into<String>) -> Value {
+    pub(crate) fn str(s: impl Into<String>) -> Value {
         Value::Str(s.into())
     }
 
     /// A Go struct of `kind` holding this JSON object (anything else is its plain data).
-    pub fn structure(kind: Kind, json: Json) -> Value {
+    pub(crate) fn structure(kind: Kind, json: Json) -> Value {
         match json {
             Json::Object(map) => Value::Struct(Rc::new(Struct { kind, json: map })),
             other => Value::from_json(&other),
         }
     }
 
-    pub fn map(entries: BTreeMap<String, Value>) -> Value {
+    pub(crate) fn map(entries: BTreeMap<String, Value>) -> Value {
         Value::Map(Rc::new(Dict {
             entries,
             strings: false,
         }))
     }
 
-    pub fn list(items: Vec<Value>) -> Value {
+    pub(crate) fn list(items: Vec<Value>) -> Value {
         Value::List(Rc::new(items))
     }
 
     /// Plain data as Go's `map[string]any` from JSON: objects are maps, numbers stay numbers.
-    pub fn from_json(json: &Json) -> Value {
+    pub(crate) fn from_json(json: &Json) -> Value {
         match json {
             Json::Null => Value::Nil,
             Json::Bool(b) => Value::Bool(*b),
@@ -115,7 +115,7 @@ impl Value {
 
     /// The value as JSON, with the API's field names; integral floats become integers, as Go's
     /// `encoding/json` writes them.
-    pub fn to_json(&self) -> Json {
+    pub(crate) fn to_json(&self) -> Json {
         match self {
             Value::Nil | Value::Zero => Json::Null,
             Value::Bool(b) => Json::Bool(*b),
@@ -129,7 +129,7 @@ impl Value {
     }
 
     /// Go's truth: false, 0, nil, and empty strings, lists and maps are false.
-    pub fn truthy(&self) -> bool {
+    pub(crate) fn truthy(&self) -> bool {
         match self {
             Value::Nil | Value::Zero => false,
             Value::Bool(b) => *b,
@@ -144,7 +144,7 @@ impl Value {
 
     /// The field `name` (a Go field or getter name) of a struct, a map's key, or a method of a
     /// scalar (`.String`, `.GetValue` of a protobuf wrapper).
-    pub fn field(&self, name: &str) -> Value {
+    pub(crate) fn field(&self, name: &str) -> Value {
         match self {
             Value::Struct(s) => s.field(name),
             Value::Map(m) => match m.entries.get(name) {
@@ -163,7 +163,7 @@ impl Value {
     }
 
     /// `index` of a list or a map; missing entries are zero values.
-    pub fn index(&self, key: &Value) -> Result<Value, String> {
+    pub(crate) fn index(&self, key: &Value) -> Result<Value, String> {
         match (self, key) {
             (Value::Map(_), k) | (Value::Struct(_), k) if matches!(k, Value::Str(_)) => {
                 let Value::Str(k) = k else { return Ok(Value::Nil) };
@@ -201,7 +201,7 @@ impl Value {
         }
     }
 
-    pub fn as_int(&self) -> Option<i64> {
+    pub(crate) fn as_int(&self) -> Option<i64> {
         match self {
             Value::Int(i) => Some(*i),
             Value::Float(f) if f.fract() == 0.0 => Some(*f as i64),
@@ -210,7 +210,7 @@ impl Value {
         }
     }
 
-    pub fn len(&self) -> Option<usize> {
+    pub(crate) fn len(&self) -> Option<usize> {
         match self {
             Value::Str(s) => Some(s.len()),
             Value::List(l) => Some(l.len()),
@@ -220,7 +220,7 @@ impl Value {
         }
     }
 
-    pub fn type_name(&self) -> &'static str {
+    pub(crate) fn type_name(&self) -> &'static str {
         match self {
             Value::Nil => "nil",
             Value::Zero => "zero",
@@ -235,7 +235,7 @@ impl Value {
     }
 
     /// The text Go's `fmt.Sprint` gives for the value (as printed by an action, `%v`).
-    pub fn to_text(&self) -> String {
+    pub(crate) fn to_text(&self) -> String {
         let mut s = String::new();
         self.write_text(&mut s, true);
         s
@@ -280,7 +280,7 @@ impl Value {
     }
 
     /// Whether the value is Go's zero value of its type (`empty` / `default` in sprig).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         !self.truthy() && !matches!(self, Value::Struct(_))
     }
 }
@@ -336,7 +336,7 @@ impl Struct {
 
 /// Go field name to its JSON name: `Containers` → `containers`, `APIVersion` → `apiVersion`,
 /// `HTTPGet` → `httpGet`, `GRPC` → `grpc`.
-pub fn go_to_json(name: &str) -> String {
+pub(crate) fn go_to_json(name: &str) -> String {
     let chars: Vec<char> = name.chars().collect();
     let upper = chars.iter().take_while(|c| c.is_ascii_uppercase()).count();
     if upper == chars.len() {
@@ -351,7 +351,7 @@ pub fn go_to_json(name: &str) -> String {
 }
 
 /// A float as Go's `%v` writes it: the shortest form, exponent only from 1e21.
-pub fn go_float(f: f64) -> String {
+pub(crate) fn go_float(f: f64) -> String {
     if f.fract() == 0.0 && f.abs() < 1e21 {
         return format!("{}", f as i64);
     }

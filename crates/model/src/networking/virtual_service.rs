@@ -256,7 +256,7 @@ pub struct L4MatchAttributes {
 }
 
 /// gRPC status names, indexed by code, as Istio's `grpc.SupportedGRPCStatus` (abort faults).
-pub const GRPC_STATUS_NAMES: [&str; 17] = [
+pub(crate) const GRPC_STATUS_NAMES: [&str; 17] = [
     "OK",
     "CANCELLED",
     "UNKNOWN",

@@ -440,7 +440,7 @@ fn validate_map_key(key: &str) -> Result<(), String> {
 }
 
 /// An IP address or a CIDR range each.
-pub fn validate_ips(values: &[String]) -> Result<(), String> {
+pub(super) fn validate_ips(values: &[String]) -> Result<(), String> {
     let bad: Vec<String> = values
         .iter()
         .filter_map(|v| match v.split_once('/') {
@@ -462,7 +462,7 @@ pub fn parse_cidr(v: &str) -> Option<(IpAddr, u32)> {
 }
 
 /// Ports 0..=65535 as decimal strings.
-pub fn validate_ports(values: &[String]) -> Result<(), String> {
+pub(super) fn validate_ports(values: &[String]) -> Result<(), String> {
     // Go's ParseUint: digits only (no sign)
     match values
         .iter()

@@ -14,18 +14,18 @@ use crate::service::Protocol;
 pub(crate) struct Errors(Vec<String>);
 
 impl Errors {
-    pub fn add(&mut self, path: &str, reason: impl fmt::Display) {
+    pub(super) fn add(&mut self, path: &str, reason: impl fmt::Display) {
         self.0.push(format!("{path}: {reason}"));
     }
 
     /// Records `result`'s error, if any, at `path`.
-    pub fn check(&mut self, path: &str, result: Result<(), String>) {
+    pub(super) fn check(&mut self, path: &str, result: Result<(), String>) {
         if let Err(reason) = result {
             self.add(path, reason);
         }
     }
 
-    pub fn into_vec(self) -> Vec<String> {
+    pub(super) fn into_vec(self) -> Vec<String> {
         self.0
     }
 }

@@ -204,7 +204,7 @@ impl DeltaAdsClient {
 
 /// The protocol checks of a delta stream and what the client has, usable on their own.
 #[derive(Debug, Default)]
-pub struct DeltaChecker {
+pub(crate) struct DeltaChecker {
     types: BTreeMap<String, TypeState>,
     nonces: HashSet<String>,
     /// Read resource names with [`resource_name_light`] instead of decoding every resource.
@@ -214,7 +214,7 @@ pub struct DeltaChecker {
 impl DeltaChecker {
     /// Records a subscription; returns whether it is the first of its type (the one that
     /// carries `initial` versions and, with no names, means wildcard for CDS/LDS).
-    pub fn subscribe(&mut self, type_url: &str, names: &[&str], initial: &BTreeMap<String, String>) -> bool {
+    pub(crate) fn subscribe(&mut self, type_url: &str, names: &[&str], initial: &BTreeMap<String, String>) -> bool {
         let first = !self.types.contains_key(type_url);
         let st = self.types.entry(type_url.to_owned()).or_default();
         if first {
@@ -229,7 +229,7 @@ impl DeltaChecker {
     }
 
     /// Records an unsubscription: the names are forgotten.
-    pub fn unsubscribe(&mut self, type_url: &str, names: &[&str]) {
+    pub(crate) fn unsubscribe(&mut self, type_url: &str, names: &[&str]) {
         let st = self.types.entry(type_url.to_owned()).or_default();
         for n in names {
             st.names.remove(*n);
@@ -238,7 +238,7 @@ impl DeltaChecker {
     }
 
     /// What the client has of `type_url`: name -> version.
-    pub fn resources(&self, type_url: &str) -> BTreeMap<String, String> {
+    pub(crate) fn resources(&self, type_url: &str) -> BTreeMap<String, String> {
         self.types
             .get(type_url)
             .map(|s| s.resources.clone())
@@ -246,7 +246,7 @@ impl DeltaChecker {
     }
 
     /// Checks one response and applies it to what the client has.
-    pub fn check(&mut self, raw: &DeltaDiscoveryResponse) -> Result<()> {
+    pub(crate) fn check(&mut self, raw: &DeltaDiscoveryResponse) -> Result<()> {
         let t = raw.type_url.as_str();
         let violation = |what: String| {
             anyhow!(

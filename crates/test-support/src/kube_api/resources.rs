@@ -308,7 +308,7 @@ pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static Resourc
 }
 
 /// The resource type of an object's `apiVersion` and `kind`.
-pub fn of_kind(api_version: &str, kind: &str) -> Option<&'static ResourceType> {
+pub(crate) fn of_kind(api_version: &str, kind: &str) -> Option<&'static ResourceType> {
     let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
     RESOURCES
         .iter()

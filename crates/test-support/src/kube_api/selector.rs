@@ -15,10 +15,10 @@ enum Requirement {
 
 /// A parsed selector; the empty selector matches everything.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Selector(Vec<Requirement>);
+pub(crate) struct Selector(Vec<Requirement>);
 
 impl Selector {
-    pub fn parse(s: &str) -> Result<Selector, String> {
+    pub(crate) fn parse(s: &str) -> Result<Selector, String> {
         let mut out = Vec::new();
         for term in split_terms(s) {
             let term = term.trim();
@@ -45,7 +45,7 @@ impl Selector {
 
     /// A `metav1.LabelSelector` object (`matchLabels`, `matchExpressions` with In, NotIn,
     /// Exists, DoesNotExist); absent or `{}` matches everything.
-    pub fn from_label_selector(v: &serde_json::Value) -> Result<Selector, String> {
+    pub(crate) fn from_label_selector(v: &serde_json::Value) -> Result<Selector, String> {
         let mut out = Vec::new();
         if let Some(m) = v.get("matchLabels").and_then(serde_json::Value::as_object) {
             for (k, v) in m {
@@ -82,7 +82,7 @@ impl Selector {
         Ok(Selector(out))
     }
 
-    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+    pub(crate) fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         self.0.iter().all(|r| match r {
             Requirement::Equals(k, v) => labels.get(k) == Some(v),
             Requirement::NotEquals(k, v) => labels.get(k) != Some(v),

@@ -19,7 +19,7 @@ pub(crate) enum EventType {
 }
 
 impl EventType {
-    pub fn as_str(self) -> &'static str {
+    pub(super) fn as_str(self) -> &'static str {
         match self {
             EventType::Added => "ADDED",
             EventType::Modified => "MODIFIED",
@@ -97,16 +97,16 @@ fn name_of(obj: &Value) -> Option<&str> {
 }
 
 impl Store {
-    pub fn installed(&self, rt: &ResourceType) -> bool {
+    pub(super) fn installed(&self, rt: &ResourceType) -> bool {
         !self.uninstalled.contains(rt.group)
     }
 
-    pub fn get(&self, res: Res, ns: &str, name: &str) -> Option<Arc<Value>> {
+    pub(super) fn get(&self, res: Res, ns: &str, name: &str) -> Option<Arc<Value>> {
         self.objects.get(&(res, ns.to_owned(), name.to_owned())).cloned()
     }
 
     /// Objects of `res` (in `ns` if given), in key order.
-    pub fn list(&self, res: Res, ns: Option<&str>) -> Vec<Arc<Value>> {
+    pub(super) fn list(&self, res: Res, ns: Option<&str>) -> Vec<Arc<Value>> {
         let from = (res, ns.unwrap_or("").to_owned(), String::new());
         self.objects
             .range(from..)
@@ -116,14 +116,14 @@ impl Store {
     }
 
     /// Events after `rv` (all resource types); `None` when some of them were compacted away.
-    pub fn events_after(&self, rv: u64) -> Option<Vec<Arc<Event>>> {
+    pub(super) fn events_after(&self, rv: u64) -> Option<Vec<Arc<Event>>> {
         if rv < self.compacted {
             return None;
         }
         Some(self.history.iter().filter(|e| e.rv > rv).cloned().collect())
     }
 
-    pub fn compact(&mut self) {
+    pub(super) fn compact(&mut self) {
         self.compacted = self.rv;
         self.history.clear();
     }
@@ -147,7 +147,7 @@ impl Store {
     }
 
     /// POST: a new object; its namespace from the path, metadata filled in as the server does.
-    pub fn create(
+    pub(super) fn create(
         &mut self,
         rt: &ResourceType,
         ns: &str,
@@ -203,7 +203,7 @@ impl Store {
     }
 
     /// PUT: replaces an object; a `resourceVersion` in it must be the current one.
-    pub fn replace(
+    pub(super) fn replace(
         &mut self,
         rt: &ResourceType,
         ns: &str,
@@ -254,7 +254,7 @@ impl Store {
         Ok(((*obj).clone(), e))
     }
 
-    pub fn delete(&mut self, rt: &ResourceType, ns: &str, name: &str) -> Result<(Value, Arc<Event>), ApiError> {
+    pub(super) fn delete(&mut self, rt: &ResourceType, ns: &str, name: &str) -> Result<(Value, Arc<Event>), ApiError> {
         let res = res_index(rt);
         let Some(old) = self.objects.remove(&(res, ns.to_owned(), name.to_owned())) else {
             return Err(ApiError::not_found(rt, name));

@@ -27,7 +27,7 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 /// Envoy's admin port inside a pod.
 pub const ADMIN_PORT: u16 = 15000;
 /// pilot-agent's status port inside a pod.
-pub const STATUS_PORT: u16 = 15020;
+pub(crate) const STATUS_PORT: u16 = 15020;
 /// Istio's proxy uid and gid (`istio-proxy`), excluded from capture.
 pub const PROXY_UID: &str = "1337";
 
