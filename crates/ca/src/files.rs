@@ -49,21 +49,42 @@ pub(crate) fn load_or_create(dir: &Path, trust_domain: &str, root_ttl: Duration)
     if exists(&dir.join(ISTIO_GENERATED))? {
         return load_self_signed(dir);
     }
-    let plugged = [CA_CERT_FILE, CA_PRIVATE_KEY_FILE, ROOT_CERT_FILE, CERT_CHAIN_FILE];
+    match missing_plugged(dir)?.len() {
+        0 => load_plugged(dir),
+        n if n == PLUGGED.len() => create_self_signed(dir, trust_domain, root_ttl),
+        _ => load_plugged_only(dir),
+    }
+}
+
+/// The four files of a plugged-in CA.
+const PLUGGED: [&str; 4] = [CA_CERT_FILE, CA_PRIVATE_KEY_FILE, ROOT_CERT_FILE, CERT_CHAIN_FILE];
+
+fn missing_plugged(dir: &Path) -> Result<Vec<&'static str>, CaError> {
     let mut missing = Vec::new();
-    for f in plugged {
+    for f in PLUGGED {
         if !exists(&dir.join(f))? {
             missing.push(f);
         }
     }
-    match missing.len() {
-        0 => load_plugged(dir),
-        n if n == plugged.len() => create_self_signed(dir, trust_domain, root_ttl),
-        _ => Err(CaError::IncompleteBundle {
+    Ok(missing)
+}
+
+/// The plugged-in CA of `dir`, all four files, and nothing else: never a self-signed root, even
+/// when the files are gone (a rotation half done). What a reload of the `cacerts` mount reads.
+pub(crate) fn load_plugged_only(dir: &Path) -> Result<SigningBundle, CaError> {
+    let missing = missing_plugged(dir)?;
+    if !missing.is_empty() {
+        return Err(CaError::IncompleteBundle {
             dir: dir.to_path_buf(),
             missing: missing.join(", "),
-        }),
+        });
     }
+    load_plugged(dir)
+}
+
+/// The roots of `dir`'s `root-cert.pem`.
+pub(crate) fn read_roots(dir: &Path) -> Result<Vec<CertificateDer<'static>>, CaError> {
+    read_certs(&dir.join(ROOT_CERT_FILE))
 }
 
 fn load_plugged(dir: &Path) -> Result<SigningBundle, CaError> {

@@ -77,6 +77,7 @@ pub struct CertificateAuthority {
     source: CaSource,
     issuer: Issuer<'static, KeyPair>,
     signing_not_after: OffsetDateTime,
+    signing_cert: CertificateDer<'static>,
     cert_chain: Vec<CertificateDer<'static>>,
     roots: Vec<CertificateDer<'static>>,
     root_cert_pem: String,
@@ -109,6 +110,18 @@ impl CertificateAuthority {
         Self::from_bundle(dir, bundle)
     }
 
+    /// The plugged-in CA of `dir` (`ca-cert.pem`, `ca-key.pem`, `root-cert.pem`,
+    /// `cert-chain.pem`), checked as at start; an error when any file is missing, never a
+    /// self-signed root (what istiod reads again when its `cacerts` mount changes).
+    pub fn load_plugged(dir: &Path) -> Result<CertificateAuthority, CaError> {
+        Self::from_bundle(dir, files::load_plugged_only(dir)?)
+    }
+
+    /// The roots of `dir`'s `root-cert.pem`, DER, without loading the rest.
+    pub fn read_root_certs(dir: &Path) -> Result<Vec<CertificateDer<'static>>, CaError> {
+        files::read_roots(dir)
+    }
+
     /// The CA of a signing bundle, checked: a CA certificate, its key, not expired, a chain that
     /// verifies. Errors name `dir`'s files.
     pub(crate) fn from_bundle(dir: &Path, bundle: files::SigningBundle) -> Result<CertificateAuthority, CaError> {
@@ -138,6 +151,7 @@ impl CertificateAuthority {
             source: bundle.source,
             issuer,
             signing_not_after,
+            signing_cert: bundle.signing_cert.clone(),
             cert_chain: bundle.cert_chain,
             root_cert_pem: files::pem(&bundle.roots),
             roots: bundle.roots,
@@ -161,6 +175,28 @@ impl CertificateAuthority {
     pub fn root_not_after_unix(&self) -> Option<i64> {
         let (_, root) = x509_parser::parse_x509_certificate(self.roots.first()?).ok()?;
         Some(root.validity().not_after.timestamp())
+    }
+
+    /// When the signing chain expires, as Unix seconds: the first certificate of `cert-chain.pem`
+    /// (`citadel_server_cert_chain_expiry_timestamp`); `None` without a chain (a self-signed root).
+    pub fn cert_chain_not_after_unix(&self) -> Option<i64> {
+        let (_, first) = x509_parser::parse_x509_certificate(self.cert_chain.first()?).ok()?;
+        Some(first.validity().not_after.timestamp())
+    }
+
+    /// The roots that clients trust, DER.
+    pub fn roots(&self) -> &[CertificateDer<'static>] {
+        &self.roots
+    }
+
+    /// The signing certificate (`ca-cert.pem`), DER.
+    pub fn signing_cert(&self) -> &CertificateDer<'static> {
+        &self.signing_cert
+    }
+
+    /// The chain sent after every issued certificate (`cert-chain.pem`), DER.
+    pub fn cert_chain(&self) -> &[CertificateDer<'static>] {
+        &self.cert_chain
     }
 
     pub fn source(&self) -> CaSource {

@@ -323,3 +323,48 @@ fn unusable_directories_are_errors() {
     assert!(matches!(&err, CaError::Read { .. } | CaError::Write { .. }), "{err}");
     assert!(err.to_string().contains("cacerts"), "{err}");
 }
+
+/// A reload of the `cacerts` mount reads the plugged-in files only: an emptied directory (a
+/// rotation half done) is an error naming what is missing, never a new self-signed root.
+#[test]
+fn load_plugged_never_creates_a_self_signed_root() {
+    let tmp = tempfile::tempdir().unwrap();
+    let err = CertificateAuthority::load_plugged(tmp.path()).unwrap_err();
+    assert!(matches!(err, CaError::IncompleteBundle { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("ca-cert.pem, ca-key.pem, root-cert.pem, cert-chain.pem"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "nothing written");
+
+    let (root_params, root_key, root_pem) = make_ca("Root CA", None);
+    let (_, int_key, int_pem) = make_ca("Intermediate CA", Some(&(root_params, root_key)));
+    write(
+        tmp.path(),
+        &[
+            (CA_CERT_FILE, &int_pem),
+            (CA_PRIVATE_KEY_FILE, &int_key.serialize_pem()),
+            (ROOT_CERT_FILE, &root_pem),
+            (CERT_CHAIN_FILE, &format!("{int_pem}{root_pem}")),
+        ],
+    );
+    let ca = CertificateAuthority::load_plugged(tmp.path()).unwrap();
+    assert_eq!(ca.source(), CaSource::PluggedIn);
+    assert_eq!(ca.signing_cert(), &ders(&int_pem)[0]);
+    assert_eq!(ca.roots(), &ders(&root_pem)[..]);
+    assert_eq!(
+        CertificateAuthority::read_root_certs(tmp.path()).unwrap(),
+        ders(&root_pem)
+    );
+    let int_der = ders(&int_pem);
+    let (_, int) = X509Certificate::from_der(&int_der[0]).unwrap();
+    assert_eq!(
+        ca.cert_chain_not_after_unix(),
+        Some(int.validity().not_after.timestamp())
+    );
+
+    std::fs::remove_file(tmp.path().join(CA_PRIVATE_KEY_FILE)).unwrap();
+    let err = CertificateAuthority::load_plugged(tmp.path()).unwrap_err();
+    assert!(err.to_string().contains("missing ca-key.pem"), "{err}");
+}
