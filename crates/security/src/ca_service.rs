@@ -2,6 +2,10 @@
 //! sign the CSR for the identities it proved (never the CSR's own names), answer the leaf, the
 //! CA's chain and the root, one certificate per element; count what happened under Istio's
 //! `citadel_server_*` names.
+//!
+//! The service signs with the CA current when a CSR arrives: it follows a `watch` of the CA, so
+//! a plugged-in intermediate replaced on disk (istiod's `handleCACertsFileWatch`) signs the next
+//! CSR without a restart.
 
 use std::sync::Arc;
 
@@ -12,6 +16,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use crate::authn::{AuthContext, Authenticator, authenticate};
@@ -25,6 +30,7 @@ pub struct CaMetrics {
     pub csr_sign_error: Family<Vec<(String, String)>, Counter>,
     pub success: Counter,
     pub root_cert_expiry_timestamp: Gauge,
+    pub cert_chain_expiry_timestamp: Gauge,
 }
 
 impl CaMetrics {
@@ -60,29 +66,54 @@ impl CaMetrics {
             "The unix timestamp, in seconds, when the root cert will expire.",
             m.root_cert_expiry_timestamp.clone(),
         );
+        registry.register(
+            "citadel_server_cert_chain_expiry_timestamp",
+            "The unix timestamp, in seconds, when Istio generated cert chain will expire.",
+            m.cert_chain_expiry_timestamp.clone(),
+        );
         m
+    }
+
+    /// Istio's `RecordCertsExpiry`: when the first root expires and, with a chain (a plugged-in
+    /// CA), when its first certificate does. At start and after each reload of the CA.
+    pub fn record_expiry(&self, ca: &CertificateAuthority) {
+        if let Some(t) = ca.root_not_after_unix() {
+            self.root_cert_expiry_timestamp.set(t);
+        }
+        if let Some(t) = ca.cert_chain_not_after_unix() {
+            self.cert_chain_expiry_timestamp.set(t);
+        }
     }
 }
 
 /// The CA's gRPC service.
 #[derive(Clone)]
 pub struct CaService {
-    ca: Arc<CertificateAuthority>,
+    ca: watch::Receiver<Arc<CertificateAuthority>>,
     authenticators: Arc<Vec<Arc<dyn Authenticator>>>,
     ttl: WorkloadTtl,
     metrics: CaMetrics,
 }
 
 impl CaService {
+    /// A service that signs with `ca` for as long as it runs.
     pub fn new(
         ca: Arc<CertificateAuthority>,
         authenticators: Vec<Arc<dyn Authenticator>>,
         ttl: WorkloadTtl,
         metrics: CaMetrics,
     ) -> CaService {
-        if let Some(t) = ca.root_not_after_unix() {
-            metrics.root_cert_expiry_timestamp.set(t);
-        }
+        Self::following(watch::channel(ca).1, authenticators, ttl, metrics)
+    }
+
+    /// A service that signs each CSR with the CA current in `ca` at that moment.
+    pub fn following(
+        ca: watch::Receiver<Arc<CertificateAuthority>>,
+        authenticators: Vec<Arc<dyn Authenticator>>,
+        ttl: WorkloadTtl,
+        metrics: CaMetrics,
+    ) -> CaService {
+        metrics.record_expiry(&ca.borrow());
         CaService {
             ca,
             authenticators: Arc::new(authenticators),
@@ -113,10 +144,8 @@ impl IstioCertificateService for CaService {
             }
         };
         let req = request.into_inner();
-        match self
-            .ca
-            .sign_csr(&req.csr, &caller.identities, req.validity_duration, self.ttl)
-        {
+        let ca = self.ca.borrow().clone();
+        match ca.sign_csr(&req.csr, &caller.identities, req.validity_duration, self.ttl) {
             Ok(cert_chain) => {
                 self.metrics.success.inc();
                 tracing::debug!(identities = ?caller.identities, "CSR signed");
