@@ -6,6 +6,9 @@
 //! certificate of this CA. As istiod's `startCA`, the service goes on the secure gRPC server, or
 //! on the plaintext one when there is no secure server (`--secureGrpcAddr ""`); there only bearer
 //! tokens can authenticate, and an unauthenticated CSR is refused as on the secure port.
+//!
+//! A plugged-in CA is followed on disk (`crate::cacerts`): a new intermediate under the same
+//! root signs the next CSR, and istiod's serving certificate is signed again by it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -119,7 +122,8 @@ pub enum CaTransport {
 /// The mesh CA, who may call it, and its gRPC service, ready to be added to a gRPC server.
 pub struct MeshCaServer {
     pub settings: CaSettings,
-    pub ca: Arc<CertificateAuthority>,
+    /// The current CA: a new one when the plugged-in files are replaced (`crate::cacerts`).
+    pub ca: crate::cacerts::CaWatch,
     /// Also those of ADS on the secure port.
     pub authenticators: Vec<Arc<dyn Authenticator>>,
     pub service: CaService,
@@ -159,7 +163,6 @@ impl MeshCaServer {
             }
             _ => CertificateAuthority::load_or_create(dir, &mesh.trust_domain).with_context(in_dir)?,
         };
-        let ca = Arc::new(ca);
         let mut authenticators: Vec<Arc<dyn Authenticator>> = Vec::new();
         if transport == CaTransport::Secure {
             authenticators.push(Arc::new(ClientCertAuthenticator));
@@ -197,12 +200,10 @@ impl MeshCaServer {
             trust_domain = %mesh.trust_domain,
             "mesh CA ready on {served_on}"
         );
-        let service = CaService::new(
-            ca.clone(),
-            authenticators.clone(),
-            settings.workload_ttl,
-            CaMetrics::register(registry),
-        );
+        let ca_metrics = CaMetrics::register(registry);
+        let reloads = crate::cacerts::ReloadMetrics::register(registry);
+        let ca = crate::cacerts::follow(ca, reloads, ca_metrics.clone());
+        let service = CaService::following(ca.clone(), authenticators.clone(), settings.workload_ttl, ca_metrics);
         Ok(MeshCaServer {
             settings,
             ca,
@@ -211,9 +212,14 @@ impl MeshCaServer {
         })
     }
 
-    /// The mesh root, PEM.
+    /// The current CA.
+    pub fn current(&self) -> Arc<CertificateAuthority> {
+        self.ca.borrow().clone()
+    }
+
+    /// The mesh root, PEM (a reload never changes it).
     pub fn root_pem(&self) -> String {
-        self.ca.root_cert_pem().to_owned()
+        self.ca.borrow().root_cert_pem().to_owned()
     }
 }
 

@@ -24,6 +24,7 @@ mod args;
 mod ca_limits;
 mod ca_secret;
 mod ca_server;
+mod cacerts;
 mod configz;
 mod http;
 mod injection;

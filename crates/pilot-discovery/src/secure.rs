@@ -76,8 +76,6 @@ pub struct SecureGrpc {
     bundles: Bundles,
     addr: SocketAddr,
     ca: MeshCaServer,
-    /// The mesh CA as the serving certificate's rotation follows it.
-    _ca_handle: tokio::sync::watch::Sender<Arc<ca::CertificateAuthority>>,
 }
 
 impl SecureGrpc {
@@ -102,7 +100,6 @@ impl SecureGrpc {
              (the previous one keeps serving)",
             errors.clone(),
         );
-        let (ca_handle, ca_rx) = tokio::sync::watch::channel(ca.ca.clone());
         let bundles = match source {
             Source::Files(files) => {
                 tracing::info!(
@@ -121,21 +118,16 @@ impl SecureGrpc {
                     ttl: ca.settings.self_signed_ca_cert_ttl,
                 };
                 tracing::info!(
-                    root_cert = %ca.ca.root_cert_file().display(),
+                    root_cert = %ca.current().root_cert_file().display(),
                     dns = ?names.dns,
                     ips = ?names.ips,
                     "clients of --secureGrpcAddr verify istiod with the root certificate in root_cert"
                 );
-                crate::serving_cert::rotate(ca_rx, names, errors)
+                crate::serving_cert::rotate(ca.ca.clone(), names, errors)
                     .with_context(|| format!("{served_on}: signing istiod's certificate"))?
             }
         };
-        Ok(SecureGrpc {
-            bundles,
-            addr,
-            ca,
-            _ca_handle: ca_handle,
-        })
+        Ok(SecureGrpc { bundles, addr, ca })
     }
 
     /// The mesh root, PEM.
@@ -171,7 +163,7 @@ impl SecureGrpc {
         ads: AdsService<Environment>,
     ) -> anyhow::Result<()> {
         let addr = listener.local_addr().unwrap_or(self.addr);
-        let tls = crate::accept::acceptor(Resolver::new(self.bundles.clone()), self.ca.ca.root_cert_pem())
+        let tls = crate::accept::acceptor(Resolver::new(self.bundles.clone()), &self.ca.root_pem())
             .with_context(|| format!("--secureGrpcAddr {addr}: TLS configuration"))?;
         let ads = ads.authenticated(Arc::new(XdsAuthenticator(Arc::new(self.ca.authenticators))));
         let server = builder

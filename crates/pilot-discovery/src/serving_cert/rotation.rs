@@ -3,10 +3,8 @@
 //! start for istiod's DNS names with the lifetime `CITADEL_SELF_SIGNED_CA_CERT_TTL` (clamped to
 //! the CA's signing certificate), and signed again
 //! - when the CA changes (Istio's `watchRootCertAndGenKeyCert` and `updateRootCertAndGenKeyCert`),
-//!   with the CA's roots as the new CA bundle. The CA handle is the seam for it; nothing in this
-//!   build replaces the CA while the process runs yet (Istio's reload of a plugged-in `cacerts`
-//!   replaced on disk, `handleCACertsFileWatch`, is not done: the CA service would have to
-//!   follow the handle too);
+//!   with the CA's roots as the new CA bundle: a new plugged-in intermediate (`crate::cacerts`,
+//!   Istio's `handleCACertsFileWatch`);
 //! - before it expires: once half its lifetime is left (Istio's `defaultCertGracePeriodRatio`,
 //!   0.5, which istiod applies to the certificate that Kubernetes signs for it,
 //!   `RotateDNSCertForK8sCA`). istiod's own CA re-signs only on a root change, so a certificate
