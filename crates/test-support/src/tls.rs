@@ -59,6 +59,30 @@ impl TestCa {
         Ok(TestCa { issuer })
     }
 
+    /// An intermediate CA signed by this one, `CN=<common_name>`, with a fresh P-256 key, valid
+    /// until the first of January of `not_after_year`: what an operator plugs into istiod's
+    /// `cacerts` under this root.
+    pub fn intermediate(&self, common_name: &str, not_after_year: i32) -> anyhow::Result<TestCa> {
+        let mut params = CertificateParams::default();
+        params.not_after = rcgen::date_time_ymd(not_after_year, 1, 1);
+        params.distinguished_name.push(DnType::CommonName, common_name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        params.use_authority_key_identifier_extension = true;
+        let issuer = CertifiedIssuer::signed_by(params, KeyPair::generate()?, &self.issuer)
+            .with_context(|| format!("signing the intermediate {common_name}"))?;
+        Ok(TestCa { issuer })
+    }
+
+    /// This CA's private key, PKCS#8 PEM.
+    pub fn key_pem(&self) -> String {
+        self.issuer.key().serialize_pem()
+    }
+
     pub fn cert_der(&self) -> CertificateDer<'static> {
         self.issuer.der().clone()
     }
