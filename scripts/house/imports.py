@@ -807,7 +807,7 @@ def main():
     print(f"crate {crate_dir.name}: {len(nodes)} files, {summary['lines']} lines"
           f"{' (tests left out)' if args.no_tests else ''}")
     print(f"\nfiles (lines, imports out/in):")
-    for p in sorted(nodes, key=lambda p: (layer_of.get(p, 0) if layers else 0, rel(p))):
+    for p in sorted(nodes, key=lambda p: ((layer_of.get(p) or 0) if layers else 0, rel(p))):
         f = files[p]
         print(f"  {f.lines:5}  {out_deg[p]:2}/{in_deg[p]:<2}  {rel(p)}{' (test)' if f.test else ''}{tag(p)}")
     print(f"\nedges: {len(edges)} file pairs ({test_only} from test code only), {sites_total} import sites")

@@ -10,7 +10,7 @@
 //! 5. `server::ca`, `server::cluster_writers`, `server::config`, `server::mesh`: the steps' parts.
 //! 6. `kubernetes`, `secure`, `webhook`, `jwks`, `injection`: what serves and follows.
 //! 7. `ca_server`, `webhook::patch`, `args`, `settings`: the CA service, the patchers, settings.
-//! 8. `metrics`, `leader`, `serving_cert`, `accept`, `ca_limits`, `ca_secret`, `root_cert`, `mesh_networks`: parts.
+//! 8. `metrics`, `leader`, `serving_cert`, `accept`, `ca_limits`, `ca_secret`, `root_cert`, `mesh_networks`, `cacerts`: parts.
 //! 9. `app_state`, `istio_flags`, `logging`, `mesh_configmap`, `nacks`, `push`, `request`: leaves.
 //! 10. `token_review`, `validate`, `version`, `admission_body`: leaves.
 //!
