@@ -39,20 +39,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     let kube_is_registry = args.registries.iter().any(|r| r == "Kubernetes");
     let client = kube_client(&args, kube_is_registry).await?;
     let ignored = mesh_changes_ignored(&mut registry);
-    let mesh = mesh::init(
-        &args.mesh_config,
-        &settings.pod_namespace,
-        client.as_ref(),
-        ignored.clone(),
-    )
-    .await?;
-    let networks = crate::mesh_networks::Source {
-        file: &args.networks_config,
-        namespace: &settings.pod_namespace,
-        revision: &settings.revision,
-        resolve_hostname_gateways: settings.resolve_hostname_gateways,
-    };
-    let networks = crate::mesh_networks::init(networks, client.as_ref(), ignored).await?;
+    let mesh = mesh::init(&args, &settings, client.as_ref(), ignored).await?;
     let sources = config::start_config_sources(
         &args,
         &mesh.config,
@@ -78,7 +65,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     let ca_addrs = (addrs.grpc, addrs.secure_grpc);
     let (secure, plaintext_ca) =
         ca::init_ca(ca_addrs, &mesh.config, &settings, &mut registry, &client, tls_source).await?;
-    // The cluster-wide writers run only while this replica holds their Lease.
+    // The cluster-wide writers run only while this replica holds their lock.
     let leaderships = match &client {
         Some(client) => cluster_writers::start(
             client,
@@ -96,7 +83,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         registry: Arc::new(registry),
         process,
         store: sources.state,
-        networks,
+        networks: mesh.networks,
         debug_auth: settings.enable_debug_endpoint_auth,
         dumps: AppState::dump_permits(),
     };

@@ -34,21 +34,25 @@ pub(super) struct Mesh {
     pub(super) live: Option<tokio::sync::watch::Receiver<LiveMesh>>,
     /// The injector's mesh config.
     pub(super) injector: crate::injection::MeshSource,
+    /// meshNetworks, and each valid change.
+    pub(super) networks: tokio::sync::watch::Receiver<Arc<model::mesh_networks::MeshNetworks>>,
 }
 
 /// The mounted file (`--meshConfig`) when it exists; else, with a cluster, the `istio`
-/// ConfigMap (`istio-<REVISION>`), followed; else Istio's defaults.
+/// ConfigMap (`istio-<REVISION>`), followed; else Istio's defaults. The mesh networks likewise.
 pub(super) async fn init(
-    file: &str,
-    namespace: &str,
+    args: &crate::args::DiscoveryArgs,
+    settings: &crate::settings::Settings,
     client: Option<&kube::Client>,
     changes_ignored: Counter,
 ) -> anyhow::Result<Mesh> {
+    let (file, namespace) = (args.mesh_config.as_str(), settings.pod_namespace.as_str());
+    let networks = networks(&args.networks_config, settings, client, changes_ignored.clone()).await?;
     let mesh_file = !file.is_empty() && Path::new(file).exists();
     let mut mesh = load_mesh_config(file)?;
     let mut live = None;
     if let (false, Some(client)) = (mesh_file, client) {
-        let revision = std::env::var("REVISION").unwrap_or_default();
+        let revision = settings.revision.clone();
         let yaml = match crate::mesh_configmap::load(client, namespace, &revision).await? {
             Some((from_cluster, text)) => {
                 mesh = from_cluster;
@@ -83,7 +87,25 @@ pub(super) async fn init(
         config: Arc::new(mesh),
         live,
         injector,
+        networks,
     })
+}
+
+/// The mesh networks: the `--networksConfig` file, else the `istio` ConfigMap's `meshNetworks`
+/// (followed), else none (`mesh_networks.rs`).
+async fn networks(
+    file: &str,
+    settings: &crate::settings::Settings,
+    client: Option<&kube::Client>,
+    changes_ignored: Counter,
+) -> anyhow::Result<tokio::sync::watch::Receiver<Arc<model::mesh_networks::MeshNetworks>>> {
+    let source = crate::mesh_networks::Source {
+        file,
+        namespace: &settings.pod_namespace,
+        revision: &settings.revision,
+        resolve_hostname_gateways: settings.resolve_hostname_gateways,
+    };
+    crate::mesh_networks::init(source, client, changes_ignored).await
 }
 
 /// The next mesh config the `istio` ConfigMap's follower sends; never, without one.
