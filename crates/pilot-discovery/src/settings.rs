@@ -59,101 +59,119 @@ pub struct SettingsError {
     pub reason: &'static str,
 }
 
-impl Settings {
-    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Settings, SettingsError> {
-        let duration = |name: &'static str, default: Duration| -> Result<Duration, SettingsError> {
-            match get(name).filter(|v| !v.is_empty()) {
-                None => Ok(default),
-                Some(v) => model::duration::parse(&v).ok_or(SettingsError {
+/// Istio's typed environment variables, read through `get`: unset or empty is the default.
+struct Env<F>(F);
+
+impl<F: Fn(&str) -> Option<String>> Env<F> {
+    fn get(&self, name: &str) -> Option<String> {
+        (self.0)(name).filter(|v| !v.is_empty())
+    }
+
+    fn duration(&self, name: &'static str, default: Duration) -> Result<Duration, SettingsError> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(v) => model::duration::parse(&v).ok_or(SettingsError {
+                name,
+                value: v,
+                reason: "not a duration (e.g. 100ms, 10s)",
+            }),
+        }
+    }
+
+    fn boolean(&self, name: &'static str, default: bool) -> Result<bool, SettingsError> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(v) => match v.to_ascii_lowercase().as_str() {
+                "true" | "1" | "t" => Ok(true),
+                "false" | "0" | "f" => Ok(false),
+                _ => Err(SettingsError {
                     name,
                     value: v,
-                    reason: "not a duration (e.g. 100ms, 10s)",
+                    reason: "not a boolean",
                 }),
-            }
-        };
-        let boolean = |name: &'static str, default: bool| -> Result<bool, SettingsError> {
-            match get(name).filter(|v| !v.is_empty()) {
-                None => Ok(default),
-                Some(v) => match v.to_ascii_lowercase().as_str() {
-                    "true" | "1" | "t" => Ok(true),
-                    "false" | "0" | "f" => Ok(false),
-                    _ => Err(SettingsError {
-                        name,
-                        value: v,
-                        reason: "not a boolean",
-                    }),
-                },
-            }
-        };
-        let push_throttle = match get("PILOT_PUSH_THROTTLE").filter(|v| !v.is_empty()) {
-            None => default_push_throttle(),
+            },
+        }
+    }
+
+    fn positive(&self, name: &'static str, default: usize) -> Result<usize, SettingsError> {
+        match self.get(name) {
+            None => Ok(default),
             Some(v) => match v.parse::<usize>() {
-                Ok(0) => default_push_throttle(),
-                Ok(n) => n,
-                _ => {
-                    return Err(SettingsError {
-                        name: "PILOT_PUSH_THROTTLE",
-                        value: v,
-                        reason: "not a non-negative integer",
-                    });
-                }
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(SettingsError {
+                    name,
+                    value: v,
+                    reason: "not a positive integer",
+                }),
             },
-        };
-        let positive = |name: &'static str, default: usize| -> Result<usize, SettingsError> {
-            match get(name).filter(|v| !v.is_empty()) {
-                None => Ok(default),
-                Some(v) => match v.parse::<usize>() {
-                    Ok(n) if n > 0 => Ok(n),
-                    _ => Err(SettingsError {
-                        name,
-                        value: v,
-                        reason: "not a positive integer",
-                    }),
-                },
-            }
-        };
-        let s = Settings {
-            debounce_after: duration("PILOT_DEBOUNCE_AFTER", Duration::from_millis(100))?,
-            enable_eds_debounce: boolean("PILOT_ENABLE_EDS_DEBOUNCE", true)?,
-            push_throttle,
-            max_recv_msg_size: positive("ISTIO_GPRC_MAXRECVMSGSIZE", DEFAULT_MAX_RECV_MSG_SIZE)?,
-            max_streams: u32::try_from(positive("ISTIO_GPRC_MAXSTREAMS", DEFAULT_MAX_STREAMS as usize)?)
+        }
+    }
+
+    /// `PILOT_PUSH_THROTTLE`: 0 or unset is Istio's default for the CPUs.
+    fn push_throttle(&self) -> Result<usize, SettingsError> {
+        match self.get("PILOT_PUSH_THROTTLE") {
+            None => Ok(default_push_throttle()),
+            Some(v) => match v.parse::<usize>() {
+                Ok(0) => Ok(default_push_throttle()),
+                Ok(n) => Ok(n),
+                _ => Err(SettingsError {
+                    name: "PILOT_PUSH_THROTTLE",
+                    value: v,
+                    reason: "not a non-negative integer",
+                }),
+            },
+        }
+    }
+
+    /// Istio's generation flags.
+    fn features(&self) -> Result<model::Features, SettingsError> {
+        Ok(model::Features {
+            enable_absolute_fqdn_vhost_domain: self.boolean("PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN", true)?,
+            jwks_fetch_mode: model::features::JwksFetchMode::parse(
+                &self.get("PILOT_JWT_ENABLE_REMOTE_JWKS").unwrap_or_default(),
+            ),
+            enable_multiple_custom_authz_providers: self
+                .boolean("PILOT_ENABLE_MULTIPLE_CUSTOM_AUTHZ_PROVIDERS", false)?,
+            enable_ip_autoallocate: self.boolean("PILOT_ENABLE_IP_AUTOALLOCATE", true)?,
+            enable_delta_vhds: self.boolean("PILOT_ENABLE_DELTA_VHDS", true)?,
+            http10: self.boolean("PILOT_HTTP10", false)?,
+            filter_gateway_cluster_config: self.boolean("PILOT_FILTER_GATEWAY_CLUSTER_CONFIG", false)?,
+            trace_sampling_millipercent: match self.get("PILOT_TRACE_SAMPLING") {
+                None => model::Features::ISTIO_DEFAULTS.trace_sampling_millipercent,
+                Some(v) => model::Features::parse_trace_sampling(&v).ok_or(SettingsError {
+                    name: "PILOT_TRACE_SAMPLING",
+                    value: v,
+                    reason: "not a percentage from 0.0 to 100.0",
+                })?,
+            },
+        })
+    }
+}
+
+impl Settings {
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Settings, SettingsError> {
+        let env = Env(get);
+        Ok(Settings {
+            debounce_after: env.duration("PILOT_DEBOUNCE_AFTER", Duration::from_millis(100))?,
+            enable_eds_debounce: env.boolean("PILOT_ENABLE_EDS_DEBOUNCE", true)?,
+            push_throttle: env.push_throttle()?,
+            max_recv_msg_size: env.positive("ISTIO_GPRC_MAXRECVMSGSIZE", DEFAULT_MAX_RECV_MSG_SIZE)?,
+            max_streams: u32::try_from(env.positive("ISTIO_GPRC_MAXSTREAMS", DEFAULT_MAX_STREAMS as usize)?)
                 .unwrap_or(u32::MAX),
-            max_resource_names: positive("PILOT_XDS_MAX_RESOURCE_NAMES", xds_server::DEFAULT_MAX_RESOURCE_NAMES)?,
-            enable_debug_endpoint_auth: boolean("ENABLE_DEBUG_ENDPOINT_AUTH", true)?,
-            pod_namespace: get("POD_NAMESPACE")
-                .filter(|v| !v.is_empty())
-                .unwrap_or_else(|| "istio-system".into()),
-            pod_name: get("POD_NAME").unwrap_or_default(),
-            revision: get("REVISION").unwrap_or_default(),
-            resolve_hostname_gateways: boolean("RESOLVE_HOSTNAME_GATEWAYS", true)?,
-            enable_leader_election: boolean("ENABLE_LEADER_ELECTION", true)?,
-            leader_lease: lease_timing(&get)?,
-            ingress_namespace: get("K8S_INGRESS_NS")
-                .filter(|v| !v.is_empty())
+            max_resource_names: env.positive("PILOT_XDS_MAX_RESOURCE_NAMES", xds_server::DEFAULT_MAX_RESOURCE_NAMES)?,
+            enable_debug_endpoint_auth: env.boolean("ENABLE_DEBUG_ENDPOINT_AUTH", true)?,
+            pod_namespace: env.get("POD_NAMESPACE").unwrap_or_else(|| "istio-system".into()),
+            pod_name: env.get("POD_NAME").unwrap_or_default(),
+            revision: env.get("REVISION").unwrap_or_default(),
+            resolve_hostname_gateways: env.boolean("RESOLVE_HOSTNAME_GATEWAYS", true)?,
+            enable_leader_election: env.boolean("ENABLE_LEADER_ELECTION", true)?,
+            leader_lease: lease_timing(&env.0)?,
+            ingress_namespace: env
+                .get("K8S_INGRESS_NS")
                 .unwrap_or_else(|| ingress::DEFAULT_INGRESS_NAMESPACE.into()),
-            jwks_refresh_interval: duration("PILOT_JWT_PUB_KEY_REFRESH_INTERVAL", Duration::from_secs(20 * 60))?,
-            features: model::Features {
-                enable_absolute_fqdn_vhost_domain: boolean("PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN", true)?,
-                jwks_fetch_mode: model::features::JwksFetchMode::parse(
-                    &get("PILOT_JWT_ENABLE_REMOTE_JWKS").unwrap_or_default(),
-                ),
-                enable_multiple_custom_authz_providers: boolean("PILOT_ENABLE_MULTIPLE_CUSTOM_AUTHZ_PROVIDERS", false)?,
-                enable_ip_autoallocate: boolean("PILOT_ENABLE_IP_AUTOALLOCATE", true)?,
-                enable_delta_vhds: boolean("PILOT_ENABLE_DELTA_VHDS", true)?,
-                http10: boolean("PILOT_HTTP10", false)?,
-                filter_gateway_cluster_config: boolean("PILOT_FILTER_GATEWAY_CLUSTER_CONFIG", false)?,
-                trace_sampling_millipercent: match get("PILOT_TRACE_SAMPLING").filter(|v| !v.is_empty()) {
-                    None => model::Features::ISTIO_DEFAULTS.trace_sampling_millipercent,
-                    Some(v) => model::Features::parse_trace_sampling(&v).ok_or(SettingsError {
-                        name: "PILOT_TRACE_SAMPLING",
-                        value: v,
-                        reason: "not a percentage from 0.0 to 100.0",
-                    })?,
-                },
-            },
-        };
-        Ok(s)
+            jwks_refresh_interval: env.duration("PILOT_JWT_PUB_KEY_REFRESH_INTERVAL", Duration::from_secs(20 * 60))?,
+            features: env.features()?,
+        })
     }
 }
 
