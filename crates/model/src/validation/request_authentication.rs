@@ -43,6 +43,28 @@ fn check_jwt_rule(errs: &mut Errors, path: &str, rule: &JwtRule) {
     {
         errs.add(&format!("{path}.jwks"), format!("jwks parse error: {e}"));
     }
+    check_token_locations(errs, path, rule);
+    check_claims_to_headers(errs, path, rule);
+    if let Some(t) = &rule.timeout
+        && let Err(e) = validate_duration(t)
+    {
+        errs.add(
+            &format!("{path}.timeout"),
+            format!("{e} (must be a valid duration greater than 1ms)"),
+        );
+    }
+    if let Some(p) = &rule.presence
+        && !matches!(p.as_str(), "OPTIONAL" | "REQUIRED")
+    {
+        errs.add(
+            &format!("{path}.presence"),
+            format!("Unsupported value: {p:?}: supported values: \"OPTIONAL\", \"REQUIRED\""),
+        );
+    }
+}
+
+/// Where the token may be: headers, query parameters, cookies (and the claims split on spaces).
+fn check_token_locations(errs: &mut Errors, path: &str, rule: &JwtRule) {
     for (i, h) in rule.from_headers.iter().enumerate() {
         if h.name.is_empty() {
             errs.add(
@@ -76,6 +98,10 @@ fn check_jwt_rule(errs: &mut Errors, path: &str, rule: &JwtRule) {
             );
         }
     }
+}
+
+/// `outputClaimToHeaders`: a claim and a valid header name each.
+fn check_claims_to_headers(errs: &mut Errors, path: &str, rule: &JwtRule) {
     for (i, c) in rule.output_claim_to_headers.iter().enumerate() {
         let here = format!("{path}.outputClaimToHeaders[{i}]");
         let Some(c) = c else {
@@ -106,22 +132,6 @@ fn check_jwt_rule(errs: &mut Errors, path: &str, rule: &JwtRule) {
                 ),
             );
         }
-    }
-    if let Some(t) = &rule.timeout
-        && let Err(e) = validate_duration(t)
-    {
-        errs.add(
-            &format!("{path}.timeout"),
-            format!("{e} (must be a valid duration greater than 1ms)"),
-        );
-    }
-    if let Some(p) = &rule.presence
-        && !matches!(p.as_str(), "OPTIONAL" | "REQUIRED")
-    {
-        errs.add(
-            &format!("{path}.presence"),
-            format!("Unsupported value: {p:?}: supported values: \"OPTIONAL\", \"REQUIRED\""),
-        );
     }
 }
 
