@@ -75,6 +75,101 @@ fn push<A>(list: &mut Conditions<A>, front: bool, attr: A, key: &str, values: &[
     }
 }
 
+/// The `when` conditions: those of the destination go to every permission, those of the source
+/// and the request to every principal.
+#[allow(clippy::type_complexity)]
+fn when_conditions(rule: &Rule) -> Result<(Conditions<PermissionAttr>, Conditions<PrincipalAttr>), String> {
+    let mut base_permission = Vec::new();
+    let mut base_principal = Vec::new();
+    for when in rule.when.iter().flatten() {
+        let (k, v, n) = (when.key.as_str(), &when.values, &when.not_values);
+        use PermissionAttr as P;
+        use PrincipalAttr as S;
+        match k {
+            "destination.ip" => push(&mut base_permission, false, P::DestIp, k, v, n),
+            "destination.port" => push(&mut base_permission, false, P::DestPort, k, v, n),
+            "connection.sni" => push(&mut base_permission, false, P::ConnSni, k, v, n),
+            _ if k.starts_with(ENVOY_FILTER) => push(&mut base_permission, false, P::EnvoyFilter, k, v, n),
+            "source.ip" => push(&mut base_principal, false, S::SrcIp, k, v, n),
+            "remote.ip" => push(&mut base_principal, false, S::RemoteIp, k, v, n),
+            "source.namespace" => push(&mut base_principal, false, S::SrcNamespace, k, v, n),
+            SRC_TRUST_DOMAIN => push(&mut base_principal, false, S::SrcTrustDomain, k, v, n),
+            "source.serviceAccount" => push(&mut base_principal, false, S::SrcServiceAccount, k, v, n),
+            SRC_PRINCIPAL => push(&mut base_principal, false, S::SrcPrincipal, k, v, n),
+            "request.auth.principal" => push(&mut base_principal, false, S::RequestPrincipal, k, v, n),
+            "request.auth.audiences" => push(&mut base_principal, false, S::RequestAudiences, k, v, n),
+            "request.auth.presenter" => push(&mut base_principal, false, S::RequestPresenter, k, v, n),
+            _ if k.starts_with(REQUEST_HEADER) => push(&mut base_principal, false, S::RequestHeader, k, v, n),
+            _ if k.starts_with(REQUEST_CLAIMS) => push(&mut base_principal, false, S::RequestClaims, k, v, n),
+            _ => return Err(format!("unknown attribute {k}")),
+        }
+    }
+    Ok((base_permission, base_principal))
+}
+
+/// A `from`'s source, in front of the `when` conditions (Istio's order).
+fn source_conditions(l: &mut Conditions<PrincipalAttr>, s: &model::security::Source) {
+    use PrincipalAttr as S;
+    push(l, true, S::SrcIp, "source.ip", &s.ip_blocks, &s.not_ip_blocks);
+    push(
+        l,
+        true,
+        S::RemoteIp,
+        "remote.ip",
+        &s.remote_ip_blocks,
+        &s.not_remote_ip_blocks,
+    );
+    push(
+        l,
+        true,
+        S::SrcNamespace,
+        "source.namespace",
+        &s.namespaces,
+        &s.not_namespaces,
+    );
+    push(
+        l,
+        true,
+        S::SrcTrustDomain,
+        SRC_TRUST_DOMAIN,
+        &s.trust_domains,
+        &s.not_trust_domains,
+    );
+    push(
+        l,
+        true,
+        S::SrcServiceAccount,
+        "source.serviceAccount",
+        &s.service_accounts,
+        &s.not_service_accounts,
+    );
+    push(
+        l,
+        true,
+        S::RequestPrincipal,
+        "request.auth.principal",
+        &s.request_principals,
+        &s.not_request_principals,
+    );
+    push(
+        l,
+        true,
+        S::SrcPrincipal,
+        SRC_PRINCIPAL,
+        &s.principals,
+        &s.not_principals,
+    );
+}
+
+/// A `to`'s operation, in front of the `when` conditions.
+fn operation_conditions(l: &mut Conditions<PermissionAttr>, o: &model::security::Operation) {
+    use PermissionAttr as P;
+    push(l, true, P::DestPort, "destination.port", &o.ports, &o.not_ports);
+    push(l, true, P::Path, "path-matcher", &o.paths, &o.not_paths);
+    push(l, true, P::Method, ":method", &o.methods, &o.not_methods);
+    push(l, true, P::Host, ":authority", &o.hosts, &o.not_hosts);
+}
+
 /// A rule, its conditions sorted into permissions (one list per `to`) and principals (one per
 /// `from`), in Istio's order.
 #[derive(Debug, Clone)]
@@ -88,105 +183,36 @@ pub(crate) struct RuleModel {
 impl RuleModel {
     /// Istio's `model.New`; an unknown `when` key is an error (validation refuses it first).
     pub(crate) fn new(namespace: &str, rule: &Rule) -> Result<RuleModel, String> {
-        let mut base_permission = Vec::new();
-        let mut base_principal = Vec::new();
-        for when in rule.when.iter().flatten() {
-            let (k, v, n) = (when.key.as_str(), &when.values, &when.not_values);
-            use PermissionAttr as P;
-            use PrincipalAttr as S;
-            match k {
-                "destination.ip" => push(&mut base_permission, false, P::DestIp, k, v, n),
-                "destination.port" => push(&mut base_permission, false, P::DestPort, k, v, n),
-                "connection.sni" => push(&mut base_permission, false, P::ConnSni, k, v, n),
-                _ if k.starts_with(ENVOY_FILTER) => push(&mut base_permission, false, P::EnvoyFilter, k, v, n),
-                "source.ip" => push(&mut base_principal, false, S::SrcIp, k, v, n),
-                "remote.ip" => push(&mut base_principal, false, S::RemoteIp, k, v, n),
-                "source.namespace" => push(&mut base_principal, false, S::SrcNamespace, k, v, n),
-                SRC_TRUST_DOMAIN => push(&mut base_principal, false, S::SrcTrustDomain, k, v, n),
-                "source.serviceAccount" => push(&mut base_principal, false, S::SrcServiceAccount, k, v, n),
-                SRC_PRINCIPAL => push(&mut base_principal, false, S::SrcPrincipal, k, v, n),
-                "request.auth.principal" => push(&mut base_principal, false, S::RequestPrincipal, k, v, n),
-                "request.auth.audiences" => push(&mut base_principal, false, S::RequestAudiences, k, v, n),
-                "request.auth.presenter" => push(&mut base_principal, false, S::RequestPresenter, k, v, n),
-                _ if k.starts_with(REQUEST_HEADER) => push(&mut base_principal, false, S::RequestHeader, k, v, n),
-                _ if k.starts_with(REQUEST_CLAIMS) => push(&mut base_principal, false, S::RequestClaims, k, v, n),
-                _ => return Err(format!("unknown attribute {k}")),
-            }
-        }
-        let mut principals = Vec::new();
-        for from in rule.from.iter().flatten().flatten() {
-            let mut merged = base_principal.clone();
-            if let Some(s) = &from.source {
-                use PrincipalAttr as S;
-                let l = &mut merged;
-                push(l, true, S::SrcIp, "source.ip", &s.ip_blocks, &s.not_ip_blocks);
-                push(
-                    l,
-                    true,
-                    S::RemoteIp,
-                    "remote.ip",
-                    &s.remote_ip_blocks,
-                    &s.not_remote_ip_blocks,
-                );
-                push(
-                    l,
-                    true,
-                    S::SrcNamespace,
-                    "source.namespace",
-                    &s.namespaces,
-                    &s.not_namespaces,
-                );
-                push(
-                    l,
-                    true,
-                    S::SrcTrustDomain,
-                    SRC_TRUST_DOMAIN,
-                    &s.trust_domains,
-                    &s.not_trust_domains,
-                );
-                push(
-                    l,
-                    true,
-                    S::SrcServiceAccount,
-                    "source.serviceAccount",
-                    &s.service_accounts,
-                    &s.not_service_accounts,
-                );
-                push(
-                    l,
-                    true,
-                    S::RequestPrincipal,
-                    "request.auth.principal",
-                    &s.request_principals,
-                    &s.not_request_principals,
-                );
-                push(
-                    l,
-                    true,
-                    S::SrcPrincipal,
-                    SRC_PRINCIPAL,
-                    &s.principals,
-                    &s.not_principals,
-                );
-            }
-            principals.push(merged);
-        }
+        let (base_permission, base_principal) = when_conditions(rule)?;
+        let mut principals: Vec<_> = rule
+            .from
+            .iter()
+            .flatten()
+            .flatten()
+            .map(|from| {
+                let mut merged = base_principal.clone();
+                if let Some(s) = &from.source {
+                    source_conditions(&mut merged, s);
+                }
+                merged
+            })
+            .collect();
         if rule.from.as_ref().is_none_or(Vec::is_empty) {
             principals.push(base_principal);
         }
-        let mut permissions = Vec::new();
-        for to in rule.to.iter().flatten().flatten() {
-            let mut merged = base_permission.clone();
-            if let Some(o) = &to.operation {
-                use PermissionAttr as P;
-                let l = &mut merged;
-                push(l, true, P::DestPort, "destination.port", &o.ports, &o.not_ports);
-                push(l, true, P::Path, "path-matcher", &o.paths, &o.not_paths);
-                push(l, true, P::Method, ":method", &o.methods, &o.not_methods);
-                push(l, true, P::Host, ":authority", &o.hosts, &o.not_hosts);
-            }
-            permissions.push(merged);
-        }
+        let mut permissions: Vec<_> = rule
+            .to
+            .iter()
+            .flatten()
+            .flatten()
+            .map(|to| {
+                let mut merged = base_permission.clone();
+                if let Some(o) = &to.operation {
+                    operation_conditions(&mut merged, o);
+                }
+                merged
+            })
+            .collect();
         if rule.to.as_ref().is_none_or(Vec::is_empty) {
             permissions.push(base_permission);
         }
