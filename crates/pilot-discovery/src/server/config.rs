@@ -48,21 +48,7 @@ pub(super) async fn start_config_sources(
         )
     };
     if !args.config_dir.is_empty() {
-        if !Path::new(&args.config_dir).is_dir() {
-            bail!("--configDir {}: not a readable directory", args.config_dir);
-        }
-        let mut store = config_sources::FileConfigStore::new(&args.config_dir);
-        store.set_invalid_observer(pipeline_metrics.invalid_observer());
-        let mut initial = store.rescan();
-        for e in store.errors() {
-            tracing::warn!(error = ?e, "config problem");
-        }
-        tracing::info!(configs = initial.events.len(), dir = %args.config_dir, "loaded config directory");
-        let dir_watch = config_sources::watch_store(store).context("watching --configDir")?;
-        forward(
-            tokio_stream::wrappers::ReceiverStream::new(dir_watch.changes),
-            changes_tx.clone(),
-        );
+        let (mut initial, state) = config_dir(&args.config_dir, pipeline_metrics, changes_tx.clone())?;
         if let (Some(c), true) = (client, ingresses) {
             let source = kube_source(CONFIG_KINDS.iter().filter(is_ingress).copied().collect(), c.clone()).await;
             tracing::info!(
@@ -77,7 +63,7 @@ pub(super) async fn start_config_sources(
         }
         return Ok(ConfigSources {
             initial,
-            state: dir_watch.state,
+            state,
             changes,
         });
     }
@@ -106,6 +92,30 @@ pub(super) async fn start_config_sources(
         state: source.state,
         changes,
     })
+}
+
+/// `--configDir`: loaded now, then watched; its changes go to `to`.
+fn config_dir(
+    dir: &str,
+    pipeline_metrics: &PipelineMetrics,
+    to: tokio::sync::mpsc::UnboundedSender<config_sources::ConfigChange>,
+) -> anyhow::Result<(
+    config_sources::ConfigChange,
+    tokio::sync::watch::Receiver<config_sources::StoreSnapshot>,
+)> {
+    if !Path::new(dir).is_dir() {
+        bail!("--configDir {dir}: not a readable directory");
+    }
+    let mut store = config_sources::FileConfigStore::new(dir);
+    store.set_invalid_observer(pipeline_metrics.invalid_observer());
+    let initial = store.rescan();
+    for e in store.errors() {
+        tracing::warn!(error = ?e, "config problem");
+    }
+    tracing::info!(configs = initial.events.len(), dir, "loaded config directory");
+    let dir_watch = config_sources::watch_store(store).context("watching --configDir")?;
+    forward(tokio_stream::wrappers::ReceiverStream::new(dir_watch.changes), to);
+    Ok((initial, dir_watch.state))
 }
 
 /// Hands every change of one source on to the config task.
