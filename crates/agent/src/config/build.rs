@@ -39,62 +39,34 @@ pub(super) fn build(args: &ProxyArgs, env: &dyn Env, files: &dyn Files) -> Resul
     let (drain, dns) = drain_and_dns(&vars, &proxy)?;
     let paths = agent_paths(args, &vars, &proxy, pod_labels_path, pod_annotations_path)?;
 
-    let static_labels = metadata::labels_from_env(&vars)?;
-    let mut labels = metadata::merge_labels(&static_labels, pod_labels);
-    let locality = metadata::locality(&mut labels);
-    let raw = metadata::raw_metadata(&vars, &proxy)?;
-    let workload_name = raw.get("WORKLOAD_NAME").and_then(|v| v.as_str()).unwrap_or_default();
-    let service_cluster = metadata::service_cluster(&proxy, &labels, workload_name, &pod_namespace);
-    let pilot_san = if proxy.control_plane_auth_policy == "MUTUAL_TLS" {
-        vec![metadata::pilot_san(&proxy.discovery_address)]
-    } else {
-        Vec::new()
-    };
-    let outlier_log_path = Some(args.outlier_log_path.clone()).filter(|p| !p.is_empty());
-    let envoy_status_port = vars.port("ENVOY_STATUS_PORT", 15021)?;
-    let envoy_prometheus_port = vars.port("ENVOY_PROMETHEUS_PORT", 15090)?;
-    let service_account = vars.get("SERVICE_ACCOUNT").unwrap_or_default();
-    let global_downstream_max_connections = global_downstream_max_connections(&proxy)?;
-
-    let metadata = TypedMetadata {
-        namespace: &pod_namespace,
+    let pod = PodInfo {
         pod_name: &pod_name,
-        service_account: &service_account,
-        labels: &labels,
-        static_labels: &static_labels,
-        annotations: &annotations,
+        pod_namespace: &pod_namespace,
         instance_ips: &instance_ips,
-        proxy_config: &proxy,
-        pilot_san: &pilot_san,
-        outlier_log_path: outlier_log_path.as_deref(),
-        envoy_status_port,
-        envoy_prometheus_port,
-        sts_port: args.sts_port,
-        exit_on_zero_active_connections: drain.exit_on_zero_active_connections,
-        workload_identity_socket_file: &paths.workload_identity_socket_file,
-    }
-    .into_json(raw);
-
+        annotations: &annotations,
+        labels: pod_labels,
+    };
+    let node = node(args, &vars, &proxy, pod, &drain, &paths)?;
     let discovery_address = proxy.discovery_address.clone();
     Ok(AgentConfig {
         node_type: args.proxy_type,
         node_id,
-        service_cluster,
-        locality,
-        metadata,
-        service_account,
+        service_cluster: node.service_cluster,
+        locality: node.locality,
+        metadata: node.metadata,
+        service_account: node.service_account,
         instance_ips,
         domain,
         cluster_id: vars.get("ISTIO_META_CLUSTER_ID").unwrap_or_default(),
         trust_domain: vars
             .get("TRUST_DOMAIN")
             .unwrap_or_else(|| mesh_config.trust_domain.clone()),
-        labels,
+        labels: node.labels,
         annotations,
         ca_address: vars.get("CA_ADDR").unwrap_or_else(|| discovery_address.clone()),
         secrets: secret_config(&vars)?,
         discovery_address,
-        pilot_san,
+        pilot_san: node.pilot_san,
         istiod_san: vars.get("ISTIOD_SAN"),
         xds_root_ca: vars.get("XDS_ROOT_CA"),
         xds_headers: xds_headers(&vars)?,
@@ -111,17 +83,100 @@ pub(super) fn build(args: &ProxyArgs, env: &dyn Env, files: &dyn Files) -> Resul
         concurrency: proxy.concurrency,
         proxy_admin_port: proxy.proxy_admin_port,
         status_port: proxy.status_port,
-        envoy_status_port,
-        envoy_prometheus_port,
+        envoy_status_port: node.envoy_status_port,
+        envoy_prometheus_port: node.envoy_prometheus_port,
         sts_port: args.sts_port,
         drain,
         dns,
-        outlier_log_path,
-        global_downstream_max_connections,
+        outlier_log_path: node.outlier_log_path,
+        global_downstream_max_connections: node.global_downstream_max_connections,
         pod_name,
         pod_namespace,
         mesh_config,
         proxy_config: proxy,
+    })
+}
+
+/// What the pod files and the identity say of this pod.
+struct PodInfo<'a> {
+    pod_name: &'a str,
+    pod_namespace: &'a str,
+    instance_ips: &'a [IpAddr],
+    annotations: &'a BTreeMap<String, String>,
+    /// From the downward API file, when mounted.
+    labels: Option<BTreeMap<String, String>>,
+}
+
+/// The node as Envoy's bootstrap and pilot-discovery see it: labels, locality, service cluster,
+/// the agent's ports and limits, and the node metadata that carries them.
+struct Node {
+    labels: BTreeMap<String, String>,
+    locality: model::Locality,
+    service_cluster: String,
+    pilot_san: Vec<String>,
+    outlier_log_path: Option<String>,
+    envoy_status_port: u16,
+    envoy_prometheus_port: u16,
+    service_account: String,
+    global_downstream_max_connections: u32,
+    metadata: serde_json::Value,
+}
+
+fn node(
+    args: &ProxyArgs,
+    vars: &Vars<'_>,
+    proxy: &ProxyConfig,
+    pod: PodInfo<'_>,
+    drain: &DrainConfig,
+    paths: &AgentPaths,
+) -> Result<Node, ConfigError> {
+    let static_labels = metadata::labels_from_env(vars)?;
+    let mut labels = metadata::merge_labels(&static_labels, pod.labels);
+    let locality = metadata::locality(&mut labels);
+    let raw = metadata::raw_metadata(vars, proxy)?;
+    let workload_name = raw.get("WORKLOAD_NAME").and_then(|v| v.as_str()).unwrap_or_default();
+    let service_cluster = metadata::service_cluster(proxy, &labels, workload_name, pod.pod_namespace);
+    let pilot_san = if proxy.control_plane_auth_policy == "MUTUAL_TLS" {
+        vec![metadata::pilot_san(&proxy.discovery_address)]
+    } else {
+        Vec::new()
+    };
+    let outlier_log_path = Some(args.outlier_log_path.clone()).filter(|p| !p.is_empty());
+    let envoy_status_port = vars.port("ENVOY_STATUS_PORT", 15021)?;
+    let envoy_prometheus_port = vars.port("ENVOY_PROMETHEUS_PORT", 15090)?;
+    let service_account = vars.get("SERVICE_ACCOUNT").unwrap_or_default();
+    let global_downstream_max_connections = global_downstream_max_connections(proxy)?;
+
+    let metadata = TypedMetadata {
+        namespace: pod.pod_namespace,
+        pod_name: pod.pod_name,
+        service_account: &service_account,
+        labels: &labels,
+        static_labels: &static_labels,
+        annotations: pod.annotations,
+        instance_ips: pod.instance_ips,
+        proxy_config: proxy,
+        pilot_san: &pilot_san,
+        outlier_log_path: outlier_log_path.as_deref(),
+        envoy_status_port,
+        envoy_prometheus_port,
+        sts_port: args.sts_port,
+        exit_on_zero_active_connections: drain.exit_on_zero_active_connections,
+        workload_identity_socket_file: &paths.workload_identity_socket_file,
+    }
+    .into_json(raw);
+
+    Ok(Node {
+        labels,
+        locality,
+        service_cluster,
+        pilot_san,
+        outlier_log_path,
+        envoy_status_port,
+        envoy_prometheus_port,
+        service_account,
+        global_downstream_max_connections,
+        metadata,
     })
 }
 
