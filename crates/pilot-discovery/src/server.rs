@@ -110,8 +110,9 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     until_signal_or_end(tasks, leaderships).await
 }
 
-/// Runs until a task ends (an error ends the process with it) or SIGTERM/Ctrl-C (the Leases are
-/// released first, as istiod's ReleaseOnCancel: another replica need not wait for them to expire).
+/// Runs until a task ends (an error ends the process with it) or SIGTERM/Ctrl-C (the leader
+/// election locks are released first, as istiod's ReleaseOnCancel: another replica need not wait
+/// for them to expire).
 async fn until_signal_or_end(
     mut tasks: tokio::task::JoinSet<anyhow::Result<()>>,
     leaderships: Vec<crate::leader::Leadership>,
