@@ -100,128 +100,144 @@ impl Objects {
 
     pub(crate) fn apply(&mut self, e: KubeEvent, affected: &mut Affected) {
         match e {
-            // The proxies of the Pods a Service selects, before or after, have other service
-            // targets (Istio recomputes them at the full push a Service change makes).
-            KubeEvent::Service(c) => match c {
-                Change::Apply(s) => {
-                    let k = key(&s);
-                    affected.services.insert(k.clone());
-                    if let Some(old) = self.services.get(&k) {
-                        affected.proxies.extend(self.selected_pod_ips(old));
+            KubeEvent::Service(c) => self.apply_service(c, affected),
+            KubeEvent::EndpointSlice(c) => self.apply_slice(c, affected),
+            KubeEvent::Pod(c) => self.apply_pod(c, affected),
+            KubeEvent::Node(c) => self.apply_node(c, affected),
+            KubeEvent::Namespace(c) => self.apply_namespace(c, affected),
+        }
+    }
+
+    /// The proxies of the Pods a Service selects, before or after, have other service targets
+    /// (Istio recomputes them at the full push a Service change makes).
+    fn apply_service(&mut self, c: Change<KubeService>, affected: &mut Affected) {
+        match c {
+            Change::Apply(s) => {
+                let k = key(&s);
+                affected.services.insert(k.clone());
+                if let Some(old) = self.services.get(&k) {
+                    affected.proxies.extend(self.selected_pod_ips(old));
+                }
+                affected.proxies.extend(self.selected_pod_ips(&s));
+                self.services.insert(k, s);
+            }
+            Change::Delete(s) => {
+                let k = key(&s);
+                affected.services.insert(k.clone());
+                if let Some(old) = self.services.remove(&k) {
+                    affected.proxies.extend(self.selected_pod_ips(&old));
+                }
+            }
+            Change::Replace(all) => {
+                affected.all = true;
+                affected.proxies.extend(self.pods.values().flat_map(pod_ips));
+                replace_all(&mut self.services, all, key);
+            }
+        }
+    }
+
+    fn apply_slice(&mut self, c: Change<EndpointSlice>, affected: &mut Affected) {
+        match c {
+            Change::Apply(s) => {
+                let k = key(&s);
+                self.remove_slice(&k, affected);
+                self.insert_slice(k, s, affected);
+            }
+            Change::Delete(s) => self.remove_slice(&key(&s), affected),
+            Change::Replace(all) => {
+                affected.all = true;
+                self.slices.clear();
+                self.slices_by_service.clear();
+                self.slices_by_pod.clear();
+                for s in all {
+                    self.insert_slice(key(&s), s, affected);
+                }
+            }
+        }
+    }
+
+    fn apply_pod(&mut self, c: Change<Pod>, affected: &mut Affected) {
+        match c {
+            Change::Apply(mut p) => {
+                strip_pod(&mut p);
+                let k = key(&p);
+                self.pod_affects(&k, affected);
+                let old = self.pods.get(&k);
+                if old.is_none_or(|old| old.metadata.labels != p.metadata.labels) {
+                    affected.proxies.extend(pod_ips(&p));
+                }
+                if let Some(old) = old {
+                    for ip in pod_ips(old) {
+                        remove_from(&mut self.pods_by_ip, &ip, &k);
                     }
-                    affected.proxies.extend(self.selected_pod_ips(&s));
-                    self.services.insert(k, s);
                 }
-                Change::Delete(s) => {
-                    let k = key(&s);
-                    affected.services.insert(k.clone());
-                    if let Some(old) = self.services.remove(&k) {
-                        affected.proxies.extend(self.selected_pod_ips(&old));
+                for ip in pod_ips(&p) {
+                    add_to(&mut self.pods_by_ip, ip, &k);
+                }
+                self.pods.insert(k, p);
+            }
+            Change::Delete(p) => {
+                let k = key(&p);
+                self.pod_affects(&k, affected);
+                if let Some(old) = self.pods.remove(&k) {
+                    for ip in pod_ips(&old) {
+                        remove_from(&mut self.pods_by_ip, &ip, &k);
                     }
                 }
-                Change::Replace(all) => {
-                    affected.all = true;
-                    affected.proxies.extend(self.pods.values().flat_map(pod_ips));
-                    replace_all(&mut self.services, all, key);
-                }
-            },
-            KubeEvent::EndpointSlice(c) => match c {
-                Change::Apply(s) => {
-                    let k = key(&s);
-                    self.remove_slice(&k, affected);
-                    self.insert_slice(k, s, affected);
-                }
-                Change::Delete(s) => self.remove_slice(&key(&s), affected),
-                Change::Replace(all) => {
-                    affected.all = true;
-                    self.slices.clear();
-                    self.slices_by_service.clear();
-                    self.slices_by_pod.clear();
-                    for s in all {
-                        self.insert_slice(key(&s), s, affected);
-                    }
-                }
-            },
-            KubeEvent::Pod(c) => match c {
-                Change::Apply(mut p) => {
+            }
+            Change::Replace(all) => {
+                affected.all = true;
+                affected.pod_namespaces.extend(self.pod_namespaces());
+                let mut old = std::mem::take(&mut self.pods);
+                for mut p in all {
                     strip_pod(&mut p);
                     let k = key(&p);
-                    self.pod_affects(&k, affected);
-                    let old = self.pods.get(&k);
-                    if old.is_none_or(|old| old.metadata.labels != p.metadata.labels) {
+                    if old.remove(&k).is_none_or(|o| o.metadata.labels != p.metadata.labels) {
                         affected.proxies.extend(pod_ips(&p));
-                    }
-                    if let Some(old) = old {
-                        for ip in pod_ips(old) {
-                            remove_from(&mut self.pods_by_ip, &ip, &k);
-                        }
-                    }
-                    for ip in pod_ips(&p) {
-                        add_to(&mut self.pods_by_ip, ip, &k);
                     }
                     self.pods.insert(k, p);
                 }
-                Change::Delete(p) => {
-                    let k = key(&p);
-                    self.pod_affects(&k, affected);
-                    if let Some(old) = self.pods.remove(&k) {
-                        for ip in pod_ips(&old) {
-                            remove_from(&mut self.pods_by_ip, &ip, &k);
-                        }
-                    }
-                }
-                Change::Replace(all) => {
-                    affected.all = true;
-                    affected.pod_namespaces.extend(self.pod_namespaces());
-                    let mut old = std::mem::take(&mut self.pods);
-                    for mut p in all {
-                        strip_pod(&mut p);
-                        let k = key(&p);
-                        if old.remove(&k).is_none_or(|o| o.metadata.labels != p.metadata.labels) {
-                            affected.proxies.extend(pod_ips(&p));
-                        }
-                        self.pods.insert(k, p);
-                    }
-                    affected.pod_namespaces.extend(self.pod_namespaces());
-                    self.pods_by_ip.clear();
-                    for (k, p) in &self.pods {
-                        for ip in pod_ips(p) {
-                            add_to(&mut self.pods_by_ip, ip, k);
-                        }
-                    }
-                }
-            },
-            // Nodes change rarely; their labels give the locality of every endpoint on them.
-            KubeEvent::Node(c) => {
-                affected.all = true;
                 affected.pod_namespaces.extend(self.pod_namespaces());
-                match c {
-                    Change::Apply(n) => {
-                        self.nodes.insert(n.name_any(), n);
+                self.pods_by_ip.clear();
+                for (k, p) in &self.pods {
+                    for ip in pod_ips(p) {
+                        add_to(&mut self.pods_by_ip, ip, k);
                     }
-                    Change::Delete(n) => {
-                        self.nodes.remove(&n.name_any());
-                    }
-                    Change::Replace(all) => replace_all(&mut self.nodes, all, |n| n.name_any()),
                 }
             }
-            // A namespace's labels decide whether discoverySelectors select it.
-            KubeEvent::Namespace(c) => {
-                affected.all = true;
-                match c {
-                    Change::Apply(n) => {
-                        affected.pod_namespaces.insert(n.name_any());
-                        self.namespaces.insert(n.name_any(), n);
-                    }
-                    Change::Delete(n) => {
-                        affected.pod_namespaces.insert(n.name_any());
-                        self.namespaces.remove(&n.name_any());
-                    }
-                    Change::Replace(all) => {
-                        affected.pod_namespaces.extend(self.pod_namespaces());
-                        replace_all(&mut self.namespaces, all, |n| n.name_any());
-                    }
-                }
+        }
+    }
+
+    /// Nodes change rarely; their labels give the locality of every endpoint on them.
+    fn apply_node(&mut self, c: Change<Node>, affected: &mut Affected) {
+        affected.all = true;
+        affected.pod_namespaces.extend(self.pod_namespaces());
+        match c {
+            Change::Apply(n) => {
+                self.nodes.insert(n.name_any(), n);
+            }
+            Change::Delete(n) => {
+                self.nodes.remove(&n.name_any());
+            }
+            Change::Replace(all) => replace_all(&mut self.nodes, all, |n| n.name_any()),
+        }
+    }
+
+    /// A namespace's labels decide whether discoverySelectors select it.
+    fn apply_namespace(&mut self, c: Change<Namespace>, affected: &mut Affected) {
+        affected.all = true;
+        match c {
+            Change::Apply(n) => {
+                affected.pod_namespaces.insert(n.name_any());
+                self.namespaces.insert(n.name_any(), n);
+            }
+            Change::Delete(n) => {
+                affected.pod_namespaces.insert(n.name_any());
+                self.namespaces.remove(&n.name_any());
+            }
+            Change::Replace(all) => {
+                affected.pod_namespaces.extend(self.pod_namespaces());
+                replace_all(&mut self.namespaces, all, |n| n.name_any());
             }
         }
     }
