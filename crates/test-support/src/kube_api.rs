@@ -401,11 +401,7 @@ impl FakeApiServer {
     /// The requests so far that bore the bearer token `token` (a client's kubeconfig of
     /// [`write_kubeconfig_with_token`](Self::write_kubeconfig_with_token)), as `METHOD path?query`.
     pub fn requests_by(&self, token: &str) -> Vec<String> {
-        lock(&self.shared.requests)
-            .iter()
-            .filter(|(t, _)| t == token)
-            .map(|(_, r)| r.clone())
-            .collect()
+        by_token(&self.shared.requests, token)
     }
 
     /// The writes (create, update, patch, delete; not dry runs) so far that bore the bearer
@@ -413,12 +409,17 @@ impl FakeApiServer {
     /// create (`POST /api/v1/namespaces/default/configmaps/istio-ca-root-cert`), whose name is
     /// in the body.
     pub fn writes_by(&self, token: &str) -> Vec<String> {
-        lock(&self.shared.writes)
-            .iter()
-            .filter(|(t, _)| t == token)
-            .map(|(_, r)| r.clone())
-            .collect()
+        by_token(&self.shared.writes, token)
     }
+}
+
+/// The entries of a `(bearer token, line)` log that bore `token`.
+fn by_token(log: &Mutex<Vec<(String, String)>>, token: &str) -> Vec<String> {
+    lock(log)
+        .iter()
+        .filter(|(t, _)| t == token)
+        .map(|(_, r)| r.clone())
+        .collect()
 }
 
 impl Drop for FakeApiServer {
