@@ -5,7 +5,6 @@
 #![warn(unreachable_pub)]
 
 mod error;
-mod events;
 mod parse;
 mod scan;
 mod store;
@@ -14,7 +13,7 @@ mod testutil;
 mod watch;
 
 pub use error::{DocRef, Level, SourceError, SourceErrorEntry};
-pub use events::{ConfigChange, ConfigEvent, ConfigSnapshot, diff};
+pub use model::event::{ConfigChange, ConfigEvent, ConfigSnapshot, diff};
 pub use parse::{DEFAULT_NAMESPACE, is_config_file, parse_documents};
 pub use store::{FileConfigStore, InvalidObserver, StoreSnapshot};
 pub use watch::{ConfigDirWatch, watch, watch_store};

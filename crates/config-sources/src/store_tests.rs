@@ -6,8 +6,8 @@ use model::ConfigKind;
 
 use super::*;
 use crate::error::Level;
-use crate::events::ConfigEvent;
 use crate::testutil::{service_entry, service_entry_with_host, write};
+use model::event::ConfigEvent;
 
 fn se_key(name: &str) -> ConfigKey {
     ConfigKey {

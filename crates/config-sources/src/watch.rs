@@ -30,8 +30,8 @@ use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::{mpsc, watch};
 
 use crate::error::SourceError;
-use crate::events::ConfigChange;
 use crate::store::{FileConfigStore, StoreSnapshot};
+use model::event::ConfigChange;
 
 /// Events this close to each other are one batch.
 const SETTLE: Duration = Duration::from_millis(10);

@@ -9,8 +9,8 @@ use tokio::sync::mpsc::error::TryRecvError;
 use tokio::time::timeout;
 
 use super::*;
-use crate::events::ConfigEvent;
 use crate::testutil::{service_entry, service_entry_with_host, write};
+use model::event::ConfigEvent;
 
 const WAIT: Duration = Duration::from_secs(20);
 

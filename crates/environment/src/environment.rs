@@ -24,7 +24,8 @@ use model::{Changed, Config, ConfigKey, ConfigKind, ConfigsUpdated, MeshConfig, 
 use push_index::PushContext;
 use registry::{RegistryDiff, RegistrySnapshot};
 
-use crate::registries::{ServiceRegistry, aggregate, aggregate_changed};
+use registry::ServiceRegistry;
+use registry::aggregate::{aggregate, aggregate_changed};
 
 /// The control plane's view of the mesh.
 pub struct Environment {

@@ -15,7 +15,8 @@ use serde_json::{Value, json};
 use xds_api::envoy::config::route::v3::RouteConfiguration;
 use xds_server::{PushSnapshot, SnapshotBuilder, TriggerReason};
 
-use crate::{Environment, PushRequest, ServiceRegistry};
+use crate::{Environment, PushRequest};
+use registry::ServiceRegistry;
 
 /// A Kubernetes registry whose services the test sets.
 #[derive(Default)]

@@ -11,14 +11,13 @@
 //! ```
 //!
 //! A second config source only has to produce `ConfigChange`s; a second registry implements
-//! [`ServiceRegistry`] and reports its own changes with [`Environment::services_changed`]. The
+//! `registry::ServiceRegistry` and reports its own changes with [`Environment::services_changed`]. The
 //! xDS server sees neither: it asks for a snapshot per push and generates from it.
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
 mod environment;
 mod push;
-mod registries;
 
 #[cfg(test)]
 mod ingress_tests;
@@ -28,4 +27,3 @@ mod tests;
 pub use environment::{Environment, EnvironmentStats, Update};
 pub use model::{Changed, ConfigsUpdated, PushRequest, TriggerReason};
 pub use push::Push;
-pub use registries::{ServiceEntries, ServiceRegistry, Workload};

@@ -14,7 +14,8 @@ use xds_api::type_url;
 use xds_server::{PushSnapshot, SnapshotBuilder, TriggerReason, type_needs_push};
 
 use crate::push::change_scope;
-use crate::{Environment, PushRequest, ServiceEntries, ServiceRegistry, Update};
+use crate::{Environment, PushRequest, Update};
+use registry::{ServiceEntries, ServiceRegistry};
 
 fn env() -> Environment {
     let mesh = Arc::new(MeshConfig::default());

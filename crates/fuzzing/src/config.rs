@@ -7,8 +7,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use config_sources::{ConfigChange, ConfigEvent, parse_documents};
-use environment::{Environment, PushRequest, ServiceEntries, TriggerReason};
+use environment::{Environment, PushRequest, TriggerReason};
 use model::{Config, MeshConfig};
+use registry::ServiceEntries;
 use serde_json::json;
 use xds_api::type_url;
 use xds_server::{Names, PushSnapshot, SnapshotBuilder, WatchedResource};

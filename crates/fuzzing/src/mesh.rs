@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use config_sources::{ConfigChange, ConfigEvent, parse_documents};
-use environment::{Environment, ServiceEntries};
+use environment::Environment;
 use model::MeshConfig;
 use prometheus_client::registry::Registry;
+use registry::ServiceEntries;
 use xds_server::{DiscoveryServer, ServerOptions};
 
 pub(crate) const BOOKINFO: &[&str] = &[

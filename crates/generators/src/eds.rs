@@ -123,7 +123,7 @@ impl Target {
         // Istio's `mtlsChecker`: an endpoint whose own PeerAuthentication disables mTLS on its
         // port is reached in plaintext even if it has a sidecar.
         let mtls = |e: &Endpoint| {
-            registry::tls_mode(e) == "istio"
+            e.tls_mode() == "istio"
                 && push
                     .peer_authentication(&e.namespace, &e.labels)
                     .for_port(u32::from(e.endpoint_port))
@@ -176,7 +176,7 @@ pub(crate) fn group_by_locality<'a>(endpoints: &[&'a Endpoint]) -> Vec<(&'a mode
 /// Locality groups for a cluster's `load_assignment` (DNS clusters: addresses may be hostnames).
 pub(crate) fn locality_lb_endpoints(endpoints: &[Endpoint]) -> Vec<LocalityLbEndpoints> {
     let refs: Vec<&Endpoint> = endpoints.iter().collect();
-    let mtls = |e: &Endpoint| registry::tls_mode(e) == "istio";
+    let mtls = |e: &Endpoint| e.tls_mode() == "istio";
     group_by_locality(&refs)
         .iter()
         .map(|(l, eps)| locality_group(l, eps, &mtls))

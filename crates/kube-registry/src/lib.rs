@@ -27,13 +27,13 @@ mod workload_tests;
 pub use controller::{Change, KubeEvent, KubeRegistry};
 pub use conversion::{Context, SERVICE_REGISTRY_KUBERNETES};
 
-impl environment::ServiceRegistry for KubeRegistry {
+impl registry::ServiceRegistry for KubeRegistry {
     fn provider(&self) -> &str {
         SERVICE_REGISTRY_KUBERNETES
     }
 
     /// Core Kubernetes objects from manifests in --configDir feed this registry; Istio kinds do not.
-    fn config_changed(&self, events: &[config_sources::ConfigEvent]) -> registry::RegistryDiff {
+    fn config_changed(&self, events: &[model::ConfigEvent]) -> registry::RegistryDiff {
         let (kube_events, errors) = manifests::events(events);
         for e in errors {
             tracing::warn!(object = e.object, "Kubernetes manifest does not decode: {}", e.reason);
@@ -55,7 +55,7 @@ impl environment::ServiceRegistry for KubeRegistry {
     /// The Pod's labels with its cluster and locality labels (Istio's `GetProxyWorkloadLabels`:
     /// `AugmentLabels`), its locality (`istio-locality` label, else its Node's topology), and the
     /// ports of the Services selecting it (Istio's `GetProxyServiceTargets`).
-    fn workload(&self, ip: &str, id: &str, namespace: &str) -> Option<environment::Workload> {
+    fn workload(&self, ip: &str, id: &str, namespace: &str) -> Option<registry::Workload> {
         let pod = self.find_pod(ip, id, namespace)?;
         let node = pod
             .spec
@@ -65,7 +65,7 @@ impl environment::ServiceRegistry for KubeRegistry {
         let locality = conversion::locality(Some(&pod), node.as_ref());
         let mut labels = registry::augment_labels(&pod.metadata.labels.clone().unwrap_or_default(), &locality, "");
         labels.insert(conversion::CLUSTER_LABEL.to_owned(), self.context().cluster_id.clone());
-        Some(environment::Workload {
+        Some(registry::Workload {
             labels,
             locality,
             service_targets: self.service_targets(&pod),

@@ -5,10 +5,10 @@
 
 use std::collections::BTreeMap;
 
-use config_sources::ConfigEvent;
 use k8s_openapi::api::core::v1::Endpoints;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use model::ConfigEvent;
 use model::{ConfigKind, ConfigSpec};
 use serde::de::DeserializeOwned;
 

@@ -202,7 +202,7 @@ fn not_ready_endpoints_are_kept_when_the_service_publishes_them() {
 
 #[test]
 fn a_proxy_without_labels_gets_its_pods_labels_and_its_nodes_locality() {
-    use environment::ServiceRegistry;
+    use registry::ServiceRegistry;
     let r = KubeRegistry::new(ctx());
     r.apply(vec![
         KubeEvent::Node(Change::Apply(node("n1", "us-east1-b"))),

@@ -6,9 +6,10 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use config_sources::{ConfigChange, ConfigEvent};
-use environment::{Environment, ServiceEntries};
+use environment::Environment;
 use k8s_openapi::api::core::v1::Pod;
 use model::{MeshConfig, ServiceKey};
+use registry::ServiceEntries;
 use serde_json::{Value, json};
 
 use crate::tests::{ctx, endpoint, key, reviews, service, slice};
@@ -43,7 +44,7 @@ fn selecting_service_entry() -> Arc<model::Config> {
 fn kube_and_service_entries() -> (Arc<KubeRegistry>, Environment) {
     let kube = Arc::new(KubeRegistry::new(ctx()));
     let mesh = Arc::new(MeshConfig::default());
-    let source: Arc<dyn environment::ServiceRegistry> = kube.clone();
+    let source: Arc<dyn registry::ServiceRegistry> = kube.clone();
     let env = Environment::new(
         mesh.clone(),
         "cluster.local".into(),

@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod duration;
+pub mod event;
 pub mod features;
 pub mod host;
 pub mod mesh;
@@ -21,6 +22,7 @@ pub mod testing;
 pub mod validation;
 
 pub use config::{Config, ConfigKey, ConfigKind, ConfigMeta, ConfigSpec};
+pub use event::{ConfigChange, ConfigEvent};
 pub use features::Features;
 pub use mesh::MeshConfig;
 pub use proxy::{NodeType, Proxy, ProxyError, VerifiedIdentity, WorkloadTarget};

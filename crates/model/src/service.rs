@@ -312,6 +312,24 @@ pub struct Endpoint {
     pub origin: String,
 }
 
+/// The label sidecar injection sets on Pods: `istio` when the workload takes Istio mTLS.
+pub const TLS_MODE_LABEL: &str = "security.istio.io/tlsMode";
+
+impl Endpoint {
+    /// Its mTLS mode, as Istio's `IstioEndpoint.TLSMode`: the `security.istio.io/tlsMode` label
+    /// (set on Pods by sidecar injection) if any; else, for Kubernetes endpoints, `disabled`
+    /// (Istio's `PodTLSMode`), and for WorkloadEntries and ServiceEntry endpoints `istio` when they
+    /// have a service account (`getTLSModeFromWorkloadEntry`).
+    pub fn tls_mode(&self) -> &str {
+        match self.labels.get(TLS_MODE_LABEL) {
+            Some(mode) => mode,
+            None if self.origin.starts_with("EndpointSlice/") || self.origin.starts_with("Pod/") => "disabled",
+            None if !self.service_account.is_empty() => "istio",
+            None => "disabled",
+        }
+    }
+}
+
 /// Shared, immutable list of endpoints for one (hostname, namespace) service.
 pub type Endpoints = Arc<Vec<Endpoint>>;
 
@@ -345,6 +363,27 @@ impl std::fmt::Display for ServiceKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tls_mode_rules() {
+        let mut ep = Endpoint {
+            address: "10.0.0.1".into(),
+            endpoint_port: 80,
+            service_port_name: "http".into(),
+            labels: Default::default(),
+            locality: Locality::default(),
+            weight: 0,
+            service_account: String::new(),
+            network: String::new(),
+            namespace: "default".into(),
+            origin: "test".into(),
+        };
+        assert_eq!(ep.tls_mode(), "disabled");
+        ep.service_account = "spiffe://cluster.local/ns/default/sa/vm".into();
+        assert_eq!(ep.tls_mode(), "istio");
+        ep.labels.insert(TLS_MODE_LABEL.into(), "disabled".into());
+        assert_eq!(ep.tls_mode(), "disabled");
+    }
 
     #[test]
     fn traffic_distribution_from_spec_then_annotation() {

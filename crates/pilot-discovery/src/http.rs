@@ -237,7 +237,8 @@ mod tests {
 
     use super::*;
     use axum::body::Body;
-    use environment::{Environment, ServiceEntries};
+    use environment::Environment;
+    use registry::ServiceEntries;
     use tower::ServiceExt;
 
     fn state(debug_auth: bool) -> AppState {

@@ -20,9 +20,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use environment::{Environment, ServiceEntries};
+use environment::Environment;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
+use registry::ServiceEntries;
 use xds_server::{DiscoveryServer, ServerOptions};
 
 use crate::args::DiscoveryArgs;
@@ -207,16 +208,16 @@ fn init_environment(
     // namespace, as in Istio. Manifests of core Kubernetes objects in --configDir have their own
     // registry, fed by config events.
     // ServiceEntries select the Pods of both by workloadSelector.
-    let mut kube: Vec<Arc<dyn environment::ServiceRegistry>> = Vec::new();
+    let mut kube: Vec<Arc<dyn registry::ServiceRegistry>> = Vec::new();
     if let Some(k) = kubernetes {
         kube.push(k.registry.clone());
     }
     kube.push(Arc::new(kube_registry::KubeRegistry::new(crate::kubernetes::context(
         args, mesh,
     ))));
-    let mut registries: Vec<Box<dyn environment::ServiceRegistry>> = kube
+    let mut registries: Vec<Box<dyn registry::ServiceRegistry>> = kube
         .iter()
-        .map(|r| Box::new(r.clone()) as Box<dyn environment::ServiceRegistry>)
+        .map(|r| Box::new(r.clone()) as Box<dyn registry::ServiceRegistry>)
         .collect();
     registries.push(Box::new(ServiceEntries::with_workloads(mesh.clone(), kube)));
     Arc::new(

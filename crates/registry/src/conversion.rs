@@ -16,7 +16,6 @@ pub const UNIX_ADDRESS_PREFIX: &str = "unix://";
 /// Old-style locality label (`region.zone.subzone`, dots because Kubernetes labels allow no `/`).
 pub const LOCALITY_LABEL: &str = "istio-locality";
 /// Label naming the endpoint's mTLS mode (`istio` or `disabled`).
-pub const TLS_MODE_LABEL: &str = "security.istio.io/tlsMode";
 pub const TOPOLOGY_REGION: &str = "topology.kubernetes.io/region";
 pub const TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
 pub const TOPOLOGY_SUBZONE: &str = "topology.istio.io/subzone";
@@ -191,7 +190,7 @@ fn export_to(values: &[String]) -> Vec<Visibility> {
 }
 
 /// One workload as an endpoint source: a ServiceEntry's inline endpoint or a WorkloadEntry.
-pub(crate) struct Workload<'a> {
+pub(crate) struct WorkloadRef<'a> {
     pub entry: &'a WorkloadEntry,
     /// Spec labels, overlaid with the WorkloadEntry's metadata labels (metadata wins, as Istio).
     pub labels: BTreeMap<String, String>,
@@ -204,7 +203,7 @@ pub(crate) struct Workload<'a> {
 pub(crate) fn convert_endpoint(
     service: &Service,
     port: &ServicePort,
-    workload: &Workload<'_>,
+    workload: &WorkloadRef<'_>,
     mesh: &MeshConfig,
 ) -> Option<Endpoint> {
     let wle = workload.entry;
@@ -312,19 +311,6 @@ pub(crate) fn host_endpoint(service: &Service, port: &ServicePort, number: u16) 
     })
 }
 
-/// The mTLS mode of an endpoint: the `security.istio.io/tlsMode` label (set on Pods by sidecar
-/// injection) if any; else, for Kubernetes endpoints, `disabled` (Istio's `PodTLSMode`), and for
-/// WorkloadEntries and ServiceEntry endpoints `istio` when they have a service account
-/// (`getTLSModeFromWorkloadEntry`).
-pub fn tls_mode(endpoint: &Endpoint) -> &str {
-    match endpoint.labels.get(TLS_MODE_LABEL) {
-        Some(mode) => mode,
-        None if endpoint.origin.starts_with("EndpointSlice/") || endpoint.origin.starts_with("Pod/") => "disabled",
-        None if !endpoint.service_account.is_empty() => "istio",
-        None => "disabled",
-    }
-}
-
 /// Whether `service` is visible from `namespace` (its `exportTo`, resolved against its own namespace).
 pub fn visible_from(service: &Service, namespace: &str) -> bool {
     is_visible(&service.attributes.export_to, service.namespace(), namespace)
@@ -391,26 +377,5 @@ mod tests {
         let out = augment_labels(&BTreeMap::new(), "", "net-1");
         assert_eq!(out.len(), 1);
         assert_eq!(out[TOPOLOGY_NETWORK], "net-1");
-    }
-
-    #[test]
-    fn tls_mode_rules() {
-        let mut ep = Endpoint {
-            address: "10.0.0.1".into(),
-            endpoint_port: 80,
-            service_port_name: "http".into(),
-            labels: BTreeMap::new(),
-            locality: Locality::default(),
-            weight: 0,
-            service_account: String::new(),
-            network: String::new(),
-            namespace: "default".into(),
-            origin: "test".into(),
-        };
-        assert_eq!(tls_mode(&ep), "disabled");
-        ep.service_account = "spiffe://cluster.local/ns/default/sa/vm".into();
-        assert_eq!(tls_mode(&ep), "istio");
-        ep.labels.insert(TLS_MODE_LABEL.into(), "disabled".into());
-        assert_eq!(tls_mode(&ep), "disabled");
     }
 }

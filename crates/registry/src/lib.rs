@@ -5,9 +5,11 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
+pub mod aggregate;
 mod controller;
 mod conversion;
 mod diff;
+mod instance;
 mod workload_entry;
 
 #[cfg(test)]
@@ -22,12 +24,13 @@ use model::{Config, ConfigSpec, Endpoint, MeshConfig, Service};
 
 pub use controller::{ServiceEntryRegistry, WorkloadSource};
 pub use conversion::{
-    LOCALITY_LABEL, SERVICE_REGISTRY_EXTERNAL, TLS_MODE_LABEL, TOPOLOGY_NETWORK, TOPOLOGY_REGION, TOPOLOGY_SUBZONE,
-    TOPOLOGY_ZONE, UNIX_ADDRESS_PREFIX, augment_labels, tls_mode, visible_from,
+    LOCALITY_LABEL, SERVICE_REGISTRY_EXTERNAL, TOPOLOGY_NETWORK, TOPOLOGY_REGION, TOPOLOGY_SUBZONE, TOPOLOGY_ZONE,
+    UNIX_ADDRESS_PREFIX, augment_labels, visible_from,
 };
 pub use diff::{RegistryDiff, diff};
+pub use instance::{ServiceEntries, ServiceRegistry, Workload};
 
-use conversion::{Workload, convert_endpoint, convert_services, host_endpoint, is_dns, resolution, valid_ports};
+use conversion::{WorkloadRef, convert_endpoint, convert_services, host_endpoint, is_dns, resolution, valid_ports};
 use workload_entry::WorkloadEntryIndex;
 
 /// Endpoints per service: a persistent map, so that a snapshot made for one service's endpoints
@@ -118,11 +121,11 @@ pub fn build(configs: &[Arc<Config>], mesh: &MeshConfig) -> RegistrySnapshot {
         let ports = valid_ports(&origin, se);
         let converted = convert_services(&cfg.meta, &origin, se, &ports, mesh);
         let dns = is_dns(resolution(se.resolution.as_deref()));
-        let selected: Vec<&Workload<'_>> = workload_entries.selected_by(&cfg.meta.namespace, se, dns).collect();
-        let inline: Vec<Workload<'_>> = se
+        let selected: Vec<&WorkloadRef<'_>> = workload_entries.selected_by(&cfg.meta.namespace, se, dns).collect();
+        let inline: Vec<WorkloadRef<'_>> = se
             .endpoints
             .iter()
-            .map(|entry| Workload {
+            .map(|entry| WorkloadRef {
                 entry,
                 labels: entry.labels.clone(),
                 origin: origin.clone(),

@@ -8,7 +8,7 @@ use model::service::Visibility;
 use model::{Config, ConfigKind, ConfigSpec, MeshConfig, Protocol, Resolution};
 use serde_json::{Value, json};
 
-use crate::{RegistrySnapshot, ServiceKey, build, tls_mode, visible_from};
+use crate::{RegistrySnapshot, ServiceKey, build, visible_from};
 
 pub(crate) fn se(ns: &str, name: &str, spec: Value) -> Arc<Config> {
     let doc = json!({"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
@@ -196,7 +196,7 @@ fn inline_endpoints_port_mapping_and_workload_fields() {
     assert_eq!(first.network, "net-1");
     assert_eq!(first.namespace, "shop");
     assert_eq!(first.service_account, "spiffe://cluster.local/ns/shop/sa/db-sa");
-    assert_eq!(tls_mode(first), "istio");
+    assert_eq!(first.tls_mode(), "istio");
     assert_eq!(first.origin, "ServiceEntry/shop/db");
     assert_eq!(first.labels["version"], "v1");
     assert_eq!(first.labels["topology.kubernetes.io/region"], "us-east");
@@ -205,7 +205,7 @@ fn inline_endpoints_port_mapping_and_workload_fields() {
     assert_eq!(first.labels["topology.istio.io/network"], "net-1");
     let second = &s.endpoints_of(&key("db.example.com", "shop"))[1];
     assert_eq!(second.locality.to_string(), "eu/zone-b/");
-    assert_eq!(tls_mode(second), "disabled");
+    assert_eq!(second.tls_mode(), "disabled");
 }
 
 #[test]

@@ -8,11 +8,11 @@ use std::collections::BTreeMap;
 use model::networking::{ServiceEntry, WorkloadEntry};
 use model::{Config, ConfigSpec};
 
-use crate::conversion::{AddressKind, Workload};
+use crate::conversion::{AddressKind, WorkloadRef};
 
 /// One WorkloadEntry, with its labels merged as Istio's `ConvertWorkloadEntry`.
 pub(crate) struct SelectableWorkload<'a> {
-    pub workload: Workload<'a>,
+    pub workload: WorkloadRef<'a>,
     /// Not an IP (a hostname or a unix socket): only DNS ServiceEntries may select it
     /// (Istio's `DNSServiceEntryOnly`).
     pub dns_only: bool,
@@ -31,7 +31,7 @@ impl<'a> WorkloadEntryIndex<'a> {
             let ConfigSpec::WorkloadEntry(entry) = &cfg.spec else {
                 continue;
             };
-            let workload = Workload {
+            let workload = WorkloadRef {
                 entry,
                 labels: merged_labels(entry, &cfg.meta.labels),
                 // `WorkloadEntry/ns/name`, or `Pod/ns/name` for a Kubernetes workload.
@@ -59,7 +59,7 @@ impl<'a> WorkloadEntryIndex<'a> {
         namespace: &str,
         se: &ServiceEntry,
         dns: bool,
-    ) -> impl Iterator<Item = &Workload<'a>> {
+    ) -> impl Iterator<Item = &WorkloadRef<'a>> {
         let selector = se.workload_selector.as_ref();
         self.by_namespace
             .get(namespace)

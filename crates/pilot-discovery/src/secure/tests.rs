@@ -13,7 +13,8 @@ use xds_api::type_url;
 use xds_server::{DiscoveryServer, ServerOptions};
 
 use super::*;
-use environment::{Environment, ServiceEntries};
+use environment::Environment;
+use registry::ServiceEntries;
 
 const NODE_ID: &str = "router~127.0.0.1~gw.istio-system~istio-system.svc.cluster.local";
 

@@ -1,15 +1,13 @@
-//! Service registries plugged into the environment, as Istio's `serviceregistry.Instance` and the
-//! aggregate controller: each turns what it watches into services and endpoints; the environment
-//! serves the union.
+//! The seam every service registry plugs into, as Istio's `serviceregistry.Instance`: each turns
+//! what it watches into services and endpoints; the environment serves their union
+//! ([`crate::aggregate`]). [`ServiceEntries`] is the ServiceEntry registry behind it.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
 use std::collections::BTreeSet;
 
-use config_sources::ConfigEvent;
-use model::service::Endpoints;
-use model::{Service, ServiceKey};
-use registry::{RegistryDiff, RegistrySnapshot, ServiceEntryRegistry};
+use crate::{RegistryDiff, RegistrySnapshot, ServiceEntryRegistry};
+use model::ConfigEvent;
 
 /// One service registry.
 pub trait ServiceRegistry: Send + Sync {
@@ -95,7 +93,7 @@ impl ServiceEntries {
     /// Istio's ServiceEntry controller selects Pods. Each change of theirs reaches this registry
     /// through the environment (`RegistryDiff::workload_namespaces`).
     pub fn with_workloads(mesh: Arc<model::MeshConfig>, sources: Vec<Arc<dyn ServiceRegistry>>) -> ServiceEntries {
-        let source: registry::WorkloadSource =
+        let source: crate::WorkloadSource =
             Arc::new(move |ns: &str| sources.iter().flat_map(|r| r.workload_instances(ns)).collect());
         ServiceEntries(Mutex::new(ServiceEntryRegistry::new(mesh).with_workloads(source)))
     }
@@ -121,73 +119,4 @@ impl ServiceRegistry for ServiceEntries {
     fn snapshot(&self) -> Arc<RegistrySnapshot> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).snapshot()
     }
-}
-
-/// The union of the registries' snapshots. A (hostname, namespace) that several registries
-/// define keeps the first registry's service, and the endpoints of all of them.
-pub(crate) fn aggregate(registries: &[Box<dyn ServiceRegistry>]) -> Arc<RegistrySnapshot> {
-    let snapshots: Vec<Arc<RegistrySnapshot>> = registries.iter().map(|r| r.snapshot()).collect();
-    match snapshots.as_slice() {
-        [] => Arc::default(),
-        [one] => one.clone(),
-        all => {
-            let keys: BTreeSet<&ServiceKey> = all.iter().flat_map(|s| s.endpoints.keys()).collect();
-            let endpoints = keys
-                .into_iter()
-                .filter_map(|k| merged_endpoints(all, k).map(|e| (k.clone(), e)))
-                .collect();
-            Arc::new(RegistrySnapshot {
-                services: merged_services(all),
-                endpoints,
-            })
-        }
-    }
-}
-
-/// The union after `diff`, from the union before it: the services merged again only when some
-/// changed (a full push follows anyway), and the endpoints of the changed services only; the rest
-/// is shared with `previous`. Equal to [`aggregate`].
-pub(crate) fn aggregate_changed(
-    previous: &RegistrySnapshot,
-    registries: &[Box<dyn ServiceRegistry>],
-    diff: &RegistryDiff,
-) -> Arc<RegistrySnapshot> {
-    let snapshots: Vec<Arc<RegistrySnapshot>> = registries.iter().map(|r| r.snapshot()).collect();
-    if let [one] = snapshots.as_slice() {
-        return one.clone();
-    }
-    let changed = diff.endpoints_changed.iter().chain(&diff.services_changed);
-    let mut next = previous.with_endpoints(changed.map(|k| (k.clone(), merged_endpoints(&snapshots, k))));
-    if !diff.services_changed.is_empty() {
-        next.services = merged_services(&snapshots);
-    }
-    Arc::new(next)
-}
-
-/// One service per (hostname, namespace), the first registry's, sorted.
-fn merged_services(snapshots: &[Arc<RegistrySnapshot>]) -> Arc<Vec<Arc<Service>>> {
-    let mut keys = BTreeSet::new();
-    let mut services: Vec<Arc<Service>> = snapshots
-        .iter()
-        .flat_map(|s| s.services.iter())
-        .filter(|s| keys.insert(ServiceKey::of(s)))
-        .cloned()
-        .collect();
-    services.sort_by(|a, b| (&a.hostname, a.namespace()).cmp(&(&b.hostname, b.namespace())));
-    Arc::new(services)
-}
-
-/// The endpoints every registry has for `key`, in registry order.
-fn merged_endpoints(snapshots: &[Arc<RegistrySnapshot>], key: &ServiceKey) -> Option<Endpoints> {
-    let mut found = snapshots.iter().filter_map(|s| s.endpoints.get(key));
-    let first = found.next()?;
-    let rest: Vec<&Endpoints> = found.collect();
-    if rest.is_empty() {
-        return Some(first.clone());
-    }
-    let mut all = first.as_ref().clone();
-    for e in rest {
-        all.extend(e.iter().cloned());
-    }
-    Some(Arc::new(all))
 }

@@ -1,10 +1,11 @@
 //! `ConfigEvent`s and `ConfigChange`: what changed between two snapshots of a config source,
-//! computed by diffing them (unchanged configs give no event).
+//! computed by diffing them (unchanged configs give no event). Config sources produce them;
+//! the environment and the registries built from Istio config (ServiceEntries) consume them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use model::{Config, ConfigKey};
+use crate::{Config, ConfigKey};
 
 /// The configs of a source at one moment, shared read-only.
 pub type ConfigSnapshot = Arc<BTreeMap<ConfigKey, Arc<Config>>>;
@@ -72,7 +73,7 @@ pub fn diff(old: &BTreeMap<ConfigKey, Arc<Config>>, new: &BTreeMap<ConfigKey, Ar
 #[cfg(test)]
 mod tests {
     use super::*;
-    use model::config::parse_config;
+    use crate::config::parse_config;
 
     fn config(name: &str, host: &str) -> Arc<Config> {
         let doc = serde_json::json!({
