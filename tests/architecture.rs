@@ -2,8 +2,9 @@
 //! against the workspace as Cargo sees it (`cargo metadata`) rather than only written down:
 //!
 //! - `model` depends on leaf crates only (`re2`);
-//! - a registry crate depends on `model` and `registry`, never on `environment`, the generators,
-//!   the push index or the server;
+//! - a registry crate depends on `model` and `registry` (and the leaves `monitoring`,
+//!   `kclient`), never on the config sources, `environment`, the generators, the push index or
+//!   the server;
 //! - the pure crates (model, registry, generators, push index, Ingress conversion, injection
 //!   engine, webhooks) do no I/O: none depends, directly or through one of ours, on an I/O crate;
 //! - `xds-server` knows nothing of the generators, the push index, the registries or the config
@@ -26,6 +27,7 @@ const KNOWN: &[(&str, &str, &str)] = &[];
 /// The workspace's crates that do I/O (network, files, processes, the clock as a driver).
 const IO_CRATES_OURS: &[&str] = &[
     "config-sources",
+    "kclient",
     "kube-registry",
     "xds-server",
     "environment",
@@ -64,6 +66,8 @@ const PURE: &[&str] = &[
     "webhooks",
 ];
 const REGISTRIES: &[&str] = &["registry", "kube-registry"];
+/// What a registry crate may depend on, of ours.
+const REGISTRY_DEPENDENCIES: &[&str] = &["model", "registry", "monitoring", "kclient"];
 
 struct Workspace {
     root: PathBuf,
@@ -199,19 +203,11 @@ fn violations(ws: &Workspace) -> Vec<(String, String, String)> {
     }
     for registry in REGISTRIES {
         for dep in ws.ours(registry) {
-            if [
-                "environment",
-                "generators",
-                "push-index",
-                "xds-server",
-                "pilot-discovery",
-            ]
-            .contains(&dep.as_str())
-            {
+            if !REGISTRY_DEPENDENCIES.contains(&dep.as_str()) {
                 forbid(
                     registry,
                     dep,
-                    "a registry depends on model and registry, never on the pipeline above it",
+                    "a registry depends on model and registry (and monitoring, kclient), never on the config sources or the pipeline above it",
                 );
             }
         }

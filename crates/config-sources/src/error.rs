@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use model::ConfigKey;
 use model::config::ConfigError;
+use model::event::{Level, SourceErrorEntry};
 
 /// Where a document sits in its file: its number among the file's non-empty documents (from 1),
 /// the entry of a `List`'s `items` it came from, and the line it starts on when known.
@@ -28,15 +29,6 @@ impl fmt::Display for DocRef {
         }
         Ok(())
     }
-}
-
-/// How bad a problem is: a warning leaves the config served (or skips something pilot does not
-/// know); an error means a resource or a file's new contents were rejected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Level {
-    Warning,
-    Error,
 }
 
 /// One problem found reading the config directory.
@@ -170,17 +162,6 @@ impl SourceError {
             level: self.level(),
         }
     }
-}
-
-/// A problem as `/debug/config_errors` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct SourceErrorEntry {
-    pub file: PathBuf,
-    /// `Kind namespace/name` when known.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub resource: Option<String>,
-    pub reason: String,
-    pub level: Level,
 }
 
 #[cfg(test)]

@@ -10,9 +10,10 @@ use std::sync::Arc;
 
 use model::{Config, ConfigKey};
 
-use crate::error::{DocRef, SourceError, SourceErrorEntry};
+use crate::error::{DocRef, SourceError};
 use crate::parse::{DEFAULT_NAMESPACE, is_config_file, parse_file};
 use crate::scan::{is_hidden, list_config_files};
+use model::event::SourceErrorEntry;
 use model::event::{ConfigChange, ConfigEvent, ConfigSnapshot, diff};
 
 /// Called with the kind (the `type` label of `pilot_config_invalid`) of every rejected resource,

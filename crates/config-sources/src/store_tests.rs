@@ -5,9 +5,9 @@ use std::sync::Mutex;
 use model::ConfigKind;
 
 use super::*;
-use crate::error::Level;
 use crate::testutil::{service_entry, service_entry_with_host, write};
 use model::event::ConfigEvent;
+use model::event::Level;
 
 fn se_key(name: &str) -> ConfigKey {
     ConfigKey {

@@ -1,6 +1,6 @@
 //! Target `kube_object`: what the Kubernetes API server sends for one kind, a watch line or a
 //! list page, through what pilot-discovery does with it: the informer's per-object decoding
-//! (`kube_registry::decode`, client-go's reflector), then for the registry's kinds (Service,
+//! (`kclient::decode`, client-go's reflector), then for the registry's kinds (Service,
 //! EndpointSlice, Pod, Node, Namespace) the `KubeRegistry` update and its conversion into
 //! services and endpoints (Istio's `serviceregistry/kube/controller`), and for the config kinds
 //! (Secret, Ingress, IngressClass, Istio CRDs) the config source's parsing and validation
@@ -16,12 +16,12 @@
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 
+use config_sources::crdclient::ConfigReader;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kclient::decode::{EXCERPT, Event, Undecodable, decode_event, decode_page};
+use kclient::informer::Watched;
 use kube::api::DynamicObject;
-use kube_registry::crdclient::ConfigReader;
-use kube_registry::decode::{EXCERPT, Event, Undecodable, decode_event, decode_page};
-use kube_registry::informer::Watched;
 use kube_registry::problems::Source;
 use kube_registry::{Change, Context, KubeEvent, KubeRegistry};
 use model::ConfigKind;
@@ -194,7 +194,7 @@ where
 }
 
 fn config_kind(kind: &str) -> ConfigKind {
-    kube_registry::crdclient::CONFIG_KINDS
+    config_sources::crdclient::CONFIG_KINDS
         .iter()
         .map(|r| r.kind)
         .find(|k| k.as_str() == kind)
@@ -391,12 +391,12 @@ mod tests {
         );
         assert!(r.problems().entries().is_empty(), "{:?}", r.problems().entries());
         for kind in &super::KINDS[5..] {
-            let mut reader = kube_registry::crdclient::ConfigReader::default();
+            let mut reader = config_sources::crdclient::ConfigReader::default();
             reader.read(
                 super::config_kind(kind),
-                kube_registry::informer::Watched::Change(kube_registry::Change::Replace(vec![super::from(
-                    super::object(kind),
-                )])),
+                kclient::informer::Watched::Change(kube_registry::Change::Replace(vec![super::from(super::object(
+                    kind,
+                ))])),
             );
             let state = reader.snapshot();
             assert!(state.errors.is_empty(), "{kind}: {:?}", state.errors);

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service as KubeService};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kclient::Change;
 use model::{Config, Endpoint, Service, ServiceKey};
 use registry::{RegistryDiff, RegistrySnapshot};
 
@@ -17,17 +18,9 @@ use crate::conversion::{
     workload_instance,
 };
 use crate::objects::{Affected, NsName, Objects};
-use crate::problems::{Defect, ObjectErrorLabels, Problems, Source};
+use kclient::ObjectErrorLabels;
 
-/// A change to objects of one kind.
-#[derive(Debug, Clone)]
-pub enum Change<K> {
-    /// Added or modified.
-    Apply(K),
-    Delete(K),
-    /// Everything of the kind, after a (re-)list: replaces what was known.
-    Replace(Vec<K>),
-}
+use crate::problems::{Defect, Problems, Source};
 
 /// A change the watchers (or manifests) report. Pods are large, and events are short-lived.
 #[derive(Debug, Clone)]

@@ -5,12 +5,8 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
-mod config_kinds;
 mod controller;
 pub mod conversion;
-pub mod crdclient;
-pub mod decode;
-pub mod informer;
 pub mod manifests;
 mod objects;
 pub mod problems;
@@ -24,8 +20,9 @@ mod tests;
 #[cfg(test)]
 mod workload_tests;
 
-pub use controller::{Change, KubeEvent, KubeRegistry};
+pub use controller::{KubeEvent, KubeRegistry};
 pub use conversion::{Context, SERVICE_REGISTRY_KUBERNETES};
+pub use kclient::Change;
 
 impl registry::ServiceRegistry for KubeRegistry {
     fn provider(&self) -> &str {

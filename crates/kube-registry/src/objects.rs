@@ -9,7 +9,9 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service as KubeService};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
 
-use crate::controller::{Change, KubeEvent};
+use kclient::Change;
+
+use crate::controller::KubeEvent;
 use crate::conversion::SERVICE_NAME_LABEL;
 
 /// (namespace, name).

@@ -4,23 +4,16 @@
 //! logs these in its kube controller (`serviceregistry/kube/controller`); here each is logged
 //! once (when it appears or changes, not at every conversion), counted in
 //! `pilot_k8s_object_errors`, and listed in `/debug/config_errors` as the config sources list
-//! theirs (`config_sources::SourceErrorEntry`).
+//! theirs (`model::event::SourceErrorEntry`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, PoisonError};
 
-use config_sources::{Level, SourceErrorEntry};
+use kclient::ObjectErrorLabels;
+use model::event::{Level, SourceErrorEntry};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-
-/// Labels of `pilot_k8s_object_errors`: the kind and what is wrong (`undecodable`, `invalid_ip`,
-/// `invalid_port`).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-pub struct ObjectErrorLabels {
-    pub r#type: String,
-    pub reason: String,
-}
 
 /// Who found a problem: the watch (decoding) or the conversion; each keeps its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -8,8 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube_registry::problems::ObjectErrorLabels;
-use kube_registry::watch::{KINDS, WatchErrorLabels, WatchMetrics, client_config, connect, watch_all};
+use kclient::{ObjectErrorLabels, WatchErrorLabels, WatchMetrics, client_config, connect};
+use kube_registry::watch::{KINDS, watch_all};
 use kube_registry::{Context, KubeRegistry};
 use model::ServiceKey;
 use serde_json::{Value, json};
@@ -239,10 +239,10 @@ async fn istio_config_with_an_undecodable_object_is_served_without_it() {
     api.apply(vs("a-bad", json!(["app", "reviews"]))).unwrap();
     api.apply(vs("good", json!({"app": "reviews"}))).unwrap();
     let (_dir, client) = client_for(&api).await;
-    let kinds = kube_registry::crdclient::CONFIG_KINDS.to_vec();
+    let kinds = config_sources::crdclient::CONFIG_KINDS.to_vec();
     let source = tokio::time::timeout(
         Duration::from_secs(10),
-        kube_registry::crdclient::start(client, kinds, WatchMetrics::default(), Vec::new(), None),
+        config_sources::crdclient::start(client, kinds, WatchMetrics::default(), Vec::new(), None),
     )
     .await
     .expect("the initial lists within 10 s");

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube_registry::watch::{KINDS, WatchMetrics, client_config, connect, watch_all};
+use kclient::{WatchMetrics, client_config, connect};
+use kube_registry::watch::{KINDS, watch_all};
 use kube_registry::{Context, KubeRegistry};
 use model::ServiceKey;
 use serde_json::{Value, json};
@@ -118,7 +119,7 @@ async fn watchers_sync_then_follow_changes_through_drops_and_410() {
     let count = |t: &str, e: &str| {
         metrics
             .events
-            .get_or_create(&kube_registry::watch::EventLabels {
+            .get_or_create(&kclient::EventLabels {
                 r#type: t.into(),
                 event: e.into(),
             })
@@ -167,8 +168,8 @@ async fn an_unreachable_api_server_is_a_clear_error() {
     assert!(missing.contains("/nonexistent/kubeconfig"), "{missing}");
 }
 
-fn all_kinds() -> Vec<kube_registry::crdclient::ConfigResource> {
-    kube_registry::crdclient::CONFIG_KINDS.to_vec()
+fn all_kinds() -> Vec<config_sources::crdclient::ConfigResource> {
+    config_sources::crdclient::CONFIG_KINDS.to_vec()
 }
 
 #[tokio::test]
@@ -207,7 +208,7 @@ async fn istio_config_is_read_per_served_version_and_missing_crds_are_skipped() 
     }
     let (_dir, client) = client_for(&api).await;
     let source =
-        kube_registry::crdclient::start(client.clone(), all_kinds(), WatchMetrics::default(), Vec::new(), None).await;
+        config_sources::crdclient::start(client.clone(), all_kinds(), WatchMetrics::default(), Vec::new(), None).await;
     assert_eq!(source.initial.events.len(), 7);
     let state = source.state.borrow().clone();
     let kinds: Vec<String> = state.configs.keys().map(|k| k.kind.as_str().to_owned()).collect();
@@ -252,7 +253,7 @@ async fn istio_config_is_read_per_served_version_and_missing_crds_are_skipped() 
     let (_bare_dir, client) = client_for(&bare).await;
     let source = tokio::time::timeout(
         Duration::from_secs(10),
-        kube_registry::crdclient::start(client, all_kinds(), WatchMetrics::default(), Vec::new(), None),
+        config_sources::crdclient::start(client, all_kinds(), WatchMetrics::default(), Vec::new(), None),
     )
     .await
     .expect("start does not wait for CRDs that are not there");
@@ -284,7 +285,7 @@ async fn discovery_selectors_filter_istio_config_from_the_api_server_live() {
     let (_dir, client) = client_for(&api).await;
     let selectors = vec![serde_json::from_value(json!({"matchLabels": {"istio-discovery": "enabled"}})).unwrap()];
     let mut source =
-        kube_registry::crdclient::start(client, all_kinds(), WatchMetrics::default(), selectors, None).await;
+        config_sources::crdclient::start(client, all_kinds(), WatchMetrics::default(), selectors, None).await;
     let namespaces: Vec<String> = source.initial.events.iter().map(|e| e.key().namespace).collect();
     assert_eq!(namespaces, ["a"]);
     // Namespace b gets the label: its VirtualService is served from now on.
@@ -318,7 +319,7 @@ async fn kinds_the_cluster_role_does_not_allow_are_skipped() {
     let (_dir, client) = client_for(&api).await;
     let source = tokio::time::timeout(
         Duration::from_secs(10),
-        kube_registry::crdclient::start(client, all_kinds(), WatchMetrics::default(), Vec::new(), None),
+        config_sources::crdclient::start(client, all_kinds(), WatchMetrics::default(), Vec::new(), None),
     )
     .await
     .expect("start does not wait for kinds it may not list");

@@ -70,6 +70,26 @@ pub fn diff(old: &BTreeMap<ConfigKey, Arc<Config>>, new: &BTreeMap<ConfigKey, Ar
     ConfigChange { events }
 }
 
+/// How bad a problem is: a warning leaves the config served (or skips something pilot does not
+/// know); an error means a resource or a file's new contents were rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Warning,
+    Error,
+}
+
+/// A problem as `/debug/config_errors` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SourceErrorEntry {
+    pub file: std::path::PathBuf,
+    /// `Kind namespace/name` when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resource: Option<String>,
+    pub reason: String,
+    pub level: Level,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

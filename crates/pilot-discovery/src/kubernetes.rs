@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use environment::Environment;
+use kclient::{WatchMetrics, client_config, connect};
 use kube::Client;
-use kube_registry::watch::{KINDS, WatchMetrics, client_config, connect, watch_all};
+use kube_registry::watch::{KINDS, watch_all};
 use kube_registry::{Context, KubeRegistry};
 use model::MeshConfig;
 use registry::RegistryDiff;
@@ -216,7 +217,7 @@ mod tests {
             5,
             "a registry kind was added: list it here"
         );
-        for r in kube_registry::crdclient::CONFIG_KINDS {
+        for r in config_sources::crdclient::CONFIG_KINDS {
             needed.push((r.group, r.plural, &["get", "list", "watch"]));
         }
         for (group, resource, verbs) in needed {

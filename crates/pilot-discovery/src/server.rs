@@ -36,9 +36,9 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
     tracing::info!(?settings, domain = %args.domain, cluster_id = %args.cluster_id, "starting pilot-discovery");
     let mut registry = Registry::default();
     let pipeline_metrics = PipelineMetrics::register(&mut registry);
-    let watch_metrics = kube_registry::watch::WatchMetrics::register(&mut registry);
+    let watch_metrics = kclient::WatchMetrics::register(&mut registry);
     let kube_is_registry = args.registries.iter().any(|r| r == "Kubernetes");
-    let client = kube_client(&args, kube_is_registry).await?;
+    let client = kclient(&args, kube_is_registry).await?;
     let ignored = mesh_changes_ignored(&mut registry);
     let mesh = mesh::init(&args, &settings, client.as_ref(), ignored).await?;
     let sources = config::start_config_sources(
@@ -140,7 +140,7 @@ async fn init_discovery(
     settings: &Settings,
     (mesh, client, kube_is_registry): (&Arc<model::MeshConfig>, Option<&kube::Client>, bool),
     initial: &config_sources::ConfigChange,
-    (pipeline_metrics, watch_metrics): (&PipelineMetrics, kube_registry::watch::WatchMetrics),
+    (pipeline_metrics, watch_metrics): (&PipelineMetrics, kclient::WatchMetrics),
     registry: &mut Registry,
 ) -> anyhow::Result<(
     Arc<Environment>,
@@ -187,7 +187,7 @@ fn mesh_changes_ignored(registry: &mut Registry) -> Counter {
 }
 
 /// The Kubernetes client when a cluster is a registry or the config source (no `--configDir`).
-async fn kube_client(args: &DiscoveryArgs, kube_is_registry: bool) -> anyhow::Result<Option<kube::Client>> {
+async fn kclient(args: &DiscoveryArgs, kube_is_registry: bool) -> anyhow::Result<Option<kube::Client>> {
     if kube_is_registry || args.config_dir.is_empty() {
         return crate::kubernetes::client(args).await;
     }

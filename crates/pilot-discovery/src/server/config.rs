@@ -31,15 +31,15 @@ pub(super) async fn start_config_sources(
     mesh: &MeshConfig,
     client: Option<&kube::Client>,
     kube_is_registry: bool,
-    watch_metrics: &kube_registry::watch::WatchMetrics,
+    watch_metrics: &kclient::WatchMetrics,
     pipeline_metrics: &PipelineMetrics,
 ) -> anyhow::Result<ConfigSources> {
-    use kube_registry::crdclient::{CONFIG_KINDS, ConfigResource};
+    use config_sources::crdclient::{CONFIG_KINDS, ConfigResource};
     let (changes_tx, changes) = tokio::sync::mpsc::unbounded_channel();
     let ingresses = kube_is_registry && mesh.ingress_controller_mode != "OFF";
     let is_ingress = |r: &&ConfigResource| matches!(r.kind, ConfigKind::Ingress | ConfigKind::IngressClass);
     let kube_source = |kinds: Vec<ConfigResource>, client: kube::Client| {
-        kube_registry::crdclient::start(
+        config_sources::crdclient::start(
             client,
             kinds,
             watch_metrics.clone(),

@@ -5,7 +5,7 @@
 //! invalid update keeps the last valid version, and a kind not yet supported (EnvoyFilter,
 //! Telemetry, ...) is kept and reported in `/debug/config_errors`, as `--configDir` does; so is
 //! an object that does not even decode as a Kubernetes object (the shared
-//! [`informer`](crate::informer) names it; the kind's other objects are served). A CRD that is
+//! [`informer`](kclient::informer) names it; the kind's other objects are served). A CRD that is
 //! not installed is reported once and skipped.
 //!
 //! It hands out what the file source does: the initial configs, a channel of `ConfigChange`s, and
@@ -15,21 +15,21 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use config_sources::{ConfigChange, ConfigEvent, Level, SourceErrorEntry, StoreSnapshot};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
+use kclient::informer::{FetchError, MAX_PAGE, Undecodable, Watched, get_list, watched};
+use kclient::{Change, WatchMetrics};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::{Api, Client};
+use model::event::{ConfigChange, ConfigEvent, Level, SourceErrorEntry};
 use model::{Config, ConfigKey, ConfigKind};
 use tokio::sync::{mpsc, watch};
 
-use crate::Change;
+use crate::StoreSnapshot;
 use crate::config_kinds::default_api_version;
 pub use crate::config_kinds::{CONFIG_KINDS, ConfigResource};
-use crate::informer::{FetchError, MAX_PAGE, Undecodable, Watched, get_list, watched};
-use crate::watch::WatchMetrics;
 
-/// The config source: as `config_sources::ConfigDirWatch`.
+/// The config source: as `crate::ConfigDirWatch`.
 pub struct KubeConfigSource {
     /// Everything the initial lists held, as one change.
     pub initial: ConfigChange,
@@ -53,7 +53,7 @@ struct State {
     invalid_counts: BTreeMap<String, u64>,
     scans: u64,
     /// Told the kind of each invalid object (pilot's metrics), as the file source tells it.
-    invalid: Option<config_sources::InvalidObserver>,
+    invalid: Option<crate::InvalidObserver>,
 }
 
 impl State {
@@ -75,7 +75,7 @@ impl State {
             .filter(|(k, _)| self.selected(&k.namespace))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let change = config_sources::diff(&self.configs, &new);
+        let change = crate::diff(&self.configs, &new);
         for e in &change.events {
             let event = match e {
                 ConfigEvent::Added(_) => "add",
@@ -113,7 +113,7 @@ pub async fn start(
     kinds: Vec<ConfigResource>,
     metrics: WatchMetrics,
     discovery_selectors: Vec<model::mesh::LabelSelector>,
-    invalid: Option<config_sources::InvalidObserver>,
+    invalid: Option<crate::InvalidObserver>,
 ) -> KubeConfigSource {
     let state = Arc::new(Mutex::new(State {
         selectors: discovery_selectors,

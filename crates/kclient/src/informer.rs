@@ -28,9 +28,9 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
 use crate::Change;
+use crate::WatchMetrics;
 pub use crate::decode::{EXCERPT, Undecodable, excerpt};
 use crate::decode::{Event, decode_event, decode_page};
-use crate::watch::WatchMetrics;
 
 /// The longest watch line read: Kubernetes objects are at most ~1.5 MB in etcd, so 16 MiB is
 /// generous; a longer line is refused (and the watch restarted) rather than buffered.
@@ -38,7 +38,7 @@ pub(crate) const MAX_LINE: usize = 16 << 20;
 /// The largest list page read: [`PAGE`] objects of 256 KiB each (Pods with their managedFields
 /// are tens of KiB); a larger page is refused (and the list retried with backoff) rather than
 /// buffered without limit.
-pub(crate) const MAX_PAGE: usize = 128 << 20;
+pub const MAX_PAGE: usize = 128 << 20;
 /// The most of an error answer read (its Status message is what is reported).
 const MAX_ERROR_BODY: usize = 64 << 10;
 /// Objects per list page (kube-rs's and client-go's default).
@@ -57,7 +57,7 @@ pub enum Watched<K> {
 
 /// The list + watch of `api`'s kind, as a stream (see the module doc). It runs until the stream
 /// is dropped.
-pub(crate) fn watched<K>(
+pub fn watched<K>(
     api: Api<K>,
     kind: &'static str,
     metrics: WatchMetrics,
@@ -165,7 +165,7 @@ async fn wait<T>(tx: &mpsc::Sender<T>, delay: Duration) -> bool {
 
 /// Why a list request failed.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum FetchError {
+pub enum FetchError {
     /// The answer was longer than the bound (what was read of it is dropped).
     TooLarge { max: usize },
     /// The API server answered with an error: the HTTP code and its Status message (an excerpt).
@@ -196,7 +196,7 @@ impl std::fmt::Display for FetchError {
 }
 
 /// One page of a list of `url` (a GET with `lp`), read up to `max` bytes.
-pub(crate) async fn get_list(client: &Client, url: &str, lp: &ListParams, max: usize) -> Result<String, FetchError> {
+pub async fn get_list(client: &Client, url: &str, lp: &ListParams, max: usize) -> Result<String, FetchError> {
     let req = Request::new(url)
         .list(lp)
         .map_err(|e| FetchError::Failed(e.to_string()))?;
@@ -505,18 +505,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let kubeconfig = dir.path().join("kubeconfig");
         api.write_kubeconfig(&kubeconfig).unwrap_or_else(|e| panic!("{e}"));
-        let cfg = crate::watch::client_config(kubeconfig.to_str().unwrap_or_default(), |_| None)
+        let cfg = crate::client::client_config(kubeconfig.to_str().unwrap_or_default(), |_| None)
             .await
             .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|| panic!("no client config"));
-        let client = crate::watch::connect(cfg, Duration::from_secs(5))
+        let client = crate::client::connect(cfg, Duration::from_secs(5))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         let metrics = WatchMetrics::default();
         let refused = || {
             metrics
                 .watch_errors
-                .get_or_create(&crate::watch::WatchErrorLabels {
+                .get_or_create(&crate::metrics::WatchErrorLabels {
                     r#type: "Service".into(),
                     reason: "page_too_large".into(),
                 })
