@@ -4,73 +4,46 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use config_sources::{ConfigChange, ConfigEvent};
 use model::testing::{config, proxy};
-use model::{Changed, Config, ConfigKey, ConfigKind, ConfigsUpdated, MeshConfig, Port, Protocol, Service, ServiceKey};
+use model::{Changed, Config, ConfigKey, ConfigKind, ConfigsUpdated, MeshConfig, Port, Protocol, Service};
 use prost::Message;
-use registry::{RegistryDiff, RegistrySnapshot};
+use registry::{MemoryRegistry, RegistryDiff};
 use serde_json::{Value, json};
 use xds_api::envoy::config::route::v3::RouteConfiguration;
 use xds_server::{PushSnapshot, SnapshotBuilder, TriggerReason};
 
 use crate::{Environment, PushRequest};
-use registry::ServiceRegistry;
 
-/// A Kubernetes registry whose services the test sets.
-#[derive(Default)]
-struct Services(Mutex<Arc<RegistrySnapshot>>);
-
-impl Services {
-    fn set(&self, ports: &[(&str, u16)]) -> RegistryDiff {
-        let service = Service {
-            hostname: "web.shop.svc.cluster.local".into(),
-            ports: ports
-                .iter()
-                .map(|(name, port)| Port {
-                    name: (*name).into(),
-                    port: *port,
-                    protocol: Protocol::Http,
-                })
-                .collect(),
-            addresses: vec!["10.96.0.20".into()],
-            resolution: model::Resolution::ClientSideLb,
-            mesh_external: false,
-            attributes: model::ServiceAttributes {
-                service_registry: "Kubernetes".into(),
-                name: "web".into(),
-                namespace: "shop".into(),
-                ..Default::default()
-            },
-            origin: "Service/shop/web".into(),
-        };
-        *self.0.lock().unwrap() = Arc::new(RegistrySnapshot {
-            services: Arc::new(vec![Arc::new(service)]),
+/// Sets the Service of a Kubernetes registry, as its watcher would.
+fn set(services: &MemoryRegistry, ports: &[(&str, u16)]) -> RegistryDiff {
+    services.add_service(Service {
+        cluster_vips: Default::default(),
+        hostname: "web.shop.svc.cluster.local".into(),
+        ports: ports
+            .iter()
+            .map(|(name, port)| Port {
+                name: (*name).into(),
+                port: *port,
+                protocol: Protocol::Http,
+            })
+            .collect(),
+        addresses: vec!["10.96.0.20".into()],
+        resolution: model::Resolution::ClientSideLb,
+        mesh_external: false,
+        attributes: model::ServiceAttributes {
+            service_registry: "Kubernetes".into(),
+            name: "web".into(),
+            namespace: "shop".into(),
             ..Default::default()
-        });
-        RegistryDiff {
-            services_changed: BTreeSet::from([ServiceKey::new("web.shop.svc.cluster.local", "shop")]),
-            ..Default::default()
-        }
-    }
+        },
+        origin: "Service/shop/web".into(),
+    })
 }
 
-impl ServiceRegistry for Services {
-    fn provider(&self) -> &str {
-        "Kubernetes"
-    }
-
-    fn config_changed(&self, _: &[ConfigEvent]) -> RegistryDiff {
-        RegistryDiff::default()
-    }
-
-    fn snapshot(&self) -> Arc<RegistrySnapshot> {
-        self.0.lock().unwrap().clone()
-    }
-}
-
-fn env(services: Arc<Services>) -> Environment {
+fn env(services: Arc<MemoryRegistry>) -> Environment {
     Environment::new(
         Arc::new(MeshConfig::default()),
         "cluster.local".into(),
@@ -154,8 +127,8 @@ fn gateway_routes(e: &Environment, req: &PushRequest) -> String {
 
 #[test]
 fn an_ingress_of_the_istio_class_is_served_as_a_gateway_and_a_virtual_service() {
-    let services = Arc::new(Services::default());
-    services.set(&[("http", 8080)]);
+    let services = Arc::new(MemoryRegistry::as_provider("Kubernetes"));
+    set(&services, &[("http", 8080)]);
     let e = env(services.clone());
     // Istio's default mesh is STRICT: without its IngressClass, an Ingress naming `istio` is not served.
     assert!(
@@ -191,7 +164,7 @@ fn an_ingress_of_the_istio_class_is_served_as_a_gateway_and_a_virtual_service() 
 
 #[test]
 fn a_named_port_is_read_from_the_registry_and_follows_the_service() {
-    let services = Arc::new(Services::default());
+    let services = Arc::new(MemoryRegistry::as_provider("Kubernetes"));
     let e = env(services.clone());
     e.config_changed(&added(&[istio_class(), ingress("istio", json!({"name": "http"}))]));
     // No Service yet: the path is not served, and that is said.
@@ -202,10 +175,10 @@ fn a_named_port_is_read_from_the_registry_and_follows_the_service() {
         "{problems:?}"
     );
 
-    let req = e.services_changed(services.set(&[("http", 8080)])).push.unwrap();
+    let req = e.services_changed(set(&services, &[("http", 8080)])).push.unwrap();
     assert!(configs_of(&req).contains(&vs_key()), "{req:?}");
     assert!(gateway_routes(&e, &req).contains("outbound|8080||web.shop.svc.cluster.local"));
-    let req = e.services_changed(services.set(&[("http", 9090)])).push.unwrap();
+    let req = e.services_changed(set(&services, &[("http", 9090)])).push.unwrap();
     assert_eq!(configs_of(&req), [vs_key()]);
     assert!(gateway_routes(&e, &req).contains("outbound|9090||web.shop.svc.cluster.local"));
     assert!(e.ingress_output().problems.is_empty());
@@ -213,8 +186,8 @@ fn a_named_port_is_read_from_the_registry_and_follows_the_service() {
 
 #[test]
 fn a_source_config_of_the_same_key_wins() {
-    let services = Arc::new(Services::default());
-    services.set(&[("http", 8080)]);
+    let services = Arc::new(MemoryRegistry::as_provider("Kubernetes"));
+    set(&services, &[("http", 8080)]);
     let e = env(services);
     e.config_changed(&added(&[istio_class(), ingress("istio", json!({"number": 8080}))]));
     let own = config(json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",

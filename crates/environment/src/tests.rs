@@ -2,20 +2,19 @@
 //! which proxies it concerns; which types it sends.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use config_sources::{ConfigChange, ConfigEvent};
 use model::testing::{config, proxy};
 use model::{Changed, Config, ConfigKey, ConfigKind, ConfigsUpdated, MeshConfig, Proxy, ServiceKey};
-use registry::{RegistryDiff, RegistrySnapshot};
+use registry::RegistryDiff;
 use serde_json::{Value, json};
 use xds_api::type_url;
 use xds_server::{PushSnapshot, SnapshotBuilder, TriggerReason, type_needs_push};
 
 use crate::push::change_scope;
 use crate::{Environment, PushRequest, Update};
-use registry::{ServiceEntries, ServiceRegistry};
+use registry::ServiceEntries;
 
 fn env() -> Environment {
     let mesh = Arc::new(MeshConfig::default());
@@ -275,27 +274,11 @@ fn change_scope_follows_the_push_request() {
     assert_eq!(both.kinds, vec![ConfigKind::VirtualService]);
 }
 
-/// A registry that changes by itself, as a Kubernetes one would.
-struct Fixed(std::sync::Mutex<Arc<RegistrySnapshot>>);
-
-impl ServiceRegistry for Fixed {
-    fn provider(&self) -> &str {
-        "Kubernetes"
-    }
-
-    fn config_changed(&self, _events: &[ConfigEvent]) -> RegistryDiff {
-        RegistryDiff::default()
-    }
-
-    fn snapshot(&self) -> Arc<RegistrySnapshot> {
-        self.0.lock().unwrap().clone()
-    }
-}
-
 #[test]
 fn a_second_registry_plugs_in_beside_service_entries() {
     let mesh = Arc::new(MeshConfig::default());
-    let k8s = Arc::new(Fixed(std::sync::Mutex::default()));
+    // A registry that changes by itself, as a Kubernetes one would.
+    let k8s = Arc::new(registry::MemoryRegistry::as_provider("Kubernetes"));
     let e = Environment::new(
         mesh.clone(),
         "cluster.local".into(),
@@ -306,11 +289,7 @@ fn a_second_registry_plugs_in_beside_service_entries() {
         .unwrap();
     // The other registry learns of a service: it reports the diff, the environment serves both.
     let theirs = registry::build(&[static_se("b", "web.b.svc.cluster.local", 80, &["10.1.0.1"])], &mesh);
-    *k8s.0.lock().unwrap() = Arc::new(theirs);
-    let diff = RegistryDiff {
-        services_changed: BTreeSet::from([ServiceKey::new("web.b.svc.cluster.local", "b")]),
-        ..Default::default()
-    };
+    let diff = k8s.add_service(theirs.services[0].as_ref().clone());
     let req = e.services_changed(diff).push.unwrap();
     assert!(req.full);
     assert_eq!(req.configs_updated, only([service("web.b.svc.cluster.local", "b")]));

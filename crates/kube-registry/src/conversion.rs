@@ -10,10 +10,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use model::networking::WorkloadEntry;
 use model::service::{ServiceAttributes, TrafficDistribution, Visibility};
 use model::{Config, ConfigKind, ConfigMeta, ConfigSpec, Endpoint, Locality, Port, Protocol, Resolution, Service};
+use registry::SERVICE_REGISTRY_KUBERNETES;
 use registry::{LOCALITY_LABEL, TOPOLOGY_REGION, TOPOLOGY_SUBZONE, TOPOLOGY_ZONE, augment_labels};
-
-/// Istio's provider ID for this registry.
-pub const SERVICE_REGISTRY_KUBERNETES: &str = "Kubernetes";
 /// The annotation that exports a Service (`networking.istio.io/exportTo: ".,istio-system"`).
 pub(crate) const EXPORT_TO_ANNOTATION: &str = "networking.istio.io/exportTo";
 /// The label Istio puts on a workload for its cluster (`AugmentLabels`).
@@ -166,7 +164,13 @@ pub(crate) fn convert_service(svc: &KubeService, ctx: &Context) -> Option<Servic
                 .collect()
         })
         .unwrap_or_default();
+    let cluster_vips = if addresses.is_empty() {
+        BTreeMap::new()
+    } else {
+        BTreeMap::from([(ctx.cluster_id.clone(), addresses.clone())])
+    };
     Some(Service {
+        cluster_vips,
         hostname: format!("{name}.{namespace}.svc.{}", ctx.domain),
         ports,
         addresses,
@@ -269,6 +273,7 @@ pub(crate) fn convert_endpoints<'a>(
                 // not IPs of the slice's family: dropped (see `slice_defects`)
                 for address in ep.addresses.iter().filter(|a| is_ip(a, Some(&slice.address_type))) {
                     out.push(Endpoint {
+                        cluster_id: ctx.cluster_id.clone(),
                         address: address.clone(),
                         endpoint_port: port,
                         service_port_name: sp.name.clone(),
@@ -301,6 +306,7 @@ pub(crate) fn external_name_endpoints(svc: &Service, external_name: &str) -> Vec
     svc.ports
         .iter()
         .map(|p| Endpoint {
+            cluster_id: svc.attributes.cluster_id.clone(),
             address: external_name.to_owned(),
             endpoint_port: p.port,
             service_port_name: p.name.clone(),

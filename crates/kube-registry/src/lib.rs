@@ -21,8 +21,9 @@ mod tests;
 mod workload_tests;
 
 pub use controller::{KubeEvent, KubeRegistry};
-pub use conversion::{Context, SERVICE_REGISTRY_KUBERNETES};
+pub use conversion::Context;
 pub use kclient::Change;
+use registry::SERVICE_REGISTRY_KUBERNETES;
 
 impl registry::ServiceRegistry for KubeRegistry {
     fn provider(&self) -> &str {

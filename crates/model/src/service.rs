@@ -230,8 +230,13 @@ pub struct Service {
     /// FQDN, possibly a wildcard (`*.example.com`).
     pub hostname: String,
     pub ports: Vec<Port>,
-    /// VIPs (ServiceEntry addresses); empty for headless or external wildcard services.
+    /// VIPs (ServiceEntry addresses, the Kubernetes Service's cluster IPs in the first cluster
+    /// that has it); empty for headless or external wildcard services.
     pub addresses: Vec<String>,
+    /// Istio's `ClusterVIPs`: a Kubernetes service's cluster IPs per cluster ID, one entry per
+    /// cluster that has the Service (the aggregate merges them); empty for ServiceEntries.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub cluster_vips: BTreeMap<String, Vec<String>>,
     pub resolution: Resolution,
     pub mesh_external: bool,
     pub attributes: ServiceAttributes,
@@ -250,6 +255,15 @@ impl Service {
 
     pub fn namespace(&self) -> &str {
         &self.attributes.namespace
+    }
+
+    /// Istio's `GetAllAddressesForProxy` without auto-allocation: the VIPs the service has in the
+    /// proxy's cluster, else its default addresses.
+    pub fn addresses_for(&self, cluster_id: &str) -> &[String] {
+        match self.cluster_vips.get(cluster_id) {
+            Some(vips) if !vips.is_empty() => vips,
+            _ => &self.addresses,
+        }
     }
 }
 
@@ -293,7 +307,7 @@ impl fmt::Display for Locality {
 }
 
 /// One endpoint of one service port, as Istio's `IstioEndpoint`.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Endpoint {
     /// IP address, or a hostname for DNS-resolved services.
     pub address: String,
@@ -307,6 +321,10 @@ pub struct Endpoint {
     pub weight: u32,
     pub service_account: String,
     pub network: String,
+    /// The cluster it was read from (Istio's `Locality.ClusterID`): the Kubernetes registry's
+    /// cluster ID; empty for ServiceEntry and WorkloadEntry endpoints.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub cluster_id: String,
     pub namespace: String,
     /// Where it came from (`WorkloadEntry/ns/name` or `ServiceEntry/ns/name`), for debugging.
     pub origin: String,
@@ -367,6 +385,7 @@ mod tests {
     #[test]
     fn tls_mode_rules() {
         let mut ep = Endpoint {
+            cluster_id: Default::default(),
             address: "10.0.0.1".into(),
             endpoint_port: 80,
             service_port_name: "http".into(),

@@ -80,8 +80,9 @@ pub struct DiscoveryArgs {
     /// HTTP address for Pilot's self-monitoring information (/metrics, /version).
     #[arg(long = "monitoringAddr", default_value = ":15014")]
     pub monitoring_addr: String,
-    /// Comma separated list of platform service registries to read from (Kubernetes).
-    #[arg(long = "registries", value_delimiter = ',', default_value = "Kubernetes")]
+    /// Comma separated list of platform service registries to read from (Kubernetes, Mock).
+    #[arg(long = "registries", value_delimiter = ',', default_value = "Kubernetes",
+          value_parser = clap::builder::PossibleValuesParser::new(["Kubernetes", "Mock"]))]
     pub registries: Vec<String>,
     /// The ID of the cluster that this Istiod instance resides.
     #[arg(long = "clusterID", env = "CLUSTER_ID", default_value = "Kubernetes")]
@@ -204,5 +205,14 @@ mod tests {
         assert_eq!(a.secure_grpc_addr, "");
         assert_eq!(a.registries.len(), 2);
         assert!(Cli::try_parse_from(["pilot-discovery", "discovery", "--bogus"]).is_err());
+        // A registry Istio does not have is refused, naming the ones there are.
+        let Err(e) = Cli::try_parse_from(["pilot-discovery", "discovery", "--registries", "Kubernetes,Kubernets"])
+        else {
+            panic!("an unknown registry is refused")
+        };
+        assert!(
+            e.to_string().contains("Kubernets") && e.to_string().contains("Mock"),
+            "{e}"
+        );
     }
 }

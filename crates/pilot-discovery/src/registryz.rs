@@ -66,7 +66,11 @@ fn istio_service_json(svc: &model::Service) -> Value {
     });
     if let Some(first) = svc.addresses.first() {
         out["defaultAddress"] = json!(first);
-        out["clusterVIPs"] = json!({"Addresses": {cluster: svc.addresses}});
+        out["clusterVIPs"] = if svc.cluster_vips.is_empty() {
+            json!({"Addresses": {cluster: svc.addresses}})
+        } else {
+            json!({"Addresses": svc.cluster_vips})
+        };
     }
     out
 }
@@ -79,12 +83,18 @@ pub async fn endpoint_shardz(State(s): State<AppState>) -> Json<Value> {
     let registry = s.environment.registry();
     let mut out: BTreeMap<&str, BTreeMap<&str, Value>> = BTreeMap::new();
     for (key, endpoints) in registry.endpoints.iter() {
-        let cluster = registry
+        let service_cluster = registry
             .service(&key.hostname, &key.namespace)
             .map_or("", |svc| svc.attributes.cluster_id.as_str());
         let mut shards: BTreeMap<String, Vec<Value>> = BTreeMap::new();
         let mut accounts = serde_json::Map::new();
         for e in endpoints.iter() {
+            // Istio shards endpoints by (provider, cluster): each keeps the cluster it came from.
+            let cluster = if e.cluster_id.is_empty() {
+                service_cluster
+            } else {
+                e.cluster_id.as_str()
+            };
             shards
                 .entry(format!("{}/{cluster}", provider(e)))
                 .or_default()

@@ -219,6 +219,10 @@ fn init_environment(
         .iter()
         .map(|r| Box::new(r.clone()) as Box<dyn registry::ServiceRegistry>)
         .collect();
+    if args.registries.iter().any(|r| r == registry::SERVICE_REGISTRY_MOCK) {
+        // Istio's `initMemoryRegistry`: an empty registry that code fills (tests).
+        registries.push(Box::new(registry::MemoryRegistry::new()));
+    }
     registries.push(Box::new(ServiceEntries::with_workloads(mesh.clone(), kube)));
     Arc::new(
         Environment::new(mesh.clone(), args.domain.clone(), registries)

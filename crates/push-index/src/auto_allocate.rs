@@ -100,6 +100,7 @@ mod tests {
 
     fn se(host: &str, ns: &str, resolution: Resolution, addresses: &[&str]) -> Arc<Service> {
         Arc::new(Service {
+            cluster_vips: Default::default(),
             hostname: host.into(),
             ports: Vec::new(),
             addresses: addresses.iter().map(|a| (*a).to_owned()).collect(),

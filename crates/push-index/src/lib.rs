@@ -353,11 +353,13 @@ impl PushContext {
         &self.registry
     }
 
-    /// Istio's `GetAllAddressesForProxy`: the service's addresses, or, for a proxy that captures
-    /// DNS, the VIPs allocated to a ServiceEntry without addresses (of the proxy's IP families).
+    /// Istio's `GetAllAddressesForProxy`: the service's addresses in the proxy's cluster (else its
+    /// default ones), or, for a proxy that captures DNS, the VIPs allocated to a ServiceEntry
+    /// without addresses (of the proxy's IP families).
     pub fn service_addresses(&self, proxy: &Proxy, service: &Service) -> Vec<String> {
-        if !service.addresses.is_empty() {
-            return service.addresses.clone();
+        let addresses = service.addresses_for(proxy.cluster_id());
+        if !addresses.is_empty() {
+            return addresses.to_vec();
         }
         if !proxy.uses_auto_allocated_ips(self.features.enable_ip_autoallocate) {
             return Vec::new();

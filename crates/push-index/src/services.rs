@@ -185,6 +185,7 @@ mod tests {
 
     pub(crate) fn service(host: &str, ns: &str, export_to: &[&str]) -> Arc<Service> {
         Arc::new(Service {
+            cluster_vips: Default::default(),
             hostname: host.into(),
             ports: vec![Port {
                 name: "http".into(),

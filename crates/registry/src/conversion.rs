@@ -11,6 +11,8 @@ use model::{ConfigMeta, Endpoint, Locality, Port, Protocol, Resolution, Service,
 
 /// `provider.External`: the registry name of ServiceEntry services.
 pub const SERVICE_REGISTRY_EXTERNAL: &str = "External";
+/// Istio's `provider.Kubernetes`: the registry of Kubernetes Services (one per cluster).
+pub const SERVICE_REGISTRY_KUBERNETES: &str = "Kubernetes";
 /// Prefix of a Unix domain socket endpoint address (`unix:///var/run/app.sock`).
 pub const UNIX_ADDRESS_PREFIX: &str = "unix://";
 /// Old-style locality label (`region.zone.subzone`, dots because Kubernetes labels allow no `/`).
@@ -127,6 +129,7 @@ pub(crate) fn convert_services(
     se.hosts
         .iter()
         .map(|host| Service {
+            cluster_vips: Default::default(),
             hostname: host.clone(),
             ports: ports.clone(),
             addresses: addresses.clone(),
@@ -251,6 +254,7 @@ pub(crate) fn convert_endpoint(
         _ => wle.locality.clone(),
     };
     Some(Endpoint {
+        cluster_id: Default::default(),
         address: wle.address.clone(),
         endpoint_port,
         service_port_name: port.name.clone(),
@@ -298,6 +302,7 @@ pub(crate) fn host_endpoint(service: &Service, port: &ServicePort, number: u16) 
         t => u16::try_from(t).ok()?,
     };
     Some(Endpoint {
+        cluster_id: Default::default(),
         address: service.hostname.clone(),
         endpoint_port,
         service_port_name: port.name.clone(),

@@ -10,6 +10,7 @@ mod controller;
 mod conversion;
 mod diff;
 mod instance;
+pub mod memory;
 mod workload_entry;
 
 #[cfg(test)]
@@ -24,11 +25,12 @@ use model::{Config, ConfigSpec, Endpoint, MeshConfig, Service};
 
 pub use controller::{ServiceEntryRegistry, WorkloadSource};
 pub use conversion::{
-    LOCALITY_LABEL, SERVICE_REGISTRY_EXTERNAL, TOPOLOGY_NETWORK, TOPOLOGY_REGION, TOPOLOGY_SUBZONE, TOPOLOGY_ZONE,
-    UNIX_ADDRESS_PREFIX, augment_labels, visible_from,
+    LOCALITY_LABEL, SERVICE_REGISTRY_EXTERNAL, SERVICE_REGISTRY_KUBERNETES, TOPOLOGY_NETWORK, TOPOLOGY_REGION,
+    TOPOLOGY_SUBZONE, TOPOLOGY_ZONE, UNIX_ADDRESS_PREFIX, augment_labels, visible_from,
 };
 pub use diff::{RegistryDiff, diff};
 pub use instance::{ServiceEntries, ServiceRegistry, Workload};
+pub use memory::{MemoryRegistry, SERVICE_REGISTRY_MOCK};
 
 use conversion::{WorkloadRef, convert_endpoint, convert_services, host_endpoint, is_dns, resolution, valid_ports};
 use workload_entry::WorkloadEntryIndex;

@@ -140,12 +140,14 @@ enum LabelUse {
 }
 
 /// What every type depends on: the proxy's type, its namespace (visibility of services,
-/// VirtualServices, DestinationRules; `sourceNamespace` matches), the Sidecar in effect (with the
-/// namespace it decides the `SidecarScope`) and the labels that configs can match.
+/// VirtualServices, DestinationRules; `sourceNamespace` matches), its cluster (a service's VIPs
+/// in it, `ClusterVIPs`; the endpoints it sees), the Sidecar in effect (with the namespace it
+/// decides the `SidecarScope`) and the labels that configs can match.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct ProxyClass {
     node_type: NodeType,
     namespace: String,
+    cluster_id: String,
     sidecar: Option<ConfigKey>,
     labels: BTreeMap<String, String>,
 }
@@ -170,6 +172,7 @@ impl ProxyClass {
         ProxyClass {
             node_type: proxy.node_type,
             namespace: proxy.config_namespace.clone(),
+            cluster_id: proxy.cluster_id().to_owned(),
             sidecar: push.sidecar_scope(proxy).sidecar().cloned(),
             labels,
         }

@@ -11,9 +11,10 @@ use regex::Regex;
 use super::LDS_METADATA_KEYS;
 
 /// Fields every key covers: the node type (`is_router`, `is_sidecar`), the namespace, the
-/// labels (restricted, plus the Sidecar in effect); `id` is only logged.
+/// cluster, the labels (restricted, plus the Sidecar in effect); `id` is only logged.
 const COMMON: &[&str] = &[
     "id",
+    "cluster_id",
     "node_type",
     "is_router",
     "is_sidecar",
@@ -112,11 +113,13 @@ fn generators_read_only_the_proxy_fields_their_keys_cover() {
 #[test]
 fn the_tripwire_catches_a_read_of_an_unkeyed_field() {
     let field = Regex::new(r"\bproxy\s*\.\s*([A-Za-z_]\w*)").unwrap();
-    let snippet = "let c = self.proxy\n        .cluster_id();";
+    let snippet = "let c = self.proxy\n        .verified_identity();";
     let found: Vec<&str> = field
         .captures_iter(snippet)
         .map(|c| c.get(1).unwrap().as_str())
         .collect();
-    assert_eq!(found, ["cluster_id"]);
-    assert!(!COMMON.contains(&"cluster_id") && READS.iter().all(|(_, extra)| !extra.contains(&"cluster_id")));
+    assert_eq!(found, ["verified_identity"]);
+    assert!(
+        !COMMON.contains(&"verified_identity") && READS.iter().all(|(_, extra)| !extra.contains(&"verified_identity"))
+    );
 }

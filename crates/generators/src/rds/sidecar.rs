@@ -328,7 +328,7 @@ pub(crate) fn generate_virtual_host_domains(service: &Service, proxy: &Proxy, fe
         let wildcards: Vec<String> = domains.iter().map(|d| format!("*.{d}")).collect();
         domains.extend(wildcards);
     }
-    for a in &service.addresses {
+    for a in service.addresses_for(proxy.cluster_id()) {
         if a == "0.0.0.0" || a == "::" || a.is_empty() {
             continue;
         }

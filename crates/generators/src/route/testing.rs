@@ -119,6 +119,7 @@ impl PushView for FakePush {
 /// A service with one HTTP port per number given.
 pub(crate) fn service(hostname: &str, namespace: &str, ports: &[u16]) -> Service {
     Service {
+        cluster_vips: Default::default(),
         hostname: hostname.into(),
         ports: ports
             .iter()
