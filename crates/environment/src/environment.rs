@@ -257,6 +257,56 @@ impl Environment {
         update(derived.into_iter().collect(), diff)
     }
 
+    /// A registry joins, as a remote cluster's when its secret is read (Istio's aggregate
+    /// `AddRegistry`): a Kubernetes registry goes before the first registry of another provider
+    /// (the config cluster's first, then the remote ones in the order they came), any other
+    /// last. Everything it has is pushed.
+    pub fn add_registry(&self, registry: Box<dyn ServiceRegistry>) -> Update {
+        let diff = everything(&registry.snapshot());
+        let mut st = lock(&self.state);
+        let at = if registry.provider() == registry::SERVICE_REGISTRY_KUBERNETES {
+            st.registries
+                .iter()
+                .position(|r| r.provider() != registry::SERVICE_REGISTRY_KUBERNETES)
+                .unwrap_or(st.registries.len())
+        } else {
+            st.registries.len()
+        };
+        st.registries.insert(at, registry);
+        let diff = registries_changed(&mut st, diff);
+        let derived = self.translate_ingresses(&mut st, false, &diff);
+        drop(st);
+        update(derived.into_iter().collect(), diff)
+    }
+
+    /// The registries of this cluster leave (a remote cluster whose secret was deleted or
+    /// rotated), and their services and endpoints with them (Istio's `DeleteRegistry`).
+    pub fn remove_registry(&self, cluster_id: &str) -> Update {
+        let mut st = lock(&self.state);
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut st.registries)
+            .into_iter()
+            .partition(|r| !cluster_id.is_empty() && r.cluster_id() == cluster_id);
+        st.registries = kept;
+        let mut diff = RegistryDiff::default();
+        for r in &gone {
+            diff.merge(everything(&r.snapshot()));
+        }
+        let diff = registries_changed(&mut st, diff);
+        let derived = self.translate_ingresses(&mut st, false, &diff);
+        drop(st);
+        update(derived.into_iter().collect(), diff)
+    }
+
+    /// The clusters of the Kubernetes registries, in order.
+    pub fn clusters(&self) -> Vec<String> {
+        lock(&self.state)
+            .registries
+            .iter()
+            .filter(|r| r.provider() == registry::SERVICE_REGISTRY_KUBERNETES)
+            .map(|r| r.cluster_id().to_owned())
+            .collect()
+    }
+
     /// Converts the Ingresses again when they changed or a Service they read did; returns the
     /// Gateways and VirtualServices that changed. New problems are logged.
     fn translate_ingresses(&self, st: &mut State, ingresses_changed: bool, diff: &RegistryDiff) -> Vec<ConfigKey> {
@@ -295,6 +345,15 @@ impl ingress::ServicePorts for KubernetesPorts<'_> {
             // Istio reads the Kubernetes Service (the registry's provider ID `Kubernetes`).
             .filter(|s| s.attributes.service_registry == "Kubernetes")
             .map(|s| s.ports.iter().map(|p| (p.name.clone(), u32::from(p.port))).collect())
+    }
+}
+
+/// Every service and endpoint list of `snapshot`, as changed: a registry that joins or leaves.
+fn everything(snapshot: &RegistrySnapshot) -> RegistryDiff {
+    let services = snapshot.services.iter().map(|s| model::ServiceKey::of(s));
+    RegistryDiff {
+        services_changed: services.chain(snapshot.endpoints.keys().cloned()).collect(),
+        ..Default::default()
     }
 }
 

@@ -101,15 +101,18 @@ impl SnapshotBuilder for Environment {
     }
 
     /// Istio's `SetWorkloadLabels`: the labels of the proxy's workload as the first registry that
-    /// knows it has them (Kubernetes: the Pod its ID names, else the Pod at its IP), else the
+    /// knows it has them (those of the proxy's cluster first) (Kubernetes: the Pod its ID names, else the Pod at its IP), else the
     /// node metadata's; the locality of the node, else the workload's; and, as Istio's
     /// `SetServiceTargets`, the Service ports that select that workload.
     fn init_proxy(&self, proxy: &mut model::Proxy) {
         let ip = proxy.ip_addresses.first().map(|i| i.to_string()).unwrap_or_default();
         let st = lock(&self.state);
-        let Some(w) = st
-            .registries
-            .iter()
+        // The registries of the proxy's cluster first: Pod IPs may repeat across clusters.
+        let cluster = proxy.cluster_id();
+        let ours = st.registries.iter().filter(|r| r.cluster_id() == cluster);
+        let others = st.registries.iter().filter(|r| r.cluster_id() != cluster);
+        let Some(w) = ours
+            .chain(others)
             .find_map(|r| r.workload(&ip, &proxy.id, &proxy.config_namespace))
         else {
             return;

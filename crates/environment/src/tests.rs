@@ -323,3 +323,98 @@ fn a_new_mesh_config_makes_a_full_push_built_with_it() {
     assert_eq!(e.mesh().root_namespace, "mesh-root");
     assert!(second.needs_push(&sidecar("b"), &req, Some(&first)));
 }
+
+/// A cluster's registry with one Service, `web.shop`, its VIP and one endpoint.
+fn cluster(id: &str, vip: &str, ip: &str) -> registry::MemoryRegistry {
+    let r = registry::MemoryRegistry::as_provider("Kubernetes").in_cluster(id);
+    r.add_service(model::Service {
+        hostname: "web.shop.svc.cluster.local".into(),
+        ports: vec![model::Port {
+            name: "http".into(),
+            port: 80,
+            protocol: model::Protocol::Http,
+        }],
+        addresses: vec![vip.into()],
+        cluster_vips: [(id.to_owned(), vec![vip.to_owned()])].into(),
+        resolution: model::Resolution::ClientSideLb,
+        mesh_external: false,
+        attributes: model::ServiceAttributes {
+            service_registry: "Kubernetes".into(),
+            name: "web".into(),
+            namespace: "shop".into(),
+            cluster_id: id.into(),
+            ..Default::default()
+        },
+        origin: format!("Service/shop/web in {id}"),
+    });
+    let endpoint = model::Endpoint {
+        address: ip.into(),
+        endpoint_port: 8080,
+        service_port_name: "http".into(),
+        namespace: "shop".into(),
+        cluster_id: id.into(),
+        ..Default::default()
+    };
+    r.set_endpoints("web.shop.svc.cluster.local", "shop", vec![endpoint]);
+    r
+}
+
+#[test]
+fn a_remote_cluster_joins_and_leaves_with_its_services_and_endpoints() {
+    let mesh = Arc::new(MeshConfig::default());
+    let e = Environment::new(
+        mesh.clone(),
+        "cluster.local".into(),
+        vec![
+            Box::new(cluster("c1", "10.96.0.1", "10.1.0.1")),
+            Box::new(ServiceEntries::new(mesh)),
+        ],
+    );
+    let key = ServiceKey::new("web.shop.svc.cluster.local", "shop");
+    let addresses = |e: &Environment| -> Vec<String> {
+        let r = e.registry();
+        r.endpoints_of(&key)
+            .iter()
+            .map(|x| format!("{}@{}", x.address, x.cluster_id))
+            .collect()
+    };
+    assert_eq!(addresses(&e), ["10.1.0.1@c1"]);
+
+    // A remote cluster joins: before the ServiceEntries, after the config cluster; a full push
+    // of its services.
+    let req = e
+        .add_registry(Box::new(cluster("c2", "10.96.0.2", "10.2.0.1")))
+        .push
+        .unwrap();
+    assert!(req.full);
+    assert_eq!(
+        req.configs_updated,
+        only([service("web.shop.svc.cluster.local", "shop")])
+    );
+    assert_eq!(e.clusters(), ["c1", "c2"]);
+    assert_eq!(addresses(&e), ["10.1.0.1@c1", "10.2.0.1@c2"]);
+    let svc = e
+        .registry()
+        .service("web.shop.svc.cluster.local", "shop")
+        .cloned()
+        .unwrap();
+    assert_eq!(svc.addresses_for("c2"), ["10.96.0.2"]);
+
+    // It leaves: its endpoints and VIP go, the config cluster's stay.
+    let req = e.remove_registry("c2").push.unwrap();
+    assert_eq!(
+        req.configs_updated,
+        only([service("web.shop.svc.cluster.local", "shop")])
+    );
+    assert_eq!(e.clusters(), ["c1"]);
+    assert_eq!(addresses(&e), ["10.1.0.1@c1"]);
+    let svc = e
+        .registry()
+        .service("web.shop.svc.cluster.local", "shop")
+        .cloned()
+        .unwrap();
+    assert_eq!(svc.cluster_vips.len(), 1);
+    // A cluster that is not there: nothing to push.
+    assert_eq!(e.remove_registry("c9").push, None);
+    assert_eq!(e.remove_registry("").push, None);
+}

@@ -80,7 +80,15 @@ where
 {
     let (tx, rx) = mpsc::channel(16);
     let url = api.resource_url().to_owned();
-    tokio::spawn(run(api.into_client(), url, kind, metrics, max_page, tx));
+    // The list + watch ends as soon as the stream is dropped, not at the end of the watch in
+    // flight (up to WATCH_TIMEOUT): a cluster that leaves takes its tasks and connections along.
+    let dropped = tx.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = run(api.into_client(), url, kind, metrics, max_page, tx) => {}
+            () = dropped.closed() => {}
+        }
+    });
     futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|w| (w, rx)) })
 }
 

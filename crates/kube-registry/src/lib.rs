@@ -30,6 +30,10 @@ impl registry::ServiceRegistry for KubeRegistry {
         SERVICE_REGISTRY_KUBERNETES
     }
 
+    fn cluster_id(&self) -> &str {
+        &self.context().cluster_id
+    }
+
     /// Core Kubernetes objects from manifests in --configDir feed this registry; Istio kinds do not.
     fn config_changed(&self, events: &[model::ConfigEvent]) -> registry::RegistryDiff {
         let (kube_events, errors) = manifests::events(events);

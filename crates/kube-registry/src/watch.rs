@@ -23,14 +23,37 @@ use crate::{KubeEvent, KubeRegistry};
 /// The kinds watched.
 pub const KINDS: &[&str] = &["Service", "EndpointSlice", "Pod", "Node", "Namespace"];
 
-/// Starts one watcher per kind. Diffs go to `diffs`; `synced` holds the kinds whose initial list
-/// is in (all of [`KINDS`] when start-up may go on).
+/// The watchers of one cluster's kinds: they run until this is dropped (a remote cluster whose
+/// secret is rotated or deleted stops its watchers so).
+pub struct Watchers {
+    /// The kinds whose initial list is in (all of [`KINDS`] when the cluster is synced).
+    pub synced: watch::Receiver<std::collections::BTreeSet<&'static str>>,
+    tasks: Vec<tokio::task::AbortHandle>,
+}
+
+impl Watchers {
+    /// Whether every kind's initial list is in.
+    pub fn is_synced(&self) -> bool {
+        self.synced.borrow().len() == KINDS.len()
+    }
+}
+
+impl Drop for Watchers {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Starts one watcher per kind. Diffs go to `diffs`; see [`Watchers`] for when they are in and
+/// how they stop.
 pub fn watch_all(
     client: Client,
     registry: Arc<KubeRegistry>,
     diffs: mpsc::UnboundedSender<RegistryDiff>,
     metrics: WatchMetrics,
-) -> watch::Receiver<std::collections::BTreeSet<&'static str>> {
+) -> Watchers {
     let (synced_tx, synced) = watch::channel(std::collections::BTreeSet::new());
     let s = Sink {
         registry,
@@ -38,22 +61,24 @@ pub fn watch_all(
         synced: Arc::new(synced_tx),
         metrics,
     };
-    spawn::<KubeService>(
-        Api::all(client.clone()),
-        ("Service", "Services"),
-        KubeEvent::Service,
-        s.clone(),
-    );
-    spawn::<EndpointSlice>(
-        Api::all(client.clone()),
-        ("EndpointSlice", "EndpointSlice"),
-        KubeEvent::EndpointSlice,
-        s.clone(),
-    );
-    spawn::<Pod>(Api::all(client.clone()), ("Pod", "Pods"), KubeEvent::Pod, s.clone());
-    spawn::<Node>(Api::all(client.clone()), ("Node", "Nodes"), KubeEvent::Node, s.clone());
-    spawn::<Namespace>(Api::all(client), ("Namespace", "Namespaces"), KubeEvent::Namespace, s);
-    synced
+    let tasks = vec![
+        spawn::<KubeService>(
+            Api::all(client.clone()),
+            ("Service", "Services"),
+            KubeEvent::Service,
+            s.clone(),
+        ),
+        spawn::<EndpointSlice>(
+            Api::all(client.clone()),
+            ("EndpointSlice", "EndpointSlice"),
+            KubeEvent::EndpointSlice,
+            s.clone(),
+        ),
+        spawn::<Pod>(Api::all(client.clone()), ("Pod", "Pods"), KubeEvent::Pod, s.clone()),
+        spawn::<Node>(Api::all(client.clone()), ("Node", "Nodes"), KubeEvent::Node, s.clone()),
+        spawn::<Namespace>(Api::all(client), ("Namespace", "Namespaces"), KubeEvent::Namespace, s),
+    ];
+    Watchers { synced, tasks }
 }
 
 /// Where every watcher's changes go.
@@ -66,7 +91,12 @@ struct Sink {
 }
 
 /// `(kind, metric type label)`.
-fn spawn<K>(api: Api<K>, (kind, label): (&'static str, &'static str), wrap: fn(Change<K>) -> KubeEvent, sink: Sink)
+fn spawn<K>(
+    api: Api<K>,
+    (kind, label): (&'static str, &'static str),
+    wrap: fn(Change<K>) -> KubeEvent,
+    sink: Sink,
+) -> tokio::task::AbortHandle
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default,
@@ -147,5 +177,6 @@ where
                 });
             }
         }
-    });
+    })
+    .abort_handle()
 }

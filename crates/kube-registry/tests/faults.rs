@@ -88,11 +88,14 @@ async fn one_undecodable_object_does_not_stop_the_others_and_broken_watch_lines_
         .counting_problems(metrics.object_errors.clone()),
     );
     let (tx, _diffs) = mpsc::unbounded_channel();
-    let mut synced = watch_all(client, registry.clone(), tx, metrics.clone());
-    tokio::time::timeout(Duration::from_secs(10), synced.wait_for(|s| s.len() == KINDS.len()))
-        .await
-        .expect("every kind synced within 10 s, the undecodable Service notwithstanding")
-        .unwrap();
+    let mut watchers = watch_all(client, registry.clone(), tx, metrics.clone());
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        watchers.synced.wait_for(|s| s.len() == KINDS.len()),
+    )
+    .await
+    .expect("every kind synced within 10 s, the undecodable Service notwithstanding")
+    .unwrap();
     assert_eq!(addresses(&registry, "reviews"), ["10.1.0.1"]);
     assert_eq!(addresses(&registry, "ratings"), ["10.1.0.2"]);
     let ratings = registry
@@ -299,11 +302,14 @@ async fn unknown_watch_events_are_counted_and_their_warnings_rate_limited() {
         discovery_selectors: Vec::new(),
     }));
     let (tx, _diffs) = mpsc::unbounded_channel();
-    let mut synced = watch_all(client, registry.clone(), tx, metrics.clone());
-    tokio::time::timeout(Duration::from_secs(10), synced.wait_for(|s| s.len() == KINDS.len()))
-        .await
-        .expect("synced within 10 s")
-        .unwrap();
+    let mut watchers = watch_all(client, registry.clone(), tx, metrics.clone());
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        watchers.synced.wait_for(|s| s.len() == KINDS.len()),
+    )
+    .await
+    .expect("synced within 10 s")
+    .unwrap();
     eventually("a Service watch open", || {
         api.requests()
             .iter()

@@ -88,11 +88,14 @@ async fn watchers_sync_then_follow_changes_through_drops_and_410() {
     }));
     let (tx, mut diffs) = mpsc::unbounded_channel();
     let metrics = WatchMetrics::default();
-    let mut synced = watch_all(client, registry.clone(), tx, metrics.clone());
-    tokio::time::timeout(Duration::from_secs(10), synced.wait_for(|s| s.len() == KINDS.len()))
-        .await
-        .expect("initial lists within 10 s")
-        .unwrap();
+    let mut watchers = watch_all(client, registry.clone(), tx, metrics.clone());
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        watchers.synced.wait_for(|s| s.len() == KINDS.len()),
+    )
+    .await
+    .expect("initial lists within 10 s")
+    .unwrap();
     assert_eq!(addresses(&registry), ["10.1.0.1"]);
     let snapshot = registry.snapshot();
     let e = &snapshot.endpoints_of(&ServiceKey::new(HOST, "default"))[0];

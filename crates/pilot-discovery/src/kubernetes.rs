@@ -9,7 +9,7 @@ use std::time::Duration;
 use environment::Environment;
 use kclient::{WatchMetrics, client_config, connect};
 use kube::Client;
-use kube_registry::watch::{KINDS, watch_all};
+use kube_registry::watch::{KINDS, Watchers, watch_all};
 use kube_registry::{Context, KubeRegistry};
 use model::MeshConfig;
 use registry::RegistryDiff;
@@ -24,6 +24,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Kubernetes {
     pub registry: Arc<KubeRegistry>,
     diffs: mpsc::UnboundedReceiver<RegistryDiff>,
+    /// The config cluster's watchers run as long as the process.
+    watchers: Watchers,
 }
 
 /// A client for the configured cluster (`--kubeconfig`, `KUBECONFIG`, in-cluster), checked by
@@ -50,17 +52,20 @@ pub async fn start(
     let registry = Arc::new(KubeRegistry::new(context(args, mesh)).counting_problems(metrics.object_errors.clone()));
     let _ = PROBLEMS.set(registry.problems());
     let (tx, diffs) = mpsc::unbounded_channel();
-    let mut synced = watch_all(client, registry.clone(), tx, metrics);
+    let mut watchers = watch_all(client, registry.clone(), tx, metrics);
     let t0 = std::time::Instant::now();
     loop {
-        let waited = tokio::time::timeout(Duration::from_secs(5), synced.wait_for(|s| s.len() == KINDS.len()))
-            .await
-            .map(|r| r.is_ok());
+        let waited = tokio::time::timeout(
+            Duration::from_secs(5),
+            watchers.synced.wait_for(|s| s.len() == KINDS.len()),
+        )
+        .await
+        .map(|r| r.is_ok());
         match waited {
             Ok(true) => break,
             Ok(false) => anyhow::bail!("Kubernetes watchers stopped before their initial lists"),
             Err(_) => {
-                let pending = pending(&synced.borrow());
+                let pending = pending(&watchers.synced.borrow());
                 tracing::info!(
                     synced = KINDS.len() - pending.len(),
                     of = KINDS.len(),
@@ -78,7 +83,11 @@ pub async fn start(
         seconds = t0.elapsed().as_secs_f64(),
         "Kubernetes registry synced"
     );
-    Ok(Kubernetes { registry, diffs })
+    Ok(Kubernetes {
+        registry,
+        diffs,
+        watchers,
+    })
 }
 
 /// The kinds of [`KINDS`] not in `synced`.
@@ -116,6 +125,7 @@ impl Kubernetes {
     /// From now on, each change reaches the environment and the xDS server.
     pub fn follow(mut self, env: Arc<Environment>, server: Arc<DiscoveryServer<Environment>>) {
         tokio::spawn(async move {
+            let _watchers = self.watchers;
             while let Some(diff) = self.diffs.recv().await {
                 crate::push::dispatch(&server, env.services_changed(diff));
             }

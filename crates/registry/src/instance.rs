@@ -14,6 +14,12 @@ pub trait ServiceRegistry: Send + Sync {
     /// Istio's provider ID: `External` for ServiceEntries, `Kubernetes`.
     fn provider(&self) -> &str;
 
+    /// Istio's `Cluster()`: the ID of the cluster a Kubernetes registry reads; empty for the
+    /// registries of no cluster.
+    fn cluster_id(&self) -> &str {
+        ""
+    }
+
     /// Istio config changed. Registries built from Istio config (ServiceEntries, WorkloadEntries)
     /// apply the events they read and return what changed; others return nothing.
     fn config_changed(&self, events: &[ConfigEvent]) -> RegistryDiff;
@@ -57,6 +63,10 @@ pub struct Workload {
 impl<T: ServiceRegistry + ?Sized> ServiceRegistry for Arc<T> {
     fn provider(&self) -> &str {
         self.as_ref().provider()
+    }
+
+    fn cluster_id(&self) -> &str {
+        self.as_ref().cluster_id()
     }
 
     fn config_changed(&self, events: &[ConfigEvent]) -> RegistryDiff {

@@ -17,6 +17,7 @@ pub const SERVICE_REGISTRY_MOCK: &str = "Mock";
 #[derive(Debug)]
 pub struct MemoryRegistry {
     provider: String,
+    cluster_id: String,
     snapshot: Mutex<Arc<RegistrySnapshot>>,
 }
 
@@ -35,8 +36,15 @@ impl MemoryRegistry {
     pub fn as_provider(provider: &str) -> MemoryRegistry {
         MemoryRegistry {
             provider: provider.to_owned(),
+            cluster_id: String::new(),
             snapshot: Mutex::default(),
         }
+    }
+
+    /// The registry as the one of this cluster (its [`ServiceRegistry::cluster_id`]).
+    pub fn in_cluster(mut self, cluster_id: &str) -> MemoryRegistry {
+        self.cluster_id = cluster_id.to_owned();
+        self
     }
 
     /// Adds the service, or replaces the one of its hostname and namespace (Istio's `AddService`).
@@ -105,6 +113,10 @@ impl MemoryRegistry {
 impl ServiceRegistry for MemoryRegistry {
     fn provider(&self) -> &str {
         &self.provider
+    }
+
+    fn cluster_id(&self) -> &str {
+        &self.cluster_id
     }
 
     fn config_changed(&self, _events: &[ConfigEvent]) -> RegistryDiff {
