@@ -260,10 +260,22 @@ impl Environment {
     /// A registry joins, as a remote cluster's when its secret is read (Istio's aggregate
     /// `AddRegistry`): a Kubernetes registry goes before the first registry of another provider
     /// (the config cluster's first, then the remote ones in the order they came), any other
-    /// last. Everything it has is pushed.
+    /// last. It replaces the registries of its cluster, if any. Everything it has is pushed.
     pub fn add_registry(&self, registry: Box<dyn ServiceRegistry>) -> Update {
-        let diff = everything(&registry.snapshot());
+        let mut diff = everything(&registry.snapshot());
         let mut st = lock(&self.state);
+        // The registry it replaces (a cluster whose credentials were rotated), in one step: no push
+        // goes out without the cluster.
+        let cluster = registry.cluster_id();
+        if !cluster.is_empty() {
+            let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut st.registries)
+                .into_iter()
+                .partition(|r| r.cluster_id() == cluster);
+            st.registries = kept;
+            for r in &gone {
+                diff.merge(everything(&r.snapshot()));
+            }
+        }
         let at = if registry.provider() == registry::SERVICE_REGISTRY_KUBERNETES {
             st.registries
                 .iter()

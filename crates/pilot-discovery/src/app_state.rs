@@ -21,6 +21,8 @@ pub struct AppState {
     pub store: watch::Receiver<StoreSnapshot>,
     /// meshNetworks, as last read (`mesh_networks.rs`).
     pub networks: watch::Receiver<Arc<model::mesh_networks::MeshNetworks>>,
+    /// The remote clusters (`/debug/clusterz`); `None` without a Kubernetes registry.
+    pub clusters: Option<Arc<crate::multicluster::Multicluster>>,
     /// ENABLE_DEBUG_ENDPOINT_AUTH.
     pub debug_auth: bool,
     /// The large debug dumps (`/debug/configz`, ...) are built one at a time: ten concurrent

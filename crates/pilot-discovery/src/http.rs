@@ -31,6 +31,7 @@ fn debug_routes(state: &AppState) -> Router<AppState> {
         .route("/debug/push_status", get(push_status))
         .route("/debug/mesh", get(mesh))
         .route("/debug/networkz", get(networkz))
+        .route("/debug/clusterz", get(clusterz))
         .route("/debug", get(index))
         .route_layer(middleware::from_fn_with_state(state.clone(), debug_auth))
 }
@@ -72,7 +73,7 @@ pub fn monitoring_router(state: AppState) -> Router {
 async fn index() -> Json<Value> {
     Json(json!({"endpoints": [
         "/debug/adsz", "/debug/syncz", "/debug/configz", "/debug/config_errors", "/debug/registryz", "/debug/endpointShardz", "/debug/endpointz",
-        "/debug/config_dump?proxyID=", "/debug/ndsz?proxyID=", "/debug/push_status", "/debug/mesh", "/debug/networkz", "/ready", "/metrics", "/version"
+        "/debug/config_dump?proxyID=", "/debug/ndsz?proxyID=", "/debug/push_status", "/debug/mesh", "/debug/networkz", "/debug/clusterz", "/ready", "/metrics", "/version"
     ]}))
 }
 
@@ -114,6 +115,16 @@ async fn mesh(State(s): State<AppState>) -> Json<Value> {
 async fn networkz(State(s): State<AppState>) -> Json<Value> {
     let gateways = s.networks.borrow().address_gateways();
     Json(json!(gateways))
+}
+
+/// Istio's `/debug/clusterz`: the config cluster and the remote clusters, with the secret that
+/// names each and its sync status; 400 without a Kubernetes registry, as istiod without its
+/// multicluster controller.
+async fn clusterz(State(s): State<AppState>) -> Response {
+    match &s.clusters {
+        Some(c) => Json(json!(c.debug_info(true))).into_response(),
+        None => (StatusCode::BAD_REQUEST, "no Kubernetes registry: no clusters\n").into_response(),
+    }
 }
 
 async fn push_status(State(s): State<AppState>) -> Json<Value> {
@@ -258,6 +269,7 @@ mod tests {
             process,
             store: watch::channel(StoreSnapshot::default()).1,
             networks: watch::channel(Arc::default()).1,
+            clusters: None,
             debug_auth,
             dumps: AppState::dump_permits(),
         }

@@ -36,6 +36,7 @@ mod logging;
 mod mesh_configmap;
 mod mesh_networks;
 mod metrics;
+mod multicluster;
 mod nacks;
 mod push;
 mod registryz;

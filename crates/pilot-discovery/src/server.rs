@@ -50,7 +50,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         &pipeline_metrics,
     )
     .await?;
-    let (environment, server, jwks) = init_discovery(
+    let (environment, server, jwks, multicluster) = init_discovery(
         &args,
         &settings,
         (&mesh.config, client.as_ref(), kube_is_registry),
@@ -85,6 +85,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         process,
         store: sources.state,
         networks: mesh.networks,
+        clusters: multicluster,
         debug_auth: settings.enable_debug_endpoint_auth,
         dumps: AppState::dump_permits(),
     };
@@ -146,7 +147,9 @@ async fn init_discovery(
     Arc<Environment>,
     Arc<DiscoveryServer<Environment>>,
     Option<crate::jwks::JwksWake>,
+    Option<Arc<crate::multicluster::Multicluster>>,
 )> {
+    let remote_watch_metrics = watch_metrics.clone();
     let mut kubernetes = match (client, kube_is_registry) {
         (Some(c), true) => Some(crate::kubernetes::start(c.clone(), args, mesh, watch_metrics).await?),
         _ => None,
@@ -172,7 +175,21 @@ async fn init_discovery(
     if let Some(k) = kubernetes {
         k.follow(environment.clone(), server.clone());
     }
-    Ok((environment, server, jwks))
+    let multicluster = match (client, kube_is_registry) {
+        (Some(c), true) => {
+            let served = crate::multicluster::Served {
+                environment: environment.clone(),
+                server: server.clone(),
+                context: crate::kubernetes::context(args, mesh),
+                watch_metrics: remote_watch_metrics,
+                metrics: crate::multicluster::Metrics::register(registry),
+                timeout: settings.remote_cluster_timeout,
+            };
+            Some(crate::multicluster::start(served, c.clone(), settings).await)
+        }
+        _ => None,
+    };
+    Ok((environment, server, jwks, multicluster))
 }
 
 /// `pilot_mesh_config_changes_ignored`, registered.

@@ -26,6 +26,12 @@ pub struct Settings {
     pub enable_debug_endpoint_auth: bool,
     /// POD_NAMESPACE: istiod's own namespace.
     pub pod_namespace: String,
+    /// `PILOT_REMOTE_CLUSTER_TIMEOUT` (30s): how long start-up waits for a remote cluster's
+    /// initial lists before it goes on without them; 0 waits without bound.
+    pub remote_cluster_timeout: Duration,
+    /// `PILOT_MULTICLUSTER_KUBECONFIG_PATH`: a directory of remote kubeconfigs read instead of
+    /// the remote secrets.
+    pub multicluster_kubeconfig_path: String,
     /// POD_NAME: this replica's name, its identity in leader election.
     pub pod_name: String,
     /// RESOLVE_HOSTNAME_GATEWAYS (Istio's default true): a meshNetworks gateway address may be a
@@ -170,6 +176,8 @@ impl Settings {
                 .get("K8S_INGRESS_NS")
                 .unwrap_or_else(|| ingress::DEFAULT_INGRESS_NAMESPACE.into()),
             jwks_refresh_interval: env.duration("PILOT_JWT_PUB_KEY_REFRESH_INTERVAL", Duration::from_secs(20 * 60))?,
+            remote_cluster_timeout: env.duration("PILOT_REMOTE_CLUSTER_TIMEOUT", Duration::from_secs(30))?,
+            multicluster_kubeconfig_path: env.get("PILOT_MULTICLUSTER_KUBECONFIG_PATH").unwrap_or_default(),
             features: env.features()?,
         })
     }
