@@ -35,11 +35,16 @@ pub struct KubeOptions {
     pub churn_seconds: f64,
     /// Sidecars connected during the churn phase (the measuring one included).
     pub proxies: usize,
+    /// Clusters holding the mesh: the config cluster and `clusters - 1` remote ones (each its own
+    /// fake API server with the same Services and Pods, named by a remote secret in the config
+    /// cluster's `istio-system`, as a multi-primary mesh replicates its workloads).
+    pub clusters: usize,
     pub discovery_bin: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct KubeReport {
+    pub clusters: usize,
     pub services: usize,
     pub pods: usize,
     pub endpoint_slices: usize,
@@ -98,6 +103,7 @@ pub async fn run(opts: &KubeOptions) -> Result<KubeReport> {
     std::fs::create_dir(&config)?;
     let kubeconfig = dir.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig)?;
+    let _remotes = remote_clusters(&api, opts, dir.path()).await?;
     let t0 = Instant::now();
     let discovery = Discovery::start(
         &config,
@@ -113,6 +119,7 @@ pub async fn run(opts: &KubeOptions) -> Result<KubeReport> {
     let ready = t0.elapsed();
     let pid = discovery.pid();
     let mut report = KubeReport {
+        clusters: opts.clusters.max(1),
         services: opts.services,
         pods: opts.services * opts.pods_per_service,
         endpoint_slices: opts.services * opts.slices_per_service.max(1),
@@ -139,6 +146,30 @@ pub async fn run(opts: &KubeOptions) -> Result<KubeReport> {
     report.peak_rss_mb = pid.and_then(peak_rss_mb);
     report.cpu_seconds = pid.and_then(cpu_seconds);
     Ok(report)
+}
+
+/// The remote clusters of `opts`, populated, each named by a remote secret in `api`'s
+/// `istio-system` (pilot-discovery's start-up to `/ready` waits for their initial lists).
+async fn remote_clusters(api: &FakeApiServer, opts: &KubeOptions, dir: &std::path::Path) -> Result<Vec<FakeApiServer>> {
+    if opts.clusters <= 1 {
+        return Ok(Vec::new());
+    }
+    api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}}))?;
+    let mut remotes = Vec::new();
+    for c in 1..opts.clusters {
+        let remote = FakeApiServer::start().await?;
+        Cluster::populate(&remote, opts)?;
+        let path = dir.join(format!("cluster-{c}"));
+        remote.write_kubeconfig(&path)?;
+        use base64::Engine;
+        let kubeconfig = base64::engine::general_purpose::STANDARD.encode(std::fs::read(&path)?);
+        api.apply(json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": format!("istio-remote-secret-cluster-{c}"), "namespace": "istio-system",
+                         "labels": {"istio/multiCluster": "true"}},
+            "data": {format!("cluster-{c}"): kubeconfig}}))?;
+        remotes.push(remote);
+    }
+    Ok(remotes)
 }
 
 /// The synthetic cluster's Pods and EndpointSlices as the churn changes them.
@@ -346,10 +377,12 @@ mod tests {
             churn_rate: 10.0,
             churn_seconds: 1.0,
             proxies: 3,
+            clusters: 2,
             discovery_bin: None,
         })
         .await?;
         assert_eq!(report.pods, 80);
+        assert_eq!(report.clusters, 2);
         assert_eq!(report.endpoint_slices, 40);
         assert!(report.churn_changes >= 5, "{report:?}");
         assert_eq!(report.churn_missed, 0, "{report:?}");

@@ -38,6 +38,9 @@ struct Args {
     /// Sidecars (real ADS clients) connected during the churn, the measuring one included.
     #[arg(long, default_value_t = 1)]
     proxies: usize,
+    /// Clusters holding the mesh: the config cluster and N - 1 remote ones (remote secrets).
+    #[arg(long, default_value_t = 1)]
+    clusters: usize,
     #[arg(long)]
     discovery_bin: Option<PathBuf>,
 }
@@ -58,6 +61,7 @@ fn main() -> Result<()> {
         churn_rate: a.churn_rate,
         churn_seconds: a.churn_seconds,
         proxies: a.proxies,
+        clusters: a.clusters,
         discovery_bin,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
