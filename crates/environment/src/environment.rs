@@ -31,6 +31,8 @@ use registry::aggregate::{aggregate, aggregate_changed};
 pub struct Environment {
     /// The mesh config every push is built with; replaced live by [`mesh_changed`](Self::mesh_changed).
     pub(crate) mesh: Mutex<Arc<MeshConfig>>,
+    /// meshNetworks as the endpoints read it.
+    pub(crate) networks: Mutex<Arc<model::mesh_networks::NetworkIndex>>,
     pub(crate) domain: String,
     pub(crate) features: model::Features,
     pub(crate) state: Mutex<State>,
@@ -99,6 +101,7 @@ impl Environment {
             sds_metrics: generators::SdsMetrics::default(),
             ingress: ingress::IngressOptions::new(&mesh, &domain, ingress::DEFAULT_INGRESS_NAMESPACE),
             mesh: Mutex::new(mesh),
+            networks: Mutex::default(),
             domain,
         }
     }
@@ -149,6 +152,23 @@ impl Environment {
         *lock(&self.last) = None;
         Update {
             push: Some(PushRequest::full(model::TriggerReason::GlobalUpdate)),
+            proxies: BTreeSet::new(),
+        }
+    }
+
+    /// meshNetworks changed: every push from now on reads endpoints' networks and the gateways
+    /// into them from it (Istio's `NetworksTrigger`, a full push).
+    pub fn networks_changed(&self, networks: &model::mesh_networks::MeshNetworks) -> Update {
+        let index = Arc::new(model::mesh_networks::NetworkIndex::new(networks));
+        {
+            let mut current = lock(&self.networks);
+            if **current == *index {
+                return Update::default();
+            }
+            *current = index;
+        }
+        Update {
+            push: Some(PushRequest::full(model::TriggerReason::NetworksTrigger)),
             proxies: BTreeSet::new(),
         }
     }

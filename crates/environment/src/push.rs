@@ -91,7 +91,7 @@ impl SnapshotBuilder for Environment {
             (Some(previous), Some(scope)) => previous.rebuild(input, &scope),
             _ => PushContext::new(input),
         };
-        let context = Arc::new(context);
+        let context = Arc::new(context.with_networks(lock(&self.networks).clone()));
         let previous = last.replace(context.clone());
         Arc::new(Push {
             context,

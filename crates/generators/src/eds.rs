@@ -4,6 +4,10 @@
 //! locality load balancing applies.
 
 pub(crate) mod locality;
+mod networks;
+
+#[cfg(test)]
+mod network_tests;
 
 #[cfg(test)]
 mod tests;
@@ -53,6 +57,11 @@ pub(crate) struct EdsKey {
     rule_from: Vec<ConfigKey>,
     locality: String,
     labels: Option<BTreeMap<String, String>>,
+    /// The proxy's cluster (cluster-local services), network and requested network view
+    /// (split-horizon EDS).
+    cluster: String,
+    network: String,
+    network_view: Vec<String>,
 }
 
 impl Target {
@@ -104,15 +113,20 @@ impl Target {
             rule_from: self.rule.as_ref().map(|r| r.from.clone()).unwrap_or_default(),
             locality: proxy.locality.to_string(),
             labels: uses_labels.then(|| proxy.labels.clone()),
+            cluster: proxy.cluster_id().to_owned(),
+            network: proxy.network().to_owned(),
+            network_view: proxy.requested_network_view().to_vec(),
         }
     }
 
     pub(crate) fn build(&self, proxy: &Proxy, push: &PushContext) -> ClusterLoadAssignment {
         let labels = crate::cds::subset_labels(self.rule.as_deref(), &self.subset);
         let endpoints = push.endpoints(&self.service.hostname, self.service.namespace());
+        let cluster_local = push.is_cluster_local(&self.service.hostname);
         let selected: Vec<&Endpoint> = endpoints
             .iter()
             .filter(|e| e.service_port_name == self.port.name)
+            .filter(|e| networks::visible(proxy, push.networks(), cluster_local, e))
             .filter(|e| e.address.starts_with(UNIX_PREFIX) || e.address.parse::<IpAddr>().is_ok())
             .filter(|e| {
                 labels
@@ -138,7 +152,14 @@ impl Target {
         if selected.is_empty() {
             return empty(&self.name);
         }
-        let groups = group_by_locality(&selected);
+        let horizon = networks::split_horizon(proxy, push.networks(), group_by_locality(&selected), &mtls);
+        let groups: Vec<(&model::Locality, Vec<&Endpoint>)> = horizon
+            .iter()
+            .map(|(l, eps)| (*l, eps.iter().map(AsRef::as_ref).collect()))
+            .collect();
+        if groups.is_empty() {
+            return empty(&self.name);
+        }
         let mut cla = ClusterLoadAssignment {
             cluster_name: self.name.clone(),
             endpoints: groups.iter().map(|(l, eps)| locality_group(l, eps, &mtls)).collect(),

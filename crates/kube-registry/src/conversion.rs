@@ -284,7 +284,9 @@ pub(crate) fn convert_endpoints<'a>(
                             .as_ref()
                             .map(|sa| format!("spiffe://{}/ns/{}/sa/{sa}", ctx.trust_domain, svc.namespace()))
                             .unwrap_or_default(),
-                        network: String::new(),
+                        // Istio's `Network`: the Pod's `topology.istio.io/network` label (else
+                        // meshNetworks, read at push time)
+                        network: labels.get(registry::TOPOLOGY_NETWORK).cloned().unwrap_or_default(),
                         namespace: svc.namespace().to_owned(),
                         origin: format!("EndpointSlice/{}/{slice_name}", svc.namespace()),
                     });

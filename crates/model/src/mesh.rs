@@ -47,6 +47,8 @@ pub struct MeshConfig {
     pub tcp_keepalive: Option<Value>,
     /// Namespaces the Kubernetes registry serves: those matching any selector (all when empty).
     pub discovery_selectors: Vec<LabelSelector>,
+    /// Settings of groups of hosts: `clusterLocal` keeps a service's traffic in its cluster.
+    pub service_settings: Vec<ServiceSettings>,
     /// Connection pool and outlier detection of every cluster whose DestinationRule (if any) sets
     /// none (Istio's `applyDefaultTrafficPolicy`).
     pub default_traffic_policy: Option<DefaultTrafficPolicy>,
@@ -158,6 +160,22 @@ impl Default for ProxyConfig {
     }
 }
 
+/// `MeshConfig.ServiceSettings`: settings for the services of `hosts` (names or `*.` wildcards).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ServiceSettings {
+    pub settings: ServiceSettingsSettings,
+    pub hosts: Vec<String>,
+}
+
+/// `MeshConfig.ServiceSettings.Settings`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ServiceSettingsSettings {
+    /// The service's endpoints are only those of the caller's cluster (Istio's `clusterLocal`).
+    pub cluster_local: bool,
+}
+
 impl Default for MeshConfig {
     fn default() -> Self {
         MeshConfig {
@@ -190,6 +208,7 @@ impl Default for MeshConfig {
             default_providers: None,
             tcp_keepalive: None,
             discovery_selectors: Vec::new(),
+            service_settings: Vec::new(),
             default_traffic_policy: None,
             default_http_retry_policy: None,
             default_inbound_http_retry_policy: None,

@@ -135,6 +135,110 @@ impl MeshNetworks {
     }
 }
 
+/// What pushes read of meshNetworks, as Istio's `NetworkManager` and `NetworkGateways`: the
+/// network of an endpoint whose registry did not say (its cluster's `fromRegistry`, else a
+/// `fromCidr` holding its address), and the gateways into each network (those named by address).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NetworkIndex {
+    by_registry: BTreeMap<String, String>,
+    by_cidr: Vec<(ipnet::IpNet, String)>,
+    gateways: Vec<NetworkGateway>,
+    scale: u32,
+}
+
+impl NetworkIndex {
+    pub fn new(m: &MeshNetworks) -> NetworkIndex {
+        let mut by_registry = BTreeMap::new();
+        let mut by_cidr = Vec::new();
+        for (name, n) in &m.networks {
+            for e in &n.endpoints {
+                match e {
+                    NetworkEndpoints::FromRegistry(r) => {
+                        by_registry.entry(r.clone()).or_insert_with(|| name.clone());
+                    }
+                    NetworkEndpoints::FromCidr(c) => {
+                        if let Ok(net) = c.parse::<ipnet::IpNet>() {
+                            by_cidr.push((net, name.clone()));
+                        }
+                    }
+                }
+            }
+        }
+        let gateways = m.address_gateways();
+        let scale = lb_weight_scale_factor(&gateways);
+        NetworkIndex {
+            by_registry,
+            by_cidr,
+            gateways,
+            scale,
+        }
+    }
+
+    /// The network of an endpoint: its own (a Pod's `topology.istio.io/network` label, a
+    /// WorkloadEntry's `network`), else its cluster's (`fromRegistry`), else that of a `fromCidr`
+    /// holding its address; empty when none says.
+    pub fn network_of<'a>(&'a self, e: &'a crate::Endpoint) -> &'a str {
+        if !e.network.is_empty() {
+            return &e.network;
+        }
+        if let Some(n) = self.by_registry.get(&e.cluster_id) {
+            return n;
+        }
+        let Ok(ip) = e.address.parse::<std::net::IpAddr>() else {
+            return "";
+        };
+        self.by_cidr
+            .iter()
+            .find(|(net, _)| net.contains(&ip))
+            .map_or("", |(_, n)| n.as_str())
+    }
+
+    /// Istio's `IsMultiNetworkEnabled`: some network has a gateway.
+    pub fn is_multi_network(&self) -> bool {
+        !self.gateways.is_empty()
+    }
+
+    /// The gateways into `network` from `cluster` (Istio's `selectNetworkGateways`: those of the
+    /// network and cluster, else those of the network), sorted.
+    pub fn gateways_for(&self, network: &str, cluster: &str) -> Vec<&NetworkGateway> {
+        let of_cluster: Vec<&NetworkGateway> = self
+            .gateways
+            .iter()
+            .filter(|g| g.network == network && g.cluster == cluster)
+            .collect();
+        if !of_cluster.is_empty() {
+            return of_cluster;
+        }
+        self.gateways.iter().filter(|g| g.network == network).collect()
+    }
+
+    /// Istio's `GetLBWeightScaleFactor`: the least common multiple of the number of gateways of
+    /// each network and of each network's cluster, so an endpoint's weight splits evenly over
+    /// them; 1 without gateways.
+    pub fn scale_factor(&self) -> u32 {
+        self.scale
+    }
+}
+
+fn lb_weight_scale_factor(gateways: &[NetworkGateway]) -> u32 {
+    let mut counts: BTreeMap<(&str, Option<&str>), u32> = BTreeMap::new();
+    for g in gateways {
+        *counts.entry((&g.network, None)).or_default() += 1;
+        if !g.cluster.is_empty() {
+            *counts.entry((&g.network, Some(&g.cluster))).or_default() += 1;
+        }
+    }
+    let gcd = |mut a: u32, mut b: u32| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    counts
+        .values()
+        .fold(1u32, |acc, &n| (acc / gcd(acc, n)).saturating_mul(n))
+}
+
 fn network_errors(network: &Network, resolve_hostname_gateways: bool) -> Vec<String> {
     let mut errs = Vec::new();
     for e in &network.endpoints {
@@ -175,6 +279,34 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn an_endpoints_network_is_its_own_else_its_clusters_else_its_cidrs() {
+        let m: MeshNetworks = serde_json::from_value(json!({"networks": {
+            "east": {"endpoints": [{"fromRegistry": "c1"}], "gateways": [{"address": "192.0.2.1", "port": 15443}]},
+            "west": {"endpoints": [{"fromCidr": "10.2.0.0/16"}],
+                     "gateways": [{"address": "192.0.2.2", "port": 15443}, {"address": "192.0.2.3", "port": 15443}]},
+        }}))
+        .unwrap();
+        let idx = NetworkIndex::new(&m);
+        let e = |address: &str, cluster: &str, network: &str| crate::Endpoint {
+            address: address.into(),
+            cluster_id: cluster.into(),
+            network: network.into(),
+            ..Default::default()
+        };
+        assert_eq!(idx.network_of(&e("10.2.0.1", "c1", "own")), "own");
+        assert_eq!(idx.network_of(&e("10.2.0.1", "c1", "")), "east");
+        assert_eq!(idx.network_of(&e("10.2.0.1", "c9", "")), "west");
+        assert_eq!(idx.network_of(&e("10.9.0.1", "c9", "")), "");
+        assert!(idx.is_multi_network());
+        assert_eq!(idx.gateways_for("west", "c9").len(), 2);
+        assert_eq!(idx.gateways_for("nowhere", "c9").len(), 0);
+        // 1 gateway into east, 2 into west: weights scale by 2
+        assert_eq!(idx.scale_factor(), 2);
+        assert_eq!(NetworkIndex::default().scale_factor(), 0);
+        assert!(!NetworkIndex::new(&MeshNetworks::default()).is_multi_network());
+    }
 
     fn parse(v: serde_json::Value, resolve: bool) -> Result<MeshNetworks, MeshNetworksError> {
         MeshNetworks::from_value(v, resolve)

@@ -56,6 +56,9 @@ pub struct NodeMetadata {
     pub istio_version: Option<String>,
     pub instance_ips: Vec<IpAddr>,
     pub network: Option<String>,
+    /// `REQUESTED_NETWORK_VIEW` (Istio's `StringList`, comma separated): the only networks whose
+    /// endpoints the proxy wants; empty: all.
+    pub requested_network_view: Vec<String>,
     pub service_account: Option<String>,
     pub workload_name: Option<String>,
     pub mesh_id: Option<String>,
@@ -88,6 +91,15 @@ impl NodeMetadata {
         md.cluster_id = s("CLUSTER_ID");
         md.istio_version = s("ISTIO_VERSION");
         md.network = s("NETWORK");
+        md.requested_network_view = s("REQUESTED_NETWORK_VIEW")
+            .map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|n| !n.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
         md.service_account = s("SERVICE_ACCOUNT");
         md.workload_name = s("WORKLOAD_NAME");
         md.mesh_id = s("MESH_ID");
@@ -362,6 +374,28 @@ impl Proxy {
     /// The cluster this proxy runs in (CLUSTER_ID metadata), Istio's default `Kubernetes`.
     pub fn cluster_id(&self) -> &str {
         self.metadata.cluster_id.as_deref().unwrap_or("Kubernetes")
+    }
+
+    /// The network this proxy is on (`NETWORK` metadata, `ISTIO_META_NETWORK`); empty: unknown.
+    pub fn network(&self) -> &str {
+        self.metadata.network.as_deref().unwrap_or_default()
+    }
+
+    /// Istio's `InNetwork`: `network` is the proxy's, or either is unknown.
+    pub fn in_network(&self, network: &str) -> bool {
+        network.is_empty() || self.network().is_empty() || network == self.network()
+    }
+
+    /// Istio's `ProxyView`: whether endpoints of `network` are visible to the proxy (all without
+    /// `REQUESTED_NETWORK_VIEW`; endpoints of no known network always are).
+    pub fn sees_network(&self, network: &str) -> bool {
+        let view = &self.metadata.requested_network_view;
+        view.is_empty() || network.is_empty() || view.iter().any(|n| n == network)
+    }
+
+    /// `REQUESTED_NETWORK_VIEW`, as sent.
+    pub fn requested_network_view(&self) -> &[String] {
+        &self.metadata.requested_network_view
     }
 }
 

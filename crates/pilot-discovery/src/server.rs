@@ -54,7 +54,7 @@ pub async fn run(args: DiscoveryArgs, settings: Settings) -> anyhow::Result<()> 
         &args,
         &settings,
         (&mesh.config, client.as_ref(), kube_is_registry),
-        &sources.initial,
+        (&sources.initial, &mesh.networks),
         (&pipeline_metrics, watch_metrics),
         &mut registry,
     )
@@ -140,7 +140,10 @@ async fn init_discovery(
     args: &DiscoveryArgs,
     settings: &Settings,
     (mesh, client, kube_is_registry): (&Arc<model::MeshConfig>, Option<&kube::Client>, bool),
-    initial: &config_sources::ConfigChange,
+    (initial, networks): (
+        &config_sources::ConfigChange,
+        &tokio::sync::watch::Receiver<Arc<model::mesh_networks::MeshNetworks>>,
+    ),
     (pipeline_metrics, watch_metrics): (&PipelineMetrics, kclient::WatchMetrics),
     registry: &mut Registry,
 ) -> anyhow::Result<(
@@ -157,6 +160,7 @@ async fn init_discovery(
     let environment = init_environment(args, settings, mesh, kubernetes.as_ref(), registry);
     // The initial state; the server's first push covers everything.
     let _ = environment.config_changed(initial);
+    let _ = environment.networks_changed(&networks.borrow());
     if let Some(k) = &mut kubernetes {
         k.apply_initial(&environment);
     }
@@ -175,6 +179,7 @@ async fn init_discovery(
     if let Some(k) = kubernetes {
         k.follow(environment.clone(), server.clone());
     }
+    follow_networks(networks.clone(), environment.clone(), server.clone());
     let multicluster = match (client, kube_is_registry) {
         (Some(c), true) => {
             let served = crate::multicluster::Served {
@@ -190,6 +195,20 @@ async fn init_discovery(
         _ => None,
     };
     Ok((environment, server, jwks, multicluster))
+}
+
+/// Each new meshNetworks reaches the environment and, as a full push, every proxy.
+fn follow_networks(
+    mut networks: tokio::sync::watch::Receiver<Arc<model::mesh_networks::MeshNetworks>>,
+    environment: Arc<Environment>,
+    server: Arc<DiscoveryServer<Environment>>,
+) {
+    tokio::spawn(async move {
+        while networks.changed().await.is_ok() {
+            let current = networks.borrow_and_update().clone();
+            crate::push::dispatch(&server, environment.networks_changed(&current));
+        }
+    });
 }
 
 /// `pilot_mesh_config_changes_ignored`, registered.

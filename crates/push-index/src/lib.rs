@@ -10,6 +10,7 @@
 #![warn(unreachable_pub)]
 
 pub mod auto_allocate;
+mod cluster_local;
 mod delegate;
 mod dependencies;
 mod destination_rules;
@@ -32,6 +33,8 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
+use cluster_local::ClusterLocalHosts;
+use model::mesh_networks::NetworkIndex;
 use model::service::Endpoints;
 use model::{Config, ConfigKind, MeshConfig, Proxy, Service};
 
@@ -92,6 +95,11 @@ pub struct PushContext {
     /// The Sidecar index and scopes, built on first use; shared with the next push while no
     /// Sidecar changed.
     sidecars: Arc<Sidecars>,
+    /// meshNetworks as the endpoints read it (networks, gateways).
+    networks: Arc<NetworkIndex>,
+    /// Hosts whose endpoints stay in their cluster (meshConfig `serviceSettings`, Istio's
+    /// defaults).
+    cluster_local: Arc<ClusterLocalHosts>,
 }
 
 /// What the Sidecar resources of a push decide, computed on first use. It reads the Sidecars
@@ -148,6 +156,7 @@ impl PushContext {
         ));
         let authorization_policies = Arc::new(authorization_index(&input));
         let request_authentications = Arc::new(request_authn_index(&input));
+        let cluster_local = Arc::new(ClusterLocalHosts::new(&input.mesh, &input.domain));
         PushContext {
             version: input.version,
             mesh: input.mesh,
@@ -166,6 +175,8 @@ impl PushContext {
             instances: Default::default(),
             dependencies: Default::default(),
             sidecars: Default::default(),
+            networks: Default::default(),
+            cluster_local,
         }
     }
 
@@ -228,6 +239,9 @@ impl PushContext {
         } else {
             self.sidecars.clone()
         };
+        // the mesh config and domain are those of `self`
+        let cluster_local = self.cluster_local.clone();
+        let networks = self.networks.clone();
         PushContext {
             version: input.version,
             mesh: input.mesh,
@@ -246,11 +260,29 @@ impl PushContext {
             instances,
             dependencies: Default::default(),
             sidecars,
+            networks,
+            cluster_local,
         }
     }
 
     pub fn version(&self) -> &str {
         &self.version
+    }
+
+    /// This push with meshNetworks as the endpoints read it (none until given).
+    pub fn with_networks(mut self, networks: Arc<NetworkIndex>) -> PushContext {
+        self.networks = networks;
+        self
+    }
+
+    pub fn networks(&self) -> &NetworkIndex {
+        &self.networks
+    }
+
+    /// Whether callers of `host` reach only the endpoints of their own cluster (meshConfig
+    /// `serviceSettings[].settings.clusterLocal`, Istio's defaults).
+    pub fn is_cluster_local(&self, host: &str) -> bool {
+        self.cluster_local.is_cluster_local(host)
     }
 
     pub fn mesh(&self) -> &MeshConfig {

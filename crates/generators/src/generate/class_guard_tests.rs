@@ -36,8 +36,19 @@ const READS: &[(&str, &[&str])] = &[
         ],
     ),
     ("traffic_policy.rs", &["locality", "ip_addresses"]),
-    // `eds::locality` names the proxy's `Locality` `proxy` too
-    ("eds", &["locality", "region"]),
+    // `eds::locality` names the proxy's `Locality` `proxy` too; `EdsKey` keys the network and
+    // the requested network view (split-horizon EDS)
+    (
+        "eds",
+        &[
+            "locality",
+            "region",
+            "network",
+            "in_network",
+            "sees_network",
+            "requested_network_view",
+        ],
+    ),
     // `proxyHeaders` are read through `ProxyHeaders::of` (keyed as `proxy_headers`)
     ("rds", &["dns_domain"]),
     ("route", &["dns_domain"]),
