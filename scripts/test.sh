@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one test command: installs Envoy (for the real-Envoy tests) and, as root with apt-get, RE2
-# (scripts/install-build-deps.sh) and what the network-namespace tests need, then builds and runs
+# (scripts/install-build-deps.sh), what the network-namespace tests need and python-consul (the
+# Consul client the fake Consul is checked against), then builds and runs
 # every test in the workspace with cargo-nextest, or with `cargo test` where nextest is missing.
 # Extra arguments go to the test runner, e.g. `scripts/test.sh -p generators` or
 # `scripts/test.sh envoy`.
@@ -23,6 +24,7 @@ echo "test.sh: using $("$ENVOY_BIN" --version 2>/dev/null | grep -o 'version: .*
 
 scripts/install-build-deps.sh
 scripts/install-netns-deps.sh
+scripts/install-consul-client.sh
 
 if [[ $# -eq 0 ]]; then
   set -- --workspace

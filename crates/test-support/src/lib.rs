@@ -1,5 +1,6 @@
 //! Test helpers shared by the workspace's tests: an ADS client that checks the xDS protocol on
-//! every response, real Envoy processes on loopback, and loopback HTTP backends.
+//! every response, real Envoy processes on loopback, loopback HTTP backends, and fakes of the
+//! Kubernetes API server and of Consul.
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 pub mod ads;
@@ -7,6 +8,7 @@ pub mod agent;
 pub mod backend;
 pub mod bin;
 pub mod bootstrap;
+pub mod consul;
 pub mod discovery;
 pub mod envoy;
 pub mod figures;
