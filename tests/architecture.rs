@@ -29,6 +29,7 @@ const IO_CRATES_OURS: &[&str] = &[
     "config-sources",
     "kclient",
     "kube-registry",
+    "consul-registry",
     "xds-server",
     "environment",
     "security",
@@ -65,7 +66,7 @@ const PURE: &[&str] = &[
     "inject",
     "webhooks",
 ];
-const REGISTRIES: &[&str] = &["registry", "kube-registry"];
+const REGISTRIES: &[&str] = &["registry", "kube-registry", "consul-registry"];
 /// What a registry crate may depend on, of ours.
 const REGISTRY_DEPENDENCIES: &[&str] = &["model", "registry", "monitoring", "kclient"];
 
