@@ -19,7 +19,7 @@ mod proxy_config;
 #[cfg(test)]
 mod tests;
 
-pub use args::{ProxyArgs, ProxyType};
+pub use args::{ProxyArgs, ProxyType, ServiceRegistry};
 pub use env::{Env, Files, ProcessEnv, RealFiles};
 pub use metadata::{parse_downward_api, proxy_config_json};
 pub use proxy_config::PROXY_CONFIG_ANNOTATION;

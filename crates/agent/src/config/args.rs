@@ -29,6 +29,22 @@ impl ProxyType {
     }
 }
 
+/// The platform the proxy's identity (node ID, domain) comes from: Istio 1.7's
+/// `--serviceregistry`, whose values were the registries' names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum ServiceRegistry {
+    /// `POD_NAME.POD_NAMESPACE`, domain `POD_NAMESPACE.svc.cluster.local`.
+    #[default]
+    #[value(name = "Kubernetes")]
+    Kubernetes,
+    /// `IP.service.consul`, domain `service.consul`.
+    #[value(name = "Consul")]
+    Consul,
+    /// `IP`, no domain.
+    #[value(name = "Mock")]
+    Mock,
+}
+
 /// `pilot-agent proxy` arguments. Environment variables are read separately (see
 /// [`super::AgentConfig::from_args`]), so tests never touch the process environment.
 #[derive(Args, Clone, Debug, PartialEq, Eq)]
@@ -37,9 +53,15 @@ pub struct ProxyArgs {
     #[arg(value_enum, default_value_t = ProxyType::Sidecar)]
     pub proxy_type: ProxyType,
 
-    /// DNS domain suffix. If not provided uses ${POD_NAMESPACE}.svc.cluster.local.
+    /// DNS domain suffix. If not provided uses ${POD_NAMESPACE}.svc.cluster.local
+    /// (service.consul with --serviceregistry Consul).
     #[arg(long, default_value = "")]
     pub domain: String,
+
+    /// The platform of the service registry the proxy's identity comes from: Kubernetes,
+    /// Consul or Mock.
+    #[arg(long = "serviceregistry", value_enum, default_value_t = ServiceRegistry::Kubernetes)]
+    pub service_registry: ServiceRegistry,
 
     /// File name for Istio mesh configuration. If absent, a default mesh is used. This may be
     /// overridden by the PROXY_CONFIG environment variable or the proxy.istio.io/config annotation.
@@ -93,6 +115,7 @@ impl Default for ProxyArgs {
         ProxyArgs {
             proxy_type: ProxyType::Sidecar,
             domain: String::new(),
+            service_registry: ServiceRegistry::Kubernetes,
             mesh_config: PathBuf::from("./etc/istio/config/mesh"),
             service_cluster: "istio-proxy".into(),
             proxy_log_level: "warning".into(),
@@ -163,6 +186,15 @@ mod tests {
         assert!(p.log.as_json);
         assert!(!p.profiling);
         assert_eq!(p.proxy_log_level, "debug");
+    }
+
+    #[test]
+    fn service_registry_takes_istios_names() {
+        let cli = Cli::try_parse_from(["pilot-agent", "--serviceregistry", "Consul"]).unwrap();
+        assert_eq!(cli.proxy.service_registry, ServiceRegistry::Consul);
+        let cli = Cli::try_parse_from(["pilot-agent", "sidecar", "--serviceregistry=Mock"]).unwrap();
+        assert_eq!(cli.proxy.service_registry, ServiceRegistry::Mock);
+        assert!(Cli::try_parse_from(["pilot-agent", "--serviceregistry", "Eureka"]).is_err());
     }
 
     #[test]

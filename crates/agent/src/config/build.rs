@@ -12,7 +12,7 @@ use super::env::{Env, Files, Vars, xds_headers};
 use super::metadata::{self, TypedMetadata};
 use super::{
     AgentConfig, AgentPaths, BOOTSTRAP_FILE, ConfigError, DnsConfig, DrainConfig, LogConfig, POD_ANNOTATIONS_PATH,
-    POD_LABELS_PATH, ProxyArgs, SecretConfig, WORKLOAD_IDENTITY_DIR, WorkloadKey, proxy_config,
+    POD_LABELS_PATH, ProxyArgs, SecretConfig, ServiceRegistry, WORKLOAD_IDENTITY_DIR, WorkloadKey, proxy_config,
 };
 
 /// Istio's `math.MaxInt32`: no global downstream connection limit.
@@ -203,7 +203,7 @@ fn apply_concurrency_and_cluster(
     Ok(())
 }
 
-/// Who the proxy is: Istio's node ID `<type>~<ip>~<pod>.<namespace>~<domain>`, and its parts.
+/// Who the proxy is: Istio's node ID `<type>~<ip>~<id>~<domain>`, and its parts.
 struct Identity {
     pod_name: String,
     pod_namespace: String,
@@ -212,19 +212,39 @@ struct Identity {
     node_id: String,
 }
 
-/// `POD_NAME` (else `HOSTNAME`), `POD_NAMESPACE`, `INSTANCE_IP` and `--domain`, checked.
+/// The node ID's parts per `--serviceregistry`, as the seeds' table and Istio 1.7's pilot-agent
+/// make them: the IP from `INSTANCE_IP` (else 127.0.0.1); for Kubernetes, the ID
+/// `POD_NAME.POD_NAMESPACE` (both required) and the domain `POD_NAMESPACE.svc.cluster.local`;
+/// for Consul, `IP.service.consul` and `service.consul`; for Mock, the IP and no domain.
+/// `--domain` replaces the domain. Outside Kubernetes `POD_NAME` (else `HOSTNAME`, else the IP)
+/// and `POD_NAMESPACE` (else `default`, the namespace of Consul's services) are optional.
 fn identity(args: &ProxyArgs, vars: &Vars<'_>) -> Result<Identity, ConfigError> {
-    let pod_name = vars
-        .get("POD_NAME")
-        .or_else(|| vars.get("HOSTNAME"))
-        .ok_or(ConfigError::MissingEnv {
-            var: "POD_NAME",
-            hint: "the workload's name; Kubernetes sets it from metadata.name",
-        })?;
-    let pod_namespace = vars.get("POD_NAMESPACE").ok_or(ConfigError::MissingEnv {
-        var: "POD_NAMESPACE",
-        hint: "the workload's namespace; Kubernetes sets it from metadata.namespace",
-    })?;
+    let instance_ips = match vars.ip("INSTANCE_IP")? {
+        Some(ip) => vec![ip],
+        None => vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
+    };
+    let ip = instance_ips[0].to_string();
+    let kubernetes = args.service_registry == ServiceRegistry::Kubernetes;
+    let pod_name = match vars.get("POD_NAME").or_else(|| vars.get("HOSTNAME")) {
+        Some(name) => name,
+        None if !kubernetes => ip.clone(),
+        None => {
+            return Err(ConfigError::MissingEnv {
+                var: "POD_NAME",
+                hint: "the workload's name; Kubernetes sets it from metadata.name",
+            });
+        }
+    };
+    let pod_namespace = match vars.get("POD_NAMESPACE") {
+        Some(ns) => ns,
+        None if !kubernetes => "default".to_owned(),
+        None => {
+            return Err(ConfigError::MissingEnv {
+                var: "POD_NAMESPACE",
+                hint: "the workload's namespace; Kubernetes sets it from metadata.namespace",
+            });
+        }
+    };
     for (var, value) in [("POD_NAME", &pod_name), ("POD_NAMESPACE", &pod_namespace)] {
         if value.contains('~') || value.contains(char::is_whitespace) {
             return Err(ConfigError::env(
@@ -234,20 +254,20 @@ fn identity(args: &ProxyArgs, vars: &Vars<'_>) -> Result<Identity, ConfigError> 
             ));
         }
     }
-    let instance_ips = match vars.ip("INSTANCE_IP")? {
-        Some(ip) => vec![ip],
-        None => vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
+    let (id, default_domain) = match args.service_registry {
+        ServiceRegistry::Kubernetes => (
+            format!("{pod_name}.{pod_namespace}"),
+            format!("{pod_namespace}.svc.cluster.local"),
+        ),
+        ServiceRegistry::Consul => (format!("{ip}.service.consul"), "service.consul".to_owned()),
+        ServiceRegistry::Mock => (ip.clone(), String::new()),
     };
     let domain = if args.domain.is_empty() {
-        format!("{pod_namespace}.svc.cluster.local")
+        default_domain
     } else {
         args.domain.clone()
     };
-    let node_id = format!(
-        "{}~{}~{pod_name}.{pod_namespace}~{domain}",
-        args.proxy_type.as_str(),
-        instance_ips[0]
-    );
+    let node_id = format!("{}~{ip}~{id}~{domain}", args.proxy_type.as_str());
     Ok(Identity {
         pod_name,
         pod_namespace,

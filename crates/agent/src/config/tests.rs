@@ -111,6 +111,53 @@ fn router_with_domain_and_no_instance_ip() {
     );
 }
 
+/// The seeds' table and Istio 1.7's pilot-agent: under Consul the ID is `IP.service.consul` and
+/// the domain `service.consul`; POD_NAME and POD_NAMESPACE are not needed there.
+#[test]
+fn consul_identity_is_the_ip_in_service_consul() {
+    let args = ProxyArgs {
+        service_registry: ServiceRegistry::Consul,
+        ..ProxyArgs::default()
+    };
+    let e = env(&[("POD_NAME", ""), ("POD_NAMESPACE", ""), ("INSTANCE_IP", "10.0.0.7")]);
+    let cfg = build(&args, &e, &files(&[]));
+    assert_eq!(cfg.node_id, "sidecar~10.0.0.7~10.0.0.7.service.consul~service.consul");
+    assert_eq!(cfg.domain, "service.consul");
+    assert_eq!(cfg.metadata["NAMESPACE"], "default", "Consul's services are in default");
+    let proxy = model::Proxy::parse(
+        &cfg.node_id,
+        model::proxy::NodeMetadata::from_json(&cfg.node_id, &cfg.metadata).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(proxy.id, "10.0.0.7.service.consul");
+    assert_eq!(proxy.config_namespace, "default");
+
+    // without INSTANCE_IP, 127.0.0.1; --domain wins; POD_NAMESPACE is kept when given
+    let args = ProxyArgs {
+        proxy_type: ProxyType::Router,
+        domain: "consul.example".into(),
+        ..args
+    };
+    let cfg = build(&args, &env(&[("INSTANCE_IP", "")]), &files(&[]));
+    assert_eq!(cfg.node_id, "router~127.0.0.1~127.0.0.1.service.consul~consul.example");
+    assert_eq!(cfg.metadata["NAMESPACE"], "bookinfo");
+}
+
+#[test]
+fn mock_identity_is_the_ip_and_no_domain() {
+    let args = ProxyArgs {
+        service_registry: ServiceRegistry::Mock,
+        ..ProxyArgs::default()
+    };
+    let cfg = build(
+        &args,
+        &env(&[("POD_NAME", ""), ("INSTANCE_IP", "10.0.0.8")]),
+        &files(&[]),
+    );
+    assert_eq!(cfg.node_id, "sidecar~10.0.0.8~10.0.0.8~");
+    assert_eq!(cfg.domain, "");
+}
+
 #[test]
 fn istio_meta_variables_become_node_metadata() {
     let e = env(&[
