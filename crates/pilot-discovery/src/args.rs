@@ -80,10 +80,15 @@ pub struct DiscoveryArgs {
     /// HTTP address for Pilot's self-monitoring information (/metrics, /version).
     #[arg(long = "monitoringAddr", default_value = ":15014")]
     pub monitoring_addr: String,
-    /// Comma separated list of platform service registries to read from (Kubernetes, Mock).
+    /// Comma separated list of platform service registries to read from (Kubernetes, Consul,
+    /// Mock).
     #[arg(long = "registries", value_delimiter = ',', default_value = "Kubernetes",
-          value_parser = clap::builder::PossibleValuesParser::new(["Kubernetes", "Mock"]))]
+          value_parser = clap::builder::PossibleValuesParser::new(["Kubernetes", "Consul", "Mock"]))]
     pub registries: Vec<String>,
+    /// URL for the Consul server (with --registries Consul): host:port or http://host:port;
+    /// 127.0.0.1:8500 when empty.
+    #[arg(long = "consulserverURL", default_value = "")]
+    pub consul_server_url: String,
     /// The ID of the cluster that this Istiod instance resides.
     #[arg(long = "clusterID", env = "CLUSTER_ID", default_value = "Kubernetes")]
     pub cluster_id: String,
@@ -204,6 +209,21 @@ mod tests {
         };
         assert_eq!(a.secure_grpc_addr, "");
         assert_eq!(a.registries.len(), 2);
+        assert_eq!(a.consul_server_url, "");
+        let cli = Cli::try_parse_from([
+            "pilot-discovery",
+            "discovery",
+            "--registries",
+            "Kubernetes,Consul",
+            "--consulserverURL",
+            "http://consul.local:8500",
+        ])
+        .unwrap();
+        let Command::Discovery(a) = cli.command else {
+            panic!("wrong subcommand")
+        };
+        assert_eq!(a.registries, ["Kubernetes", "Consul"]);
+        assert_eq!(a.consul_server_url, "http://consul.local:8500");
         assert!(Cli::try_parse_from(["pilot-discovery", "discovery", "--bogus"]).is_err());
         // A registry Istio does not have is refused, naming the ones there are.
         let Err(e) = Cli::try_parse_from(["pilot-discovery", "discovery", "--registries", "Kubernetes,Kubernets"])

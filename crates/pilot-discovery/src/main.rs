@@ -8,7 +8,7 @@
 //! 3. `server::listeners`: the ports and what each serves.
 //! 4. `http`, `configz`, `registryz`: the debug and monitoring endpoints.
 //! 5. `server::ca`, `server::cluster_writers`, `server::config`, `server::mesh`: the steps' parts.
-//! 6. `kubernetes`, `secure`, `webhook`, `jwks`, `injection`: what serves and follows.
+//! 6. `kubernetes`, `consul`, `secure`, `webhook`, `jwks`, `injection`: what serves and follows.
 //! 7. `ca_server`, `webhook::patch`, `args`, `settings`: the CA service, the patchers, settings.
 //! 8. `metrics`, `leader`, `serving_cert`, `accept`, `ca_limits`, `ca_secret`, `root_cert`, `mesh_networks`, `cacerts`: parts.
 //! 9. `app_state`, `istio_flags`, `logging`, `mesh_configmap`, `nacks`, `push`, `request`: leaves.
@@ -26,6 +26,7 @@ mod ca_secret;
 mod ca_server;
 mod cacerts;
 mod configz;
+mod consul;
 mod http;
 mod injection;
 mod istio_flags;

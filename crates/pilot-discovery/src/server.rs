@@ -134,7 +134,7 @@ async fn until_signal_or_end(
 }
 
 /// The registries and the environment over them with the initial config applied, the xDS server
-/// on it, the JWKS resolver, and the Kubernetes registry's follower (istiod's
+/// on it, the JWKS resolver, and the Kubernetes and Consul registries' followers (istiod's
 /// `initServiceControllers`, `initDiscoveryService`, `initJwksResolver`).
 async fn init_discovery(
     args: &DiscoveryArgs,
@@ -157,12 +157,20 @@ async fn init_discovery(
         (Some(c), true) => Some(crate::kubernetes::start(c.clone(), args, mesh, watch_metrics).await?),
         _ => None,
     };
-    let environment = init_environment(args, settings, mesh, kubernetes.as_ref(), registry);
+    let mut consul = if crate::consul::enabled(args) {
+        Some(crate::consul::start(args, mesh, registry).await?)
+    } else {
+        None
+    };
+    let environment = init_environment(args, settings, mesh, (kubernetes.as_ref(), consul.as_ref()), registry);
     // The initial state; the server's first push covers everything.
     let _ = environment.config_changed(initial);
     let _ = environment.networks_changed(&networks.borrow());
     if let Some(k) = &mut kubernetes {
         k.apply_initial(&environment);
+    }
+    if let Some(c) = &mut consul {
+        c.apply_initial(&environment);
     }
     pipeline_metrics.validated(initial);
     pipeline_metrics.observe(environment.stats());
@@ -178,6 +186,9 @@ async fn init_discovery(
     });
     if let Some(k) = kubernetes {
         k.follow(environment.clone(), server.clone());
+    }
+    if let Some(c) = consul {
+        c.follow(environment.clone(), server.clone());
     }
     follow_networks(networks.clone(), environment.clone(), server.clone());
     let multicluster = match (client, kube_is_registry) {
@@ -237,7 +248,7 @@ fn init_environment(
     args: &DiscoveryArgs,
     settings: &Settings,
     mesh: &Arc<model::MeshConfig>,
-    kubernetes: Option<&crate::kubernetes::Kubernetes>,
+    (kubernetes, consul): (Option<&crate::kubernetes::Kubernetes>, Option<&crate::consul::Consul>),
     registry: &mut Registry,
 ) -> Arc<Environment> {
     // Kubernetes first: a Service takes precedence over a ServiceEntry of the same host and
@@ -255,6 +266,10 @@ fn init_environment(
         .iter()
         .map(|r| Box::new(r.clone()) as Box<dyn registry::ServiceRegistry>)
         .collect();
+    // Then Consul, as Istio 1.7 added it after Kubernetes, and the ServiceEntries last.
+    if let Some(c) = consul {
+        registries.push(Box::new(c.registry.clone()));
+    }
     if args.registries.iter().any(|r| r == registry::SERVICE_REGISTRY_MOCK) {
         // Istio's `initMemoryRegistry`: an empty registry that code fills (tests).
         registries.push(Box::new(registry::MemoryRegistry::new()));
