@@ -49,6 +49,9 @@ pub struct BackendOptions {
     pub response_headers: Vec<(String, String)>,
     /// Listen on this port of 127.0.0.1 instead of a free one (for the demo's fixed addresses).
     pub port: Option<u16>,
+    /// Listen on this loopback address instead of 127.0.0.1 (several backends on one port, as
+    /// the instances of a service on several hosts).
+    pub ip: Option<Ipv4Addr>,
 }
 
 impl Default for BackendOptions {
@@ -58,6 +61,7 @@ impl Default for BackendOptions {
             delay: Duration::ZERO,
             response_headers: Vec::new(),
             port: None,
+            ip: None,
         }
     }
 }
@@ -69,7 +73,7 @@ struct Shared {
     requests: Arc<Mutex<Vec<RecordedRequest>>>,
 }
 
-/// An HTTP/1.1 server on 127.0.0.1 that answers every request with
+/// An HTTP/1.1 server on 127.0.0.1 (or [`BackendOptions::ip`]) that answers every request with
 /// `{"backend", "method", "path", "uri", "host", "headers"}`; stopped on drop.
 pub struct Backend {
     shared: Shared,
@@ -85,7 +89,8 @@ impl Backend {
 
     pub async fn start_with(name: &str, options: BackendOptions) -> anyhow::Result<Backend> {
         StatusCode::from_u16(options.status).with_context(|| format!("backend {name}: bad status"))?;
-        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, options.port.unwrap_or(0)))
+        let ip = options.ip.unwrap_or(Ipv4Addr::LOCALHOST);
+        let listener = tokio::net::TcpListener::bind((ip, options.port.unwrap_or(0)))
             .await
             .with_context(|| format!("backend {name}: cannot listen"))?;
         let addr = listener.local_addr()?;
