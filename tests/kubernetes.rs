@@ -11,7 +11,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use common::{Ads, HOST, gateway_yaml, start_gateway_envoy};
+use common::{Ads, HOST, answered_by, gateway_yaml, reviews_virtual_service, start_gateway_envoy};
 use serde_json::{Value, json};
 use test_support::ads::AdsClient;
 use test_support::backend::{Backend, http_get};
@@ -41,49 +41,6 @@ fn slice(version: &str, port: u16, ready: bool) -> Value {
         "ports": [{"name": "http", "port": port, "protocol": "TCP"}]})
 }
 
-fn virtual_service() -> String {
-    format!(
-        r#"apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata: {{name: bookinfo, namespace: default}}
-spec:
-  hosts: ["{HOST}"]
-  gateways: [bookinfo-gateway]
-  http:
-  - route: [{{destination: {{host: reviews.default.svc.cluster.local, port: {{number: 9080}}}}}}]
-"#
-    )
-}
-
-/// The backend that answers `n` requests in a row through the gateway, within 20 s.
-async fn answered_by(gateway: u16, backend: &str, discovery: &Discovery) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut in_a_row = 0;
-    let mut last = None;
-    while in_a_row < 5 {
-        let r = http_get(&format!("http://127.0.0.1:{gateway}/"), &[("host", HOST)]).await;
-        let who = r
-            .ok()
-            .filter(|r| r.status == 200)
-            .and_then(|r| r.json().ok())
-            .and_then(|v| v["backend"].as_str().map(str::to_owned));
-        if who.as_deref() == Some(backend) {
-            in_a_row += 1;
-        } else {
-            in_a_row = 0;
-            last = who;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "{backend} did not answer 5 in a row within 20 s (last: {last:?})\n{}",
-                discovery.logs()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
-}
-
 #[tokio::test]
 async fn a_gateway_routes_by_services_and_endpoint_slices_from_the_api_server() -> anyhow::Result<()> {
     let v1 = Backend::start("reviews-v1").await?;
@@ -105,7 +62,7 @@ async fn a_gateway_routes_by_services_and_endpoint_slices_from_the_api_server() 
     std::fs::create_dir(&config)?;
     let gateway = free_port();
     std::fs::write(config.join("gateway.yaml"), gateway_yaml(gateway))?;
-    std::fs::write(config.join("virtual-service.yaml"), virtual_service())?;
+    std::fs::write(config.join("virtual-service.yaml"), reviews_virtual_service())?;
     let kubeconfig = dir.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig)?;
     let opts = DiscoveryOptions {
@@ -209,7 +166,7 @@ async fn the_same_mesh_as_manifests_in_config_dir_gives_the_same_xds() -> anyhow
     let gateway = free_port();
     let istio_config = |dir: &std::path::Path| -> anyhow::Result<()> {
         std::fs::write(dir.join("gateway.yaml"), gateway_yaml(gateway))?;
-        std::fs::write(dir.join("virtual-service.yaml"), virtual_service())?;
+        std::fs::write(dir.join("virtual-service.yaml"), reviews_virtual_service())?;
         Ok(())
     };
     // Through the API server.

@@ -5,12 +5,9 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
-use anyhow::bail;
-use common::{Ads, HOST, gateway_yaml, start_gateway_envoy};
+use common::{Ads, answer, answered_by, gateway_yaml, reviews_virtual_service, start_gateway_envoy};
 use serde_json::{Value, json};
-use test_support::backend::{Backend, http_get};
+use test_support::backend::Backend;
 use test_support::discovery::{Discovery, DiscoveryOptions};
 use test_support::kube_api::{FakeApiServer, kubectl};
 use test_support::ports::free_port;
@@ -21,56 +18,6 @@ fn slice(name: &str, port: u16) -> Value {
         "addressType": "IPv4",
         "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true}}],
         "ports": [{"name": "http", "port": port, "protocol": "TCP"}]})
-}
-
-fn virtual_service() -> String {
-    format!(
-        r#"apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata: {{name: bookinfo, namespace: default}}
-spec:
-  hosts: ["{HOST}"]
-  gateways: [bookinfo-gateway]
-  http:
-  - route: [{{destination: {{host: reviews.default.svc.cluster.local, port: {{number: 9080}}}}}}]
-"#
-    )
-}
-
-/// What answers through the gateway: the backend's name, or the status.
-async fn answer(gateway: u16) -> String {
-    match http_get(&format!("http://127.0.0.1:{gateway}/"), &[("host", HOST)]).await {
-        Ok(r) if r.status == 200 => r
-            .json()
-            .ok()
-            .and_then(|v: Value| v["backend"].as_str().map(str::to_owned))
-            .unwrap_or_default(),
-        Ok(r) => r.status.to_string(),
-        Err(e) => e.to_string(),
-    }
-}
-
-/// `expected` answers 5 times in a row within 20 s.
-async fn answered_by(gateway: u16, expected: &str, discovery: &Discovery) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let (mut in_a_row, mut last) = (0, String::new());
-    while in_a_row < 5 {
-        let who = answer(gateway).await;
-        if who == expected {
-            in_a_row += 1;
-        } else {
-            in_a_row = 0;
-            last = who;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "{expected} did not answer 5 in a row within 20 s (last: {last})\n{}",
-                discovery.logs()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
 }
 
 #[tokio::test]
@@ -92,7 +39,7 @@ async fn a_gateway_in_cluster_1_reaches_the_pods_of_cluster_2_through_a_remote_s
     std::fs::create_dir(&config)?;
     let gateway = free_port();
     std::fs::write(config.join("gateway.yaml"), gateway_yaml(gateway))?;
-    std::fs::write(config.join("virtual-service.yaml"), virtual_service())?;
+    std::fs::write(config.join("virtual-service.yaml"), reviews_virtual_service())?;
     let kubeconfig = dir.path().join("kubeconfig");
     config_cluster.write_kubeconfig(&kubeconfig)?;
     let remote_kubeconfig = dir.path().join("cluster-2");

@@ -456,3 +456,56 @@ impl Drop for TlsServer {
         let _ = self.child.wait();
     }
 }
+
+/// A VirtualService of the gateway that sends everything to reviews:9080 (the Kubernetes tests'
+/// Service).
+pub fn reviews_virtual_service() -> String {
+    format!(
+        r#"apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: bookinfo, namespace: default}}
+spec:
+  hosts: ["{HOST}"]
+  gateways: [bookinfo-gateway]
+  http:
+  - route: [{{destination: {{host: reviews.default.svc.cluster.local, port: {{number: 9080}}}}}}]
+"#
+    )
+}
+
+/// Who answers `HOST` through the gateway: the backend's name, else the status (`503`), else
+/// the error.
+pub async fn answer(gateway: u16) -> String {
+    match http_get(&format!("http://127.0.0.1:{gateway}/"), &[("host", HOST)]).await {
+        Ok(r) if r.status == 200 => r
+            .json()
+            .ok()
+            .and_then(|v: serde_json::Value| v["backend"].as_str().map(str::to_owned))
+            .unwrap_or_default(),
+        Ok(r) => r.status.to_string(),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// `expected` ([`answer`]) answers 5 requests in a row through the gateway, within 20 s.
+pub async fn answered_by(gateway: u16, expected: &str, discovery: &Discovery) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (mut in_a_row, mut last) = (0, String::new());
+    while in_a_row < 5 {
+        let who = answer(gateway).await;
+        if who == expected {
+            in_a_row += 1;
+        } else {
+            in_a_row = 0;
+            last = who;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{expected} did not answer 5 in a row within 20 s (last: {last})\n{}",
+                discovery.logs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
