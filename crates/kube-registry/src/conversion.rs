@@ -258,7 +258,10 @@ pub(crate) fn convert_endpoints<'a>(
                 .and_then(|i| i.pod.spec.as_ref())
                 .map(|s| s.service_account_name.clone().unwrap_or_else(|| "default".into()));
             let loc = locality(info.as_ref().map(|i| i.pod), info.as_ref().and_then(|i| i.node));
-            let labels = augment_labels(&pod_labels, &loc, "");
+            // Istio's `AugmentLabels`: the locality's and the cluster's topology labels (a
+            // DestinationRule subset or failover priority may select them)
+            let mut labels = augment_labels(&pod_labels, &loc, "");
+            labels.insert(CLUSTER_LABEL.to_owned(), ctx.cluster_id.clone());
             for slice_port in slice.ports.iter().flatten() {
                 let Some(sp) = svc
                     .ports
