@@ -45,6 +45,9 @@ pub struct Environment {
     pub(crate) ingress: ingress::IngressOptions,
     /// Where each push's SDS generator counts the credentials it refuses.
     pub(crate) sds_metrics: generators::SdsMetrics,
+    /// The registries whose workloads the ServiceEntries select, when they select any: the
+    /// Kubernetes registries that join are added to them.
+    pub(crate) workload_sources: Option<registry::WorkloadSources>,
 }
 
 pub(crate) struct State {
@@ -99,6 +102,7 @@ impl Environment {
             last: Mutex::new(None),
             jwks: Mutex::default(),
             sds_metrics: generators::SdsMetrics::default(),
+            workload_sources: None,
             ingress: ingress::IngressOptions::new(&mesh, &domain, ingress::DEFAULT_INGRESS_NAMESPACE),
             mesh: Mutex::new(mesh),
             networks: Mutex::default(),
@@ -107,6 +111,13 @@ impl Environment {
     }
 
     /// Counts the credentials SDS refuses in `metrics` (`pilot_sds_denied`, ...).
+    /// The registries whose workloads the ServiceEntry registry selects (the list it was made
+    /// `with_workloads`): Kubernetes registries that join later are added to it.
+    pub fn with_workload_sources(mut self, sources: registry::WorkloadSources) -> Environment {
+        self.workload_sources = Some(sources);
+        self
+    }
+
     pub fn with_sds_metrics(mut self, metrics: generators::SdsMetrics) -> Environment {
         self.sds_metrics = metrics;
         self
@@ -281,8 +292,16 @@ impl Environment {
     /// `AddRegistry`): a Kubernetes registry goes before the first registry of another provider
     /// (the config cluster's first, then the remote ones in the order they came), any other
     /// last. It replaces the registries of its cluster, if any. Everything it has is pushed.
-    pub fn add_registry(&self, registry: Box<dyn ServiceRegistry>) -> Update {
+    pub fn add_registry(&self, registry: Arc<dyn ServiceRegistry>) -> Update {
         let mut diff = everything(&registry.snapshot());
+        // ServiceEntries select its workloads too (Istio's WorkloadInstance handlers of each
+        // cluster): they select again in the namespaces it has workloads in.
+        if let Some(sources) = &self.workload_sources
+            && registry.provider() == registry::SERVICE_REGISTRY_KUBERNETES
+        {
+            sources.add(registry.clone());
+        }
+        diff.workload_namespaces = registry.workload_namespaces();
         let mut st = lock(&self.state);
         // The registry it replaces (a cluster whose credentials were rotated), in one step: no push
         // goes out without the cluster.
@@ -294,6 +313,7 @@ impl Environment {
             st.registries = kept;
             for r in &gone {
                 diff.merge(everything(&r.snapshot()));
+                diff.workload_namespaces.extend(r.workload_namespaces());
             }
         }
         let at = if registry.provider() == registry::SERVICE_REGISTRY_KUBERNETES {
@@ -304,7 +324,7 @@ impl Environment {
         } else {
             st.registries.len()
         };
-        st.registries.insert(at, registry);
+        st.registries.insert(at, Box::new(registry));
         let diff = registries_changed(&mut st, diff);
         let derived = self.translate_ingresses(&mut st, false, &diff);
         drop(st);
@@ -314,6 +334,9 @@ impl Environment {
     /// The registries of this cluster leave (a remote cluster whose secret was deleted or
     /// rotated), and their services and endpoints with them (Istio's `DeleteRegistry`).
     pub fn remove_registry(&self, cluster_id: &str) -> Update {
+        if let Some(sources) = &self.workload_sources {
+            sources.remove_cluster(cluster_id);
+        }
         let mut st = lock(&self.state);
         let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut st.registries)
             .into_iter()
@@ -322,6 +345,7 @@ impl Environment {
         let mut diff = RegistryDiff::default();
         for r in &gone {
             diff.merge(everything(&r.snapshot()));
+            diff.workload_namespaces.extend(r.workload_namespaces());
         }
         let diff = registries_changed(&mut st, diff);
         let derived = self.translate_ingresses(&mut st, false, &diff);

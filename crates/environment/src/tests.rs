@@ -383,7 +383,7 @@ fn a_remote_cluster_joins_and_leaves_with_its_services_and_endpoints() {
     // A remote cluster joins: before the ServiceEntries, after the config cluster; a full push
     // of its services.
     let req = e
-        .add_registry(Box::new(cluster("c2", "10.96.0.2", "10.2.0.1")))
+        .add_registry(Arc::new(cluster("c2", "10.96.0.2", "10.2.0.1")))
         .push
         .unwrap();
     assert!(req.full);

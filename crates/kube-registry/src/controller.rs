@@ -116,6 +116,11 @@ impl KubeRegistry {
             .collect()
     }
 
+    /// The namespaces that have Pods.
+    pub fn workload_namespaces(&self) -> BTreeSet<String> {
+        self.lock().objects.pods.keys().map(|(ns, _)| ns.clone()).collect()
+    }
+
     /// The Node a Pod runs on.
     pub fn node(&self, name: &str) -> Option<Node> {
         self.lock().objects.nodes.get(name).cloned()

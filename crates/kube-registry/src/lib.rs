@@ -50,6 +50,10 @@ impl registry::ServiceRegistry for KubeRegistry {
         KubeRegistry::workload_instances(self, namespace)
     }
 
+    fn workload_namespaces(&self) -> std::collections::BTreeSet<String> {
+        KubeRegistry::workload_namespaces(self)
+    }
+
     fn snapshot(&self) -> std::sync::Arc<registry::RegistrySnapshot> {
         KubeRegistry::snapshot(self)
     }

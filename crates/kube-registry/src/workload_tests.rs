@@ -50,7 +50,10 @@ fn kube_and_service_entries() -> (Arc<KubeRegistry>, Environment) {
         "cluster.local".into(),
         vec![
             Box::new(kube.clone()),
-            Box::new(ServiceEntries::with_workloads(mesh, vec![source])),
+            Box::new(ServiceEntries::with_workloads(
+                mesh,
+                registry::WorkloadSources::new(vec![source]),
+            )),
         ],
     );
     (kube, env)

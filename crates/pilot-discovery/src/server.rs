@@ -274,11 +274,16 @@ fn init_environment(
         // Istio's `initMemoryRegistry`: an empty registry that code fills (tests).
         registries.push(Box::new(registry::MemoryRegistry::new()));
     }
-    registries.push(Box::new(ServiceEntries::with_workloads(mesh.clone(), kube)));
+    let workload_sources = registry::WorkloadSources::new(kube);
+    registries.push(Box::new(ServiceEntries::with_workloads(
+        mesh.clone(),
+        workload_sources.clone(),
+    )));
     Arc::new(
         Environment::new(mesh.clone(), args.domain.clone(), registries)
             .with_features(settings.features)
             .with_ingress_namespace(&settings.ingress_namespace)
+            .with_workload_sources(workload_sources)
             .with_sds_metrics(generators::SdsMetrics::register(registry)),
     )
 }

@@ -2,7 +2,7 @@
 //! what it watches into services and endpoints; the environment serves their union
 //! ([`crate::aggregate`]). [`ServiceEntries`] is the ServiceEntry registry behind it.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use std::collections::BTreeSet;
 
@@ -36,6 +36,11 @@ pub trait ServiceRegistry: Send + Sync {
     /// ready Pods, shaped as WorkloadEntries, keyed as Pods).
     fn workload_instances(&self, _namespace: &str) -> Vec<Arc<model::Config>> {
         Vec::new()
+    }
+
+    /// The namespaces it has such workloads in (a registry that joins or leaves changes them).
+    fn workload_namespaces(&self) -> BTreeSet<String> {
+        BTreeSet::new()
     }
 
     /// The services and endpoints as of the last change.
@@ -81,6 +86,10 @@ impl<T: ServiceRegistry + ?Sized> ServiceRegistry for Arc<T> {
         self.as_ref().workload_instances(namespace)
     }
 
+    fn workload_namespaces(&self) -> BTreeSet<String> {
+        self.as_ref().workload_namespaces()
+    }
+
     fn snapshot(&self) -> Arc<RegistrySnapshot> {
         self.as_ref().snapshot()
     }
@@ -99,13 +108,58 @@ impl ServiceEntries {
         ServiceEntries(Mutex::new(ServiceEntryRegistry::new(mesh)))
     }
 
-    /// ServiceEntries that also select the workloads of these registries (Kubernetes Pods), as
-    /// Istio's ServiceEntry controller selects Pods. Each change of theirs reaches this registry
-    /// through the environment (`RegistryDiff::workload_namespaces`).
-    pub fn with_workloads(mesh: Arc<model::MeshConfig>, sources: Vec<Arc<dyn ServiceRegistry>>) -> ServiceEntries {
-        let source: crate::WorkloadSource =
-            Arc::new(move |ns: &str| sources.iter().flat_map(|r| r.workload_instances(ns)).collect());
+    /// ServiceEntries that also select the workloads of these registries (Kubernetes Pods, of
+    /// every cluster), as Istio's ServiceEntry controller selects Pods. Each change of theirs
+    /// reaches this registry through the environment (`RegistryDiff::workload_namespaces`).
+    pub fn with_workloads(mesh: Arc<model::MeshConfig>, sources: WorkloadSources) -> ServiceEntries {
+        let source: crate::WorkloadSource = Arc::new(move |ns: &str| sources.instances(ns));
         ServiceEntries(Mutex::new(ServiceEntryRegistry::new(mesh).with_workloads(source)))
+    }
+}
+
+/// The registries whose workloads ServiceEntries select: shared by the ServiceEntry registry,
+/// which reads them, and the environment, which adds and removes clusters.
+#[derive(Clone, Default)]
+pub struct WorkloadSources(Arc<RwLock<Vec<Arc<dyn ServiceRegistry>>>>);
+
+impl std::fmt::Debug for WorkloadSources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let clusters: Vec<String> = self.read().iter().map(|r| r.cluster_id().to_owned()).collect();
+        f.debug_tuple("WorkloadSources").field(&clusters).finish()
+    }
+}
+
+impl WorkloadSources {
+    pub fn new(registries: Vec<Arc<dyn ServiceRegistry>>) -> WorkloadSources {
+        WorkloadSources(Arc::new(RwLock::new(registries)))
+    }
+
+    /// Adds `registry`, in place of the registries of its cluster (when it names one).
+    pub fn add(&self, registry: Arc<dyn ServiceRegistry>) {
+        let mut all = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        let cluster = registry.cluster_id().to_owned();
+        all.retain(|r| cluster.is_empty() || r.cluster_id() != cluster);
+        all.push(registry);
+    }
+
+    /// Removes the registries of `cluster`.
+    pub fn remove_cluster(&self, cluster: &str) {
+        if cluster.is_empty() {
+            return;
+        }
+        let mut all = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        all.retain(|r| r.cluster_id() != cluster);
+    }
+
+    fn instances(&self, namespace: &str) -> Vec<Arc<model::Config>> {
+        self.read()
+            .iter()
+            .flat_map(|r| r.workload_instances(namespace))
+            .collect()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<dyn ServiceRegistry>>> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

@@ -29,7 +29,7 @@ pub use conversion::{
     TOPOLOGY_SUBZONE, TOPOLOGY_ZONE, UNIX_ADDRESS_PREFIX, augment_labels, visible_from,
 };
 pub use diff::{RegistryDiff, diff};
-pub use instance::{ServiceEntries, ServiceRegistry, Workload};
+pub use instance::{ServiceEntries, ServiceRegistry, Workload, WorkloadSources};
 pub use memory::{MemoryRegistry, SERVICE_REGISTRY_MOCK};
 
 use conversion::{WorkloadRef, convert_endpoint, convert_services, host_endpoint, is_dns, resolution, valid_ports};

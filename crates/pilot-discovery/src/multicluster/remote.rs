@@ -70,7 +70,7 @@ pub(super) async fn run(
     }
     // The registry holds what the initial lists brought: the diffs so far are in its snapshot.
     while diffs.try_recv().is_ok() {}
-    let update = served.environment.add_registry(Box::new(registry.clone()));
+    let update = served.environment.add_registry(registry.clone());
     crate::push::dispatch(&served.server, update);
     drop(replaced);
     status.send_replace(SyncStatus::Synced);

@@ -56,11 +56,16 @@ struct Fixture {
 
 fn fixture(timeout: Duration) -> Fixture {
     let mesh = Arc::new(model::MeshConfig::default());
-    let environment = Arc::new(Environment::new(
-        mesh.clone(),
-        "cluster.local".into(),
-        vec![Box::new(ServiceEntries::new(mesh))],
-    ));
+    // ServiceEntries select the Pods of every cluster, as pilot-discovery's.
+    let sources = registry::WorkloadSources::default();
+    let environment = Arc::new(
+        Environment::new(
+            mesh.clone(),
+            "cluster.local".into(),
+            vec![Box::new(ServiceEntries::with_workloads(mesh, sources.clone()))],
+        )
+        .with_workload_sources(sources),
+    );
     let mut registry = Registry::default();
     let server = DiscoveryServer::new(environment.clone(), Default::default(), &mut registry);
     let metrics = Metrics::register(&mut registry);
@@ -369,4 +374,57 @@ async fn a_kubeconfig_directory_names_a_cluster_per_file_and_is_followed() {
         .unwrap();
     f.mc.apply(gone).await;
     assert!(endpoints(&f.environment).is_empty());
+}
+
+#[tokio::test]
+async fn a_service_entry_selects_the_pods_of_a_remote_cluster() {
+    let east = cluster("10.2.0.1").await;
+    east.apply(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "legacy-1", "namespace": "shop", "labels": {"app": "legacy"}},
+        "spec": {"serviceAccountName": "legacy", "containers": [{"name": "app", "image": "app",
+                 "ports": [{"name": "http", "containerPort": 8080}]}]},
+        "status": {"phase": "Running", "podIP": "10.2.0.7", "podIPs": [{"ip": "10.2.0.7"}],
+                   "conditions": [{"type": "Ready", "status": "True"}]}}))
+        .unwrap();
+    let f = fixture(Duration::from_secs(5));
+    let se = model::config::parse_config(
+        json!({"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
+            "metadata": {"name": "legacy", "namespace": "shop"},
+            "spec": {"hosts": ["legacy.example.com"], "location": "MESH_INTERNAL", "resolution": "STATIC",
+                     "ports": [{"number": 80, "name": "http", "protocol": "HTTP"}],
+                     "workloadSelector": {"labels": {"app": "legacy"}}}}),
+        "default",
+    )
+    .unwrap();
+    let _ = f.environment.config_changed(&model::ConfigChange {
+        events: vec![model::ConfigEvent::Added(Arc::new(se))],
+    });
+    let legacy = |e: &Environment| -> Vec<String> {
+        let key = ServiceKey::new("legacy.example.com", "shop");
+        e.registry()
+            .endpoints_of(&key)
+            .iter()
+            .map(|x| format!("{}:{}", x.address, x.endpoint_port))
+            .collect()
+    };
+    assert!(legacy(&f.environment).is_empty());
+    // The cluster joins: its Pod is selected.
+    f.mc.apply(set("istio-system/east", &[("east", kubeconfig(&east, "t"))]))
+        .await;
+    f.mc.wait_synced().await;
+    assert_eq!(legacy(&f.environment), ["10.2.0.7:8080"]);
+    // A Pod that comes later in that cluster too.
+    east.apply(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "legacy-2", "namespace": "shop", "labels": {"app": "legacy"}},
+        "spec": {"containers": [{"name": "app", "image": "app", "ports": [{"name": "http", "containerPort": 8080}]}]},
+        "status": {"phase": "Running", "podIP": "10.2.0.8", "podIPs": [{"ip": "10.2.0.8"}],
+                   "conditions": [{"type": "Ready", "status": "True"}]}}))
+        .unwrap();
+    eventually("the second Pod", || legacy(&f.environment).len() == 2).await;
+    // It leaves: its Pods are not selected any more.
+    f.mc.apply(RemoteConfig::Deleted {
+        key: "istio-system/east".into(),
+    })
+    .await;
+    assert!(legacy(&f.environment).is_empty());
 }
