@@ -128,6 +128,7 @@ fn ctx() -> Context {
         domain: "cluster.local".into(),
         trust_domain: "cluster.local".into(),
         cluster_id: "Kubernetes".into(),
+        system_namespace: "istio-system".into(),
         discovery_selectors: Vec::new(),
     }
 }

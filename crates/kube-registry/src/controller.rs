@@ -265,7 +265,15 @@ fn convert(o: &Objects, k: &NsName, ctx: &Context) -> Option<(Arc<Service>, Arc<
                     .and_then(|n| o.nodes.get(n));
                 Some(PodInfo { pod, node })
             };
-            convert_endpoints(&service, publish, slices, pod, ctx)
+            // Istio's `networkFromSystemNamespace`: the network label of the cluster's system
+            // namespace, for the Pods without one of their own (a Namespace change converts all again)
+            let cluster_network = o
+                .namespaces
+                .get(&ctx.system_namespace)
+                .and_then(|n| n.metadata.labels.as_ref())
+                .and_then(|l| l.get(registry::TOPOLOGY_NETWORK))
+                .map_or("", String::as_str);
+            convert_endpoints(&service, publish, slices, pod, (ctx, cluster_network))
         }
     };
     Some((Arc::new(service), Arc::new(endpoints)))

@@ -26,6 +26,9 @@ pub struct Context {
     pub domain: String,
     pub trust_domain: String,
     pub cluster_id: String,
+    /// pilot-discovery's namespace (`POD_NAMESPACE`), the cluster's system namespace: its
+    /// `topology.istio.io/network` label is the network of the cluster's Pods.
+    pub system_namespace: String,
     /// meshConfig `discoverySelectors`: only namespaces matching one are served (all when empty).
     pub discovery_selectors: Vec<model::mesh::LabelSelector>,
 }
@@ -228,7 +231,7 @@ pub(crate) fn convert_endpoints<'a>(
     publish_not_ready: bool,
     slices: impl IntoIterator<Item = &'a EndpointSlice>,
     pod: impl Fn(&str) -> Option<PodInfo<'a>>,
-    ctx: &Context,
+    (ctx, cluster_network): (&Context, &str),
 ) -> Vec<Endpoint> {
     let mut out = Vec::new();
     for slice in slices {
@@ -287,9 +290,12 @@ pub(crate) fn convert_endpoints<'a>(
                             .as_ref()
                             .map(|sa| format!("spiffe://{}/ns/{}/sa/{sa}", ctx.trust_domain, svc.namespace()))
                             .unwrap_or_default(),
-                        // Istio's `Network`: the Pod's `topology.istio.io/network` label (else
-                        // meshNetworks, read at push time)
-                        network: labels.get(registry::TOPOLOGY_NETWORK).cloned().unwrap_or_default(),
+                        // Istio's `Network`: the Pod's `topology.istio.io/network` label, else
+                        // the system namespace's (else meshNetworks, read at push time)
+                        network: labels
+                            .get(registry::TOPOLOGY_NETWORK)
+                            .map_or(cluster_network, String::as_str)
+                            .to_owned(),
                         namespace: svc.namespace().to_owned(),
                         origin: format!("EndpointSlice/{}/{slice_name}", svc.namespace()),
                     });

@@ -16,6 +16,7 @@ pub(crate) fn ctx() -> Context {
         domain: "cluster.local".into(),
         trust_domain: "cluster.local".into(),
         cluster_id: "Kubernetes".into(),
+        system_namespace: "istio-system".into(),
         discovery_selectors: Vec::new(),
     }
 }
@@ -149,6 +150,61 @@ fn endpoints_come_from_slices_with_their_pods_and_nodes() {
     );
     assert_eq!(e.locality.to_string(), "us-east1/us-east1-b/");
     assert_eq!(e.labels["topology.kubernetes.io/zone"], "us-east1-b");
+}
+
+/// Istio's `Network` of a Kubernetes endpoint: its Pod's `topology.istio.io/network` label, else
+/// the label of the cluster's system namespace, followed when that namespace changes; the
+/// endpoint carries its cluster's `topology.istio.io/cluster` label.
+#[test]
+fn an_endpoints_network_is_its_pods_else_the_system_namespaces() {
+    let r = KubeRegistry::new(ctx());
+    let system = |network: &str| -> k8s_openapi::api::core::v1::Namespace {
+        serde_json::from_value(
+            json!({"metadata": {"name": "istio-system", "labels": {"topology.istio.io/network": network}}}),
+        )
+        .unwrap()
+    };
+    let mut labelled = pod("reviews-v2", "v2", "n1");
+    labelled
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert("topology.istio.io/network".into(), "pod-net".into());
+    r.apply(vec![
+        KubeEvent::Namespace(Change::Replace(vec![system("net-1")])),
+        KubeEvent::Pod(Change::Replace(vec![pod("reviews-v1", "v1", "n1"), labelled])),
+        KubeEvent::Service(Change::Replace(vec![reviews()])),
+        KubeEvent::EndpointSlice(Change::Replace(vec![slice(
+            "reviews-abc",
+            json!([
+                endpoint("10.1.0.1", "reviews-v1", true),
+                endpoint("10.1.0.2", "reviews-v2", true)
+            ]),
+        )])),
+    ]);
+    let networks = |r: &KubeRegistry| -> Vec<(String, String)> {
+        let snap = r.snapshot();
+        snap.endpoints_of(&key())
+            .iter()
+            .filter(|e| e.service_port_name == "http")
+            .map(|e| (e.address.clone(), e.network.clone()))
+            .collect()
+    };
+    let want = |system: &str| {
+        vec![
+            ("10.1.0.1".to_owned(), system.to_owned()),
+            ("10.1.0.2".to_owned(), "pod-net".to_owned()),
+        ]
+    };
+    assert_eq!(networks(&r), want("net-1"));
+    let snap = r.snapshot();
+    let e = &snap.endpoints_of(&key())[0];
+    assert_eq!(e.labels["topology.istio.io/cluster"], "Kubernetes");
+    assert_eq!(e.cluster_id, "Kubernetes");
+    // The system namespace's label changes: the endpoints follow, with an EDS push.
+    let diff = r.apply(vec![KubeEvent::Namespace(Change::Apply(system("net-2")))]);
+    assert!(diff.endpoints_changed.contains(&key()), "{diff:?}");
+    assert_eq!(networks(&r), want("net-2"));
 }
 
 #[test]

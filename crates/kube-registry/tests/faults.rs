@@ -83,6 +83,7 @@ async fn one_undecodable_object_does_not_stop_the_others_and_broken_watch_lines_
             domain: "cluster.local".into(),
             trust_domain: "cluster.local".into(),
             cluster_id: "Kubernetes".into(),
+            system_namespace: "istio-system".into(),
             discovery_selectors: Vec::new(),
         })
         .counting_problems(metrics.object_errors.clone()),
@@ -299,6 +300,7 @@ async fn unknown_watch_events_are_counted_and_their_warnings_rate_limited() {
         domain: "cluster.local".into(),
         trust_domain: "cluster.local".into(),
         cluster_id: "Kubernetes".into(),
+        system_namespace: "istio-system".into(),
         discovery_selectors: Vec::new(),
     }));
     let (tx, _diffs) = mpsc::unbounded_channel();

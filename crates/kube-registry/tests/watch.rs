@@ -84,6 +84,7 @@ async fn watchers_sync_then_follow_changes_through_drops_and_410() {
         domain: "cluster.local".into(),
         trust_domain: "cluster.local".into(),
         cluster_id: "Kubernetes".into(),
+        system_namespace: "istio-system".into(),
         discovery_selectors: Vec::new(),
     }));
     let (tx, mut diffs) = mpsc::unbounded_channel();

@@ -45,11 +45,12 @@ pub async fn client(args: &DiscoveryArgs) -> anyhow::Result<Option<Client>> {
 /// Starts the registry's watchers and waits for their initial lists.
 pub async fn start(
     client: Client,
-    args: &DiscoveryArgs,
+    (args, system_namespace): (&DiscoveryArgs, &str),
     mesh: &MeshConfig,
     metrics: WatchMetrics,
 ) -> anyhow::Result<Kubernetes> {
-    let registry = Arc::new(KubeRegistry::new(context(args, mesh)).counting_problems(metrics.object_errors.clone()));
+    let ctx = context(args, mesh, system_namespace);
+    let registry = Arc::new(KubeRegistry::new(ctx).counting_problems(metrics.object_errors.clone()));
     let _ = PROBLEMS.set(registry.problems());
     let (tx, diffs) = mpsc::unbounded_channel();
     let mut watchers = watch_all(client, registry.clone(), tx, metrics);
@@ -105,11 +106,12 @@ pub fn problems() -> Vec<config_sources::SourceErrorEntry> {
 }
 
 /// The conversion context of this cluster's objects (watched, or manifests in --configDir).
-pub fn context(args: &DiscoveryArgs, mesh: &MeshConfig) -> Context {
+pub fn context(args: &DiscoveryArgs, mesh: &MeshConfig, system_namespace: &str) -> Context {
     Context {
         domain: args.domain.clone(),
         trust_domain: mesh.trust_domain.clone(),
         cluster_id: args.cluster_id.clone(),
+        system_namespace: system_namespace.to_owned(),
         discovery_selectors: mesh.discovery_selectors.clone(),
     }
 }

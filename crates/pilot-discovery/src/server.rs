@@ -154,7 +154,9 @@ async fn init_discovery(
 )> {
     let remote_watch_metrics = watch_metrics.clone();
     let mut kubernetes = match (client, kube_is_registry) {
-        (Some(c), true) => Some(crate::kubernetes::start(c.clone(), args, mesh, watch_metrics).await?),
+        (Some(c), true) => {
+            Some(crate::kubernetes::start(c.clone(), (args, &settings.pod_namespace), mesh, watch_metrics).await?)
+        }
         _ => None,
     };
     let mut consul = if crate::consul::enabled(args) {
@@ -196,7 +198,7 @@ async fn init_discovery(
             let served = crate::multicluster::Served {
                 environment: environment.clone(),
                 server: server.clone(),
-                context: crate::kubernetes::context(args, mesh),
+                context: crate::kubernetes::context(args, mesh, &settings.pod_namespace),
                 watch_metrics: remote_watch_metrics,
                 metrics: crate::multicluster::Metrics::register(registry),
                 timeout: settings.remote_cluster_timeout,
@@ -260,7 +262,9 @@ fn init_environment(
         kube.push(k.registry.clone());
     }
     kube.push(Arc::new(kube_registry::KubeRegistry::new(crate::kubernetes::context(
-        args, mesh,
+        args,
+        mesh,
+        &settings.pod_namespace,
     ))));
     let mut registries: Vec<Box<dyn registry::ServiceRegistry>> = kube
         .iter()

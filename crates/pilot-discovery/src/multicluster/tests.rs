@@ -76,6 +76,7 @@ fn fixture(timeout: Duration) -> Fixture {
             domain: "cluster.local".into(),
             trust_domain: "cluster.local".into(),
             cluster_id: "config".into(),
+            system_namespace: "istio-system".into(),
             discovery_selectors: Vec::new(),
         },
         watch_metrics: WatchMetrics::default(),
