@@ -398,26 +398,16 @@ fn record_undecodable(st: &mut State, kind: ConfigKind, u: &Undecodable) {
 
 fn record(st: &mut State, name: String, kind: ConfigKind, reason: String) {
     let known = |e: Option<&SourceErrorEntry>| e.is_some_and(|e| e.reason == reason);
-    if known(st.errors.get(&name)) || known(st.relisting.get(&name)) {
-        // already reported (a re-list finds it again)
-        st.errors.insert(
-            name.clone(),
-            SourceErrorEntry {
-                file: PathBuf::from(format!("kubernetes://{name}")),
-                resource: Some(name),
-                reason,
-                level: Level::Error,
-            },
+    // Reported and counted once: a re-list that finds it again only keeps it listed.
+    if !known(st.errors.get(&name)) && !known(st.relisting.get(&name)) {
+        tracing::warn!(
+            resource = name,
+            "invalid Istio config from the API server dropped: {reason}"
         );
-        return;
-    }
-    tracing::warn!(
-        resource = name,
-        "invalid Istio config from the API server dropped: {reason}"
-    );
-    *st.invalid_counts.entry(kind.as_str().to_owned()).or_default() += 1;
-    if let Some(observer) = &st.invalid {
-        observer(kind.as_str());
+        *st.invalid_counts.entry(kind.as_str().to_owned()).or_default() += 1;
+        if let Some(observer) = &st.invalid {
+            observer(kind.as_str());
+        }
     }
     st.errors.insert(
         name.clone(),
